@@ -1,0 +1,92 @@
+"""One override syntax for every field: ``--section.field value`` (or ``--section.field=value``).
+
+``--preset NAME`` is applied first, then ``--config FILE.json`` (a saved config), then the
+field overrides in the order given. ``--help`` lists every field with its default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .config import SECTIONS, Config, ConfigError, apply_overrides, from_preset, presets
+
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _parse_value(section: str, name: str, raw: str):
+    ftype = {f.name: f.type for f in dataclasses.fields(SECTIONS[section])}[name]
+    ftype = ftype if isinstance(ftype, str) else ftype.__name__
+    try:
+        if ftype == "bool":
+            return _BOOLS[raw.lower()]
+        if ftype == "int":
+            return int(raw)
+        if ftype == "float":
+            return float(raw)
+    except (KeyError, ValueError):
+        raise ConfigError(f"{section}.{name}: cannot parse {raw!r} as {ftype}") from None
+    return raw
+
+
+def help_text(prog: str = "train.py") -> str:
+    lines = [f"usage: python {prog} [--preset NAME] [--config FILE.json] [--section.field VALUE ...]", ""]
+    for sec, cls in SECTIONS.items():
+        lines.append(f"{sec}:")
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            ftype = f.type if isinstance(f.type, str) else f.type.__name__
+            lines.append(f"  --{sec}.{f.name:<20} {ftype:<6} default {default!r}")
+        lines.append("")
+    names = sorted(presets())
+    lines.append("presets: " + ", ".join(names))
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "train.py") -> Config:
+    """Build a Config from command-line arguments. Raises ConfigError naming the bad field."""
+    args = list(argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(help_text(prog))
+        sys.exit(0)
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--"):
+            raise ConfigError(f"unexpected argument {a!r} (fields are given as --section.field value)")
+        if "=" in a:
+            key, val = a[2:].split("=", 1)
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"{a[2:]}: missing value")
+            key, val = a[2:], args[i + 1]
+            i += 1
+        pairs.append((key, val))
+        i += 1
+
+    cfg = base or Config()
+    preset = [v for k, v in pairs if k == "preset"]
+    if preset:
+        cfg = from_preset(preset[-1])
+    for k, v in pairs:
+        if k == "config":
+            path = Path(v)
+            if not path.is_file():
+                raise ConfigError(f"config: file not found: {path}")
+            try:
+                saved = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"config: {path} is not valid JSON ({e})") from None
+            cfg = Config.from_dict(saved)
+    overrides: dict[str, dict] = {}
+    for k, v in pairs:
+        if k in ("preset", "config"):
+            continue
+        sec, _, name = k.partition(".")
+        if sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
+            raise ConfigError(f"{k}: unknown field (see --help)")
+        overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
+    return apply_overrides(cfg, overrides) if overrides else cfg

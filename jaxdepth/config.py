@@ -1,0 +1,297 @@
+"""Frozen, validated configuration; Eq. 1 depth families; presets; analytic parameter count.
+
+Every field is overridable from the command line as ``--section.field value`` (see cli.py).
+Validation happens at construction, so an impossible config never reaches the trainer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """An impossible or inconsistent configuration; the message names the field."""
+
+
+def _require(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}: {msg}")
+
+
+def _positive(obj: Any, section: str, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        _require(v > 0, f"{section}.{n}", f"must be positive, got {v}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 512
+    d_model: int = 128
+    n_layers: int = 4
+    d_ff: int = 512
+    n_heads: int = 0  # 0 -> d_model // 64 (at least 1); d_attn = d_model either way
+    rel_buckets: int = 32
+    rel_max_distance: int = 128
+    dropout: float = 0.0
+    z_loss: float = 0.0
+    compute_dtype: str = "float32"  # parameters stay float32; "bfloat16" computes in bf16
+    remat: str = "none"  # none | full | dots (save matmul outputs, recompute the rest)
+    scan_layers: bool = True  # False runs a Python loop over layers (tests, debugging)
+
+    def __post_init__(self):
+        _positive(self, "model", "vocab_size", "d_model", "n_layers", "d_ff",
+                  "rel_buckets", "rel_max_distance")
+        _require(self.n_heads >= 0, "model.n_heads", f"must be >= 0, got {self.n_heads}")
+        _require(self.d_model % self.heads == 0, "model.n_heads",
+                 f"d_model={self.d_model} is not divisible by n_heads={self.heads}")
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        _require(self.z_loss >= 0.0, "model.z_loss", f"must be >= 0, got {self.z_loss}")
+        _require(self.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
+                 f"must be float32 or bfloat16, got {self.compute_dtype!r}")
+        _require(self.remat in ("none", "full", "dots"), "model.remat",
+                 f"must be none, full or dots, got {self.remat!r}")
+
+    @property
+    def heads(self) -> int:
+        return self.n_heads or max(1, self.d_model // 64)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    corpus: str = "grammar"  # "grammar" (embedded) or comma-separated text/JSONL paths
+    valid: str = ""  # comma-separated validation paths; empty -> split off valid_fraction
+    valid_fraction: float = 0.05
+    grammar_docs: int = 3000
+    grammar_seed: int = 1234
+    tokenizer: str = ""  # an existing SentencePiece .model; empty -> train one into the run dir
+    seq_len: int = 128
+    batch_size: int = 32  # global batch, in sequences, per optimizer step
+
+    def __post_init__(self):
+        _positive(self, "data", "seq_len", "batch_size", "grammar_docs")
+        _require(0.0 <= self.valid_fraction < 1.0, "data.valid_fraction",
+                 f"must be in [0, 1), got {self.valid_fraction}")
+        _require(bool(self.corpus.strip()), "data.corpus", "must be 'grammar' or file paths")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adamw"  # adamw | adafactor
+    lr: float = 3e-3
+    schedule: str = "cosine"  # constant | linear | cosine | rsqrt (t5x: lr / sqrt(max(step, warmup)))
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1  # end of linear/cosine decay, as a fraction of lr
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.99
+    eps: float = 1e-8
+    clip_norm: float = 1.0  # 0 disables global-norm clipping
+    accum_steps: int = 1  # micro-batches per optimizer step
+
+    def __post_init__(self):
+        _require(self.name in ("adamw", "adafactor"), "optim.name",
+                 f"must be adamw or adafactor, got {self.name!r}")
+        _require(self.schedule in ("constant", "linear", "cosine", "rsqrt"), "optim.schedule",
+                 f"must be constant, linear, cosine or rsqrt, got {self.schedule!r}")
+        _positive(self, "optim", "lr", "accum_steps")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+        _require(self.schedule != "rsqrt" or self.warmup_steps > 0, "optim.warmup_steps",
+                 "rsqrt needs warmup_steps > 0 (t5x uses 10000)")
+        _require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
+        _require(self.clip_norm >= 0.0, "optim.clip_norm", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    data: int = -1  # -1: every device not used by the model axis
+    model: int = 1  # tensor parallelism over heads / MLP / vocab
+    fsdp: bool = False  # also shard parameters and optimizer state over the data axis
+    coordinator: str = ""  # host:port of process 0; set for multi-process runs
+    num_processes: int = 1
+    process_id: int = 0
+
+    def __post_init__(self):
+        _require(self.data == -1 or self.data > 0, "mesh.data", "must be -1 or positive")
+        _positive(self, "mesh", "model", "num_processes")
+        _require(0 <= self.process_id < self.num_processes, "mesh.process_id",
+                 f"must be in [0, {self.num_processes})")
+        _require(self.num_processes == 1 or bool(self.coordinator), "mesh.coordinator",
+                 "is required when num_processes > 1")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: str = "runs/default"
+    seed: int = 0
+    steps: int = 300
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int = 0  # 0: the whole validation set
+    save_every: int = 100
+    keep: int = 3  # checkpoints retained (the latest ones)
+    samples: int = 2  # greedy samples printed at the end
+    sample_tokens: int = 24
+    progress: bool = True
+    stop_after: int = 0  # >0: exit after this many steps in this invocation (tests, preemption drills)
+
+    def __post_init__(self):
+        _positive(self, "run", "steps", "log_every", "eval_every", "save_every", "keep")
+        _require(self.samples >= 0, "run.samples", "must be >= 0")
+        _require(self.stop_after >= 0, "run.stop_after", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    preset: str = ""
+
+    def __post_init__(self):
+        _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
+                 f"must divide data.batch_size={self.data.batch_size}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        unknown = set(d) - set(sections)
+        _require(not unknown, "config", f"unknown sections {sorted(unknown)}")
+        kw = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in d:
+                continue
+            if f.name == "preset":
+                kw[f.name] = d[f.name]
+                continue
+            sec_cls = SECTIONS[f.name]
+            names = {g.name for g in dataclasses.fields(sec_cls)}
+            bad = set(d[f.name]) - names
+            _require(not bad, f.name, f"unknown fields {sorted(bad)}")
+            kw[f.name] = sec_cls(**d[f.name])
+        return cls(**kw)
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
+            "mesh": MeshConfig, "run": RunConfig}
+
+
+# ----------------------------------------------------------------------------- Eq. 1
+
+def layer_constants(d_model: int, d_attn: int | None = None) -> tuple[int, int]:
+    """(beta, A): one gated-GELU layer has beta * d_ff + A parameters."""
+    d_attn = d_model if d_attn is None else d_attn
+    return 3 * d_model, 4 * d_model * d_attn + 2 * d_model
+
+
+def depth_family_dff(d_model: int, n0: int, d_ff0: int, n_layers: int) -> int:
+    """d_ff of the n_layers member of the family around baseline (n0, d_ff0) (Petty et al., Eq. 1).
+
+    w(k) = round((1 - n0 / (n0 + k)) * (d_ff0 + A / beta)), round half to even, computed in
+    exact rationals so the rounding of .5 cases is not at the mercy of floating point.
+    """
+    _require(n_layers > 0, "model.n_layers", f"must be positive, got {n_layers}")
+    beta, a = layer_constants(d_model)
+    k = n_layers - n0
+    w = round((1 - Fraction(n0, n0 + k)) * (d_ff0 + Fraction(a, beta)))
+    d_ff = d_ff0 - w
+    _require(d_ff >= 1, "model.d_ff",
+             f"Eq. 1 gives d_ff={d_ff} for n_layers={n_layers} around baseline "
+             f"({n0} layers, d_ff {d_ff0}, d_model {d_model}): too deep for this size")
+    return d_ff
+
+
+@dataclass(frozen=True)
+class SizeClass:
+    name: str
+    d_model: int
+    n0: int
+    d_ff0: int
+    depths: tuple[int, ...]
+    vocab_size: int
+
+
+SIZE_CLASSES = {
+    c.name: c for c in (
+        SizeClass("41M", 512, 2, 2048, (1, 2, 3, 4, 5, 6, 7), 32128),
+        SizeClass("134M", 768, 12, 2048, (1, 2, 4, 6, 8, 12, 16, 21, 26, 32), 32128),
+        SizeClass("374M", 1024, 24, 2816, (1, 2, 4, 6, 8, 12, 16, 24, 32), 32128),
+        # CPU-scale classes built by the same rule: members train in minutes on two cores.
+        SizeClass("tiny", 64, 2, 256, (1, 2, 3, 4, 6), 512),
+        SizeClass("small", 128, 4, 512, (1, 2, 3, 4, 6, 8), 512),
+    )
+}
+
+
+def depth_family(size_class: str) -> dict[int, ModelConfig]:
+    """Every member of a size class: n_layers -> ModelConfig with d_ff from Eq. 1."""
+    _require(size_class in SIZE_CLASSES, "preset",
+             f"unknown size class {size_class!r}; known: {sorted(SIZE_CLASSES)}")
+    c = SIZE_CLASSES[size_class]
+    return {n: ModelConfig(vocab_size=c.vocab_size, d_model=c.d_model, n_layers=n,
+                           d_ff=depth_family_dff(c.d_model, c.n0, c.d_ff0, n))
+            for n in c.depths}
+
+
+def param_count(m: ModelConfig) -> int:
+    """Analytic parameter count of models.decoder.DecoderLM built from m."""
+    beta, a = layer_constants(m.d_model)
+    embeddings = 2 * m.d_model * m.vocab_size  # untied input embedding and output projection
+    return m.n_layers * (beta * m.d_ff + a) + embeddings + m.d_model + m.rel_buckets * m.heads
+
+
+# ----------------------------------------------------------------------------- presets
+
+_PAPER_TRAINING = {  # Petty et al. pretraining (t5x): Adafactor, 1/sqrt(max(step, 10k)), C4
+    "data": {"seq_len": 1024, "batch_size": 128},
+    "optim": {"name": "adafactor", "lr": 1.0, "schedule": "rsqrt", "warmup_steps": 10000,
+              "weight_decay": 0.0, "clip_norm": 0.0},
+    "run": {"steps": 1_000_000, "eval_every": 5000, "save_every": 10000, "keep": 100},
+}
+
+
+def presets() -> dict[str, dict]:
+    """name -> nested override dict. ``<class>-L<n>`` for every member of every size class."""
+    out = {}
+    for cname, c in SIZE_CLASSES.items():
+        paper = cname not in ("tiny", "small")
+        for n, m in depth_family(cname).items():
+            over: dict[str, dict] = {"model": dataclasses.asdict(m)}
+            if paper:
+                for sec, vals in _PAPER_TRAINING.items():
+                    over[sec] = dict(vals)
+            out[f"{cname}-L{n}"] = over
+    return out
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:
+    """A new Config with nested overrides applied (validated again)."""
+    d = cfg.to_dict()
+    for sec, vals in overrides.items():
+        if sec == "preset":
+            d["preset"] = vals
+            continue
+        _require(sec in SECTIONS, "config", f"unknown section {sec!r}")
+        d[sec] = {**d[sec], **vals}
+    return Config.from_dict(d)
+
+
+def from_preset(name: str) -> Config:
+    table = presets()
+    _require(name in table, "preset", f"unknown preset {name!r}; known: {', '.join(sorted(table))}")
+    return apply_overrides(Config(preset=name), table[name])

@@ -1,0 +1,176 @@
+"""Building blocks shared by the models: norms, T5 relative position bias, attention, MLPs.
+
+Shape suffixes: B batch, T query positions, S key positions, D d_model, N heads, H head dim,
+F d_ff, V vocab. Parameters are float32; ``__call__`` runs in the dtype of its input.
+"""
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array
+
+from .config import ModelConfig
+
+_NEG_INF = float(np.finfo(np.float32).min)
+kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+
+
+def dropout(x: Array, rate: float, key: Array | None) -> Array:
+    """Inverted dropout; identity when key is None (inference) or rate is 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+def split_or_none(key: Array | None, n: int) -> list:
+    return [None] * n if key is None else list(jax.random.split(key, n))
+
+
+class RMSNorm(eqx.Module):
+    """x * rsqrt(mean(x^2) + eps) * scale, computed in float32 (T5 LayerNorm)."""
+
+    scale: Array
+    eps: float = eqx.field(static=True, default=1e-6)
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        self.scale = jnp.ones((dim,), jnp.float32)
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        var = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+        scale = self.scale.astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
+        return (x32 * jax.lax.rsqrt(var + self.eps) * scale).astype(x.dtype)
+
+
+def relative_position_bucket(rel_pos: np.ndarray | Array, n_buckets: int, max_distance: int,
+                             xp=jnp) -> Array:
+    """T5's causal bucketing of ``rel_pos = key_pos - query_pos``.
+
+    Distances n = max(query - key, 0) below n_buckets // 2 get their own bucket; larger ones share
+    log-spaced buckets, saturating at n_buckets - 1 from max_distance on. Future keys (n = 0 after
+    the clamp) fall in bucket 0 but are masked out by causality anyway.
+    """
+    n = xp.maximum(-rel_pos, 0)
+    max_exact = n_buckets // 2
+    # eps keeps log finite at n = 0, where the small branch is taken anyway (as in T5).
+    nf = n.astype(xp.float32) / xp.float32(max_exact) + xp.float32(np.finfo(np.float32).eps)
+    scale = xp.float32((n_buckets - max_exact) / math.log(max_distance / max_exact))
+    large = max_exact + (xp.log(nf) * scale).astype(xp.int32)
+    large = xp.minimum(large, n_buckets - 1)
+    return xp.where(n < max_exact, n.astype(xp.int32), large)
+
+
+class RelativePositionBias(eqx.Module):
+    """One (n_buckets, n_heads) table shared by every layer."""
+
+    table: Array
+    n_buckets: int = eqx.field(static=True)
+    max_distance: int = eqx.field(static=True)
+
+    def __init__(self, n_buckets: int, n_heads: int, max_distance: int, *, key: Array):
+        init = jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+        self.table = init(key, (n_buckets, n_heads), jnp.float32)
+        self.n_buckets = n_buckets
+        self.max_distance = max_distance
+
+    def __call__(self, q_pos: Array, k_pos: Array) -> Array:
+        """Bias for query positions [..., T] against key positions [S]: [..., N, T, S]."""
+        rel = k_pos.reshape((1,) * q_pos.ndim + (-1,)) - q_pos[..., None]
+        buckets = relative_position_bucket(rel, self.n_buckets, self.max_distance)
+        return jnp.moveaxis(self.table[buckets], -1, -3)
+
+
+class Attention(eqx.Module):
+    """Multi-head attention without biases; the query kernel carries the 1/sqrt(H) scale (t5x)."""
+
+    wq: Array  # [D, N*H]
+    wk: Array
+    wv: Array
+    wo: Array  # [N*H, D]
+    n_heads: int = eqx.field(static=True)
+
+    def __init__(self, d_model: int, n_heads: int, *, key: Array):
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        head_dim = d_model // n_heads
+        self.wq = kernel_init(kq, (d_model, d_model), jnp.float32) / math.sqrt(head_dim)
+        self.wk = kernel_init(kk, (d_model, d_model), jnp.float32)
+        self.wv = kernel_init(kv, (d_model, d_model), jnp.float32)
+        self.wo = kernel_init(ko, (d_model, d_model), jnp.float32)
+        self.n_heads = n_heads
+
+    def project_qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
+        split = lambda y: y.reshape(*y.shape[:-1], self.n_heads, -1)  # noqa: E731
+        return split(x_BTD @ self.wq), split(x_BTD @ self.wk), split(x_BTD @ self.wv)
+
+    def attend(self, q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, bias_BNTS: Array,
+               mask_BNTS: Array) -> Array:
+        """softmax(q k^T + bias) v over allowed keys; logits and softmax in float32."""
+        logits = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32)
+        logits = jnp.where(mask_BNTS, logits + bias_BNTS.astype(jnp.float32), _NEG_INF)
+        probs = jax.nn.softmax(logits, axis=-1).astype(v_BSNH.dtype)
+        out_BTNH = jnp.einsum("bnts,bsnh->btnh", probs, v_BSNH)
+        return out_BTNH.reshape(*out_BTNH.shape[:-2], -1) @ self.wo
+
+    def __call__(self, x_BTD: Array, bias_NTT: Array) -> Array:
+        q, k, v = self.project_qkv(x_BTD)
+        T = x_BTD.shape[1]
+        causal = jnp.tril(jnp.ones((T, T), bool))[None, None]
+        return self.attend(q, k, v, bias_NTT[None], causal)
+
+
+class GatedMLP(eqx.Module):
+    """T5.1.1 gated-GELU MLP: wo(gelu(wi_0 x) * wi_1 x)."""
+
+    wi_0: Array  # [D, F]
+    wi_1: Array  # [D, F]
+    wo: Array  # [F, D]
+
+    def __init__(self, d_model: int, d_ff: int, *, key: Array):
+        k0, k1, k2 = jax.random.split(key, 3)
+        self.wi_0 = kernel_init(k0, (d_model, d_ff), jnp.float32)
+        self.wi_1 = kernel_init(k1, (d_model, d_ff), jnp.float32)
+        self.wo = kernel_init(k2, (d_ff, d_model), jnp.float32)
+
+    def __call__(self, x_BTD: Array, rate: float = 0.0, key: Array | None = None) -> Array:
+        h_BTF = jax.nn.gelu(x_BTD @ self.wi_0, approximate=True) * (x_BTD @ self.wi_1)
+        return dropout(h_BTF, rate, key) @ self.wo
+
+
+class DecoderBlock(eqx.Module):
+    """Pre-norm residual block: x + Attn(RMSNorm(x)), then x + MLP(RMSNorm(x))."""
+
+    attn_norm: RMSNorm
+    attn: Attention
+    mlp_norm: RMSNorm
+    mlp: GatedMLP
+
+    def __init__(self, cfg: ModelConfig, *, key: Array):
+        ka, km = jax.random.split(key)
+        self.attn_norm = RMSNorm(cfg.d_model)
+        self.attn = Attention(cfg.d_model, cfg.heads, key=ka)
+        self.mlp_norm = RMSNorm(cfg.d_model)
+        self.mlp = GatedMLP(cfg.d_model, cfg.d_ff, key=km)
+
+    def __call__(self, x_BTD: Array, bias_NTT: Array, rate: float = 0.0,
+                 key: Array | None = None) -> Array:
+        k1, k2, k3 = split_or_none(key, 3)
+        x_BTD = x_BTD + dropout(self.attn(self.attn_norm(x_BTD), bias_NTT), rate, k1)
+        return x_BTD + dropout(self.mlp(self.mlp_norm(x_BTD), rate, k2), rate, k3)
+
+    def decode(self, x_BTD: Array, bias_BNTS: Array, mask_BNTS: Array, k_cache_BSNH: Array,
+               v_cache_BSNH: Array, pos_B: Array) -> tuple[Array, Array, Array]:
+        """Block forward for T new tokens written at positions pos_B .. pos_B+T-1 of the cache."""
+        q, k, v = self.attn.project_qkv(self.attn_norm(x_BTD))
+        write = jax.vmap(lambda c, new, p: jax.lax.dynamic_update_slice_in_dim(c, new, p, axis=0))
+        k_cache_BSNH = write(k_cache_BSNH, k.astype(k_cache_BSNH.dtype), pos_B)
+        v_cache_BSNH = write(v_cache_BSNH, v.astype(v_cache_BSNH.dtype), pos_B)
+        h = self.attn.attend(q, k_cache_BSNH, v_cache_BSNH, bias_BNTS, mask_BNTS)
+        x_BTD = x_BTD + h
+        x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+        return x_BTD, k_cache_BSNH, v_cache_BSNH

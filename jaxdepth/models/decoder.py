@@ -1,0 +1,197 @@
+"""T5.1.1-style decoder-only LM (t5x examples/decoder_only), layers stacked and scanned.
+
+Layers are built with ``eqx.filter_vmap`` (one pytree whose leaves have a leading layer axis)
+and run with ``lax.scan``, so compile time does not grow with depth. ``cfg.scan_layers=False``
+runs the same weights through a Python loop; tests check both agree.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array
+
+from ..config import ModelConfig
+from ..layers import DecoderBlock, RelativePositionBias, RMSNorm, dropout, kernel_init
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing inside a layer; recompute it all on the backward pass
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def cast_floating(tree, dtype):
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
+
+
+class KVCache(eqx.Module):
+    k_LBSNH: Array
+    v_LBSNH: Array
+    pos_B: Array  # next position to write, per example
+
+    @property
+    def max_len(self) -> int:
+        return self.k_LBSNH.shape[2]
+
+
+class DecoderLM(eqx.Module):
+    embed: Array  # [V, D], N(0, 1)
+    blocks: DecoderBlock  # every leaf has a leading layer axis L
+    rel_bias: RelativePositionBias
+    final_norm: RMSNorm
+    lm_head: Array  # [D, V], untied from the embedding
+    cfg: ModelConfig = eqx.field(static=True)
+
+    def __init__(self, cfg: ModelConfig, *, key: Array):
+        ke, kb, kr, kh = jax.random.split(key, 4)
+        self.embed = jax.random.normal(ke, (cfg.vocab_size, cfg.d_model), jnp.float32)
+        layer_keys = jax.random.split(kb, cfg.n_layers)
+        self.blocks = eqx.filter_vmap(lambda k: DecoderBlock(cfg, key=k))(layer_keys)
+        self.rel_bias = RelativePositionBias(cfg.rel_buckets, cfg.heads, cfg.rel_max_distance, key=kr)
+        self.final_norm = RMSNorm(cfg.d_model)
+        self.lm_head = kernel_init(kh, (cfg.d_model, cfg.vocab_size), jnp.float32)
+        self.cfg = cfg
+
+    def with_options(self, **changes) -> "DecoderLM":
+        """Same weights, other run-time options (scan_layers, remat, compute_dtype, dropout...)."""
+        cfg = dataclasses.replace(self.cfg, **changes)
+        shape_fields = ("vocab_size", "d_model", "n_layers", "d_ff", "heads", "rel_buckets")
+        changed = [f for f in shape_fields if getattr(cfg, f) != getattr(self.cfg, f)]
+        if changed:
+            raise ValueError(f"with_options cannot change parameter shapes ({', '.join(changed)})")
+        out = copy.copy(self)
+        object.__setattr__(out, "cfg", cfg)  # cfg is a static field; the weights are shared
+        return out
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.cfg.compute_dtype)
+
+    def _layer(self, i: int) -> DecoderBlock:
+        return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, self.blocks)
+
+    def _run_layers(self, x_BTD: Array, bias_NTT: Array, key: Array | None,
+                    all_layers: bool) -> tuple[Array, Array | None]:
+        cfg = self.cfg
+        train = key is not None and cfg.dropout > 0.0
+        keys = jax.random.split(key, cfg.n_layers) if train else None
+        blocks = cast_floating(self.blocks, self.compute_dtype)
+        params, static = eqx.partition(blocks, eqx.is_array)
+
+        def body(x, layer):
+            p, k = layer
+            x = eqx.combine(p, static)(x, bias_NTT, cfg.dropout, k if train else None)
+            return x, (x if all_layers else None)
+
+        if cfg.remat != "none":
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
+        if cfg.scan_layers:
+            xs = (params, keys if train else jnp.zeros((cfg.n_layers,), jnp.uint32))
+            x_BTD, ys = jax.lax.scan(body, x_BTD, xs)
+            return x_BTD, ys
+        ys = []
+        for i in range(cfg.n_layers):
+            p_i = jax.tree.map(lambda a: a[i], params)
+            x_BTD, y = body(x_BTD, (p_i, keys[i] if train else None))
+            ys.append(y)
+        return x_BTD, (jnp.stack(ys) if all_layers else None)
+
+    def hidden(self, tokens_BT: Array, *, key: Array | None = None,
+               all_layers: bool = False) -> tuple[Array, Array | None]:
+        """Final normed hidden states [B, T, D] and, if asked, every layer's output [L, B, T, D]."""
+        cfg = self.cfg
+        k_emb, k_layers, k_out = (None,) * 3 if key is None else jax.random.split(key, 3)
+        x_BTD = self.embed.astype(self.compute_dtype)[tokens_BT]
+        x_BTD = dropout(x_BTD, cfg.dropout, k_emb)
+        pos_T = jnp.arange(tokens_BT.shape[1])
+        bias_NTT = self.rel_bias(pos_T, pos_T).astype(self.compute_dtype)
+        x_BTD, layers = self._run_layers(x_BTD, bias_NTT, k_layers, all_layers)
+        x_BTD = dropout(self.final_norm(x_BTD), cfg.dropout, k_out)
+        return x_BTD, layers
+
+    def logits(self, x_BTD: Array) -> Array:
+        head = self.lm_head.astype(self.compute_dtype)
+        return jnp.einsum("btd,dv->btv", x_BTD, head, preferred_element_type=jnp.float32)
+
+    def __call__(self, tokens_BT: Array, *, key: Array | None = None) -> Array:
+        """Logits [B, T, V] in float32. Dropout is active iff a key is given."""
+        x_BTD, _ = self.hidden(tokens_BT, key=key)
+        return self.logits(x_BTD)
+
+    # ------------------------------------------------------------------ incremental decoding
+
+    def init_cache(self, batch: int, max_len: int) -> KVCache:
+        cfg = self.cfg
+        shape = (cfg.n_layers, batch, max_len, cfg.heads, cfg.head_dim)
+        zeros = jnp.zeros(shape, self.compute_dtype)
+        return KVCache(zeros, zeros, jnp.zeros((batch,), jnp.int32))
+
+    def extend(self, tokens_BT: Array, cache: KVCache) -> tuple[Array, KVCache]:
+        """Run T new tokens per example at positions cache.pos_B.. ; logits [B, T, V].
+
+        Rows of a batch may sit at different positions (prompts of different lengths), so the
+        causal mask and the relative-position bias are built per example.
+        """
+        T = tokens_BT.shape[1]
+        q_pos_BT = cache.pos_B[:, None] + jnp.arange(T)[None, :]
+        k_pos_S = jnp.arange(cache.max_len)
+        bias_BNTS = self.rel_bias(q_pos_BT, k_pos_S).astype(self.compute_dtype)
+        mask_BNTS = (k_pos_S[None, None, :] <= q_pos_BT[:, :, None])[:, None]
+        x_BTD = self.embed.astype(self.compute_dtype)[tokens_BT]
+        blocks = cast_floating(self.blocks, self.compute_dtype)
+        params, static = eqx.partition(blocks, eqx.is_array)
+
+        def body(x, layer):
+            p, k_c, v_c = layer
+            x, k_c, v_c = eqx.combine(p, static).decode(x, bias_BNTS, mask_BNTS, k_c, v_c, cache.pos_B)
+            return x, (k_c, v_c)
+
+        x_BTD, (k_new, v_new) = jax.lax.scan(body, x_BTD, (params, cache.k_LBSNH, cache.v_LBSNH))
+        logits = self.logits(self.final_norm(x_BTD))
+        return logits, KVCache(k_new, v_new, cache.pos_B + T)
+
+
+def prefill(model: DecoderLM, prompt_BT: Array, lengths_B: Array,
+            cache: KVCache) -> tuple[Array, KVCache]:
+    """Fill the cache with right-padded prompts; logits of each prompt's last token [B, V].
+
+    Padding past a prompt's length is written to the cache but sits at positions the next
+    decoding steps overwrite before anything attends to them.
+    """
+    logits_BTV, cache = model.extend(prompt_BT, cache)
+    last = jnp.take_along_axis(logits_BTV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+    return last, KVCache(cache.k_LBSNH, cache.v_LBSNH, lengths_B.astype(jnp.int32))
+
+
+@eqx.filter_jit
+def greedy_generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
+                    eos_id: int = 1, pad_id: int = 0) -> Array:
+    """Greedy (argmax) continuation of right-padded prompts, with a KV cache.
+
+    Returns [B, max_new] tokens; each row stops after its first EOS (later slots hold pad_id),
+    and the loop ends early once every row has stopped.
+    """
+    B, T = prompt_BT.shape
+    cache = model.init_cache(B, T + max_new)
+    logits_BV, cache = prefill(model, prompt_BT, lengths_B, cache)
+    out = jnp.full((B, max_new), pad_id, jnp.int32)
+    done = jnp.zeros((B,), bool)
+
+    def cond(carry):
+        i, _, _, done, _ = carry
+        return (i < max_new) & ~jnp.all(done)
+
+    def step(carry):
+        i, logits_BV, cache, done, out = carry
+        tok = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        out = out.at[:, i].set(jnp.where(done, pad_id, tok))
+        done = done | (tok == eos_id)
+        logits_B1V, cache = model.extend(tok[:, None], cache)
+        return i + 1, logits_B1V[:, 0], cache, done, out
+
+    carry = (jnp.int32(0), logits_BV, cache, done, out)
+    return jax.lax.while_loop(cond, step, carry)[-1]
