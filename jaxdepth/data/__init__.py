@@ -1,0 +1,1 @@
+"""Data: tokenizer, corpus readers, grain pipelines (and the embedded grammar)."""

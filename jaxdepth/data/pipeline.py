@@ -1,0 +1,231 @@
+"""Language-model data pipeline: one token stream cut into windows, batched by `grain`.
+
+Batch `i` is a pure function of `(seed, i)`: the stream is cut into W non-overlapping windows of
+T+1 tokens (window k = tokens[k*T : k*T+T+1]); epoch e visits them in the order
+`perm_e = np.random.default_rng([seed, e]).permutation(W)`; global sample s = i*B + r is window
+`perm_{s // W}[s % W]`. Process p of P reads rows [p*B/P, (p+1)*B/P) of every global batch, so a
+run resumes exactly from the batch index alone and the processes together read each global batch
+once, in order.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import grain
+import numpy as np
+
+from jaxdepth.data.tokenizer import EOS_ID, Tokenizer
+
+# Training is step-limited, so the dataset is (practically) infinite; len() must stay below
+# sys.maxsize = 2**63 - 1.
+_INFINITE = 2**62
+
+
+def tokenize_documents(docs: Sequence[str], tok: Tokenizer) -> np.ndarray:
+    """One flat int32 stream: every document's ids followed by EOS."""
+    pieces = []
+    chunk = 4096  # bounds peak memory of the Python lists on large corpora
+    for start in range(0, len(docs), chunk):
+        for ids in tok.encode_batch(docs[start : start + chunk]):
+            pieces.append(np.asarray(ids + [EOS_ID], dtype=np.int32))
+    if not pieces:
+        return np.zeros((0,), dtype=np.int32)
+    return np.concatenate(pieces)
+
+
+def save_tokens(path: str | Path, tokens: np.ndarray) -> None:
+    """Write `tokens` as an int32 `.npy` file at exactly `path`, atomically.
+
+    Other processes may be waiting to memory-map the file, so they must never see it half written.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with tmp.open("wb") as f:
+        np.save(f, np.asarray(tokens, dtype=np.int32))
+    os.replace(tmp, path)
+
+
+def load_tokens(path: str | Path) -> np.ndarray:
+    """Memory-map a token file written by `save_tokens`; only the windows read are paged in."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"token file not found: {path}")
+    try:
+        tokens = np.load(path, mmap_mode="r")
+    except ValueError as e:
+        raise ValueError(f"{path} is not a .npy token file ({e})") from None
+    if tokens.ndim != 1 or tokens.dtype != np.int32:
+        raise ValueError(
+            f"{path}: expected a 1-D int32 token array, got {tokens.dtype} of shape {tokens.shape}"
+        )
+    return tokens
+
+
+@functools.lru_cache(maxsize=8)
+def _epoch_permutation(seed: int, epoch: int, n_windows: int) -> np.ndarray:
+    perm = np.random.default_rng([seed, epoch]).permutation(n_windows)
+    perm.flags.writeable = False  # shared by every caller through the cache
+    return perm
+
+
+def _lm_example(windows: np.ndarray) -> dict[str, np.ndarray]:
+    windows = np.asarray(windows, dtype=np.int32)
+    return {
+        "inputs": windows[:, :-1],
+        "targets": windows[:, 1:],
+        "weights": np.ones(windows[:, 1:].shape, dtype=np.float32),
+    }
+
+
+class LMBatchSource:
+    """Random-access grain source: item i is this process's slice of global batch i."""
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        *,
+        seq_len: int,
+        global_batch: int,
+        seed: int,
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
+        if seq_len < 1 or global_batch < 1:
+            raise ValueError(f"seq_len and global_batch must be >= 1, got {seq_len}, {global_batch}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        if process_count < 1 or not 0 <= process_index < process_count:
+            raise ValueError(f"bad process_index={process_index} of process_count={process_count}")
+        if global_batch % process_count:
+            raise ValueError(
+                f"global_batch={global_batch} is not divisible by process_count={process_count}"
+            )
+        if tokens.ndim != 1:
+            raise ValueError(f"tokens must be a 1-D stream, got shape {tokens.shape}")
+        n_windows = (len(tokens) - 1) // seq_len
+        if n_windows < global_batch:
+            raise ValueError(
+                f"{len(tokens)} tokens make {max(n_windows, 0)} windows of seq_len={seq_len}, fewer "
+                f"than global_batch={global_batch}; need at least "
+                f"{global_batch * seq_len + 1} tokens"
+            )
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.global_batch = global_batch
+        self.seed = seed
+        self.n_windows = n_windows
+        self.local_batch = global_batch // process_count
+        self.first_row = process_index * self.local_batch
+
+    def __len__(self) -> int:
+        return _INFINITE
+
+    def window_ids(self, i: int) -> np.ndarray:
+        """Window indices of this process's rows of global batch i."""
+        first = int(i) * self.global_batch + self.first_row
+        ids = np.empty(self.local_batch, dtype=np.int64)
+        # Python ints: i * global_batch may exceed int64, and one slice may span two epochs.
+        for r in range(self.local_batch):
+            epoch, k = divmod(first + r, self.n_windows)
+            ids[r] = _epoch_permutation(self.seed, epoch, self.n_windows)[k]
+        return ids
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        if not 0 <= i < _INFINITE:
+            raise IndexError(f"batch index {i} out of range")
+        starts = self.window_ids(i) * self.seq_len
+        # One fancy-index gather: a memmap reads just these windows' pages.
+        return _lm_example(self.tokens[starts[:, None] + np.arange(self.seq_len + 1)])
+
+
+def lm_dataset(
+    tokens: np.ndarray,
+    *,
+    seq_len: int,
+    global_batch: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> grain.MapDataset:
+    """grain dataset whose item i is this process's [global_batch/process_count, seq_len] batch."""
+    source = LMBatchSource(
+        tokens,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        seed=seed,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    return grain.MapDataset.source(source)
+
+
+def lm_iterator(dataset: grain.MapDataset, start: int = 0, prefetch: int = 2) -> grain.DatasetIterator:
+    """Iterator over `dataset` from batch `start`, prefetching `prefetch` batches in a thread.
+
+    Its state ({"next_index": i}) is checkpointed with `get_state`/`set_state` or orbax through
+    `grain.checkpoint.CheckpointSave`/`CheckpointRestore`.
+    """
+    options = grain.ReadOptions(num_threads=1 if prefetch > 0 else 0, prefetch_buffer_size=prefetch)
+    it = iter(dataset.to_iter_dataset(options))
+    if start:
+        state = it.get_state()
+        if set(state) != {"next_index"}:
+            raise TypeError(f"unexpected grain iterator state {state}; cannot seek to {start}")
+        it.set_state({"next_index": int(start)})
+    return it
+
+
+def eval_batches(tokens: np.ndarray, *, seq_len: int, batch_size: int) -> list[dict[str, np.ndarray]]:
+    """Sequential, non-overlapping windows that score every predictable token exactly once.
+
+    The last window and the last batch are padded with zeros whose `weights` are 0, so
+    perplexity is exp(sum(loss * weights) / sum(weights)).
+    """
+    if seq_len < 1 or batch_size < 1:
+        raise ValueError(f"seq_len and batch_size must be >= 1, got {seq_len}, {batch_size}")
+    n_predicted = len(tokens) - 1
+    if n_predicted < 1:
+        raise ValueError(f"need at least 2 tokens to evaluate, got {len(tokens)}")
+    n_windows = -(-n_predicted // seq_len)
+    n_rows = -(-n_windows // batch_size) * batch_size
+    # Zero-pad the stream so it reshapes into whole rows; every position past the last real
+    # target is padding (inputs, targets and weights 0).
+    padded = np.zeros(n_rows * seq_len + 1, dtype=np.int32)
+    padded[: len(tokens)] = tokens
+    real = (np.arange(n_rows * seq_len) < n_predicted).reshape(n_rows, seq_len)
+    inputs = np.where(real, padded[:-1].reshape(n_rows, seq_len), 0)
+    targets = padded[1:].reshape(n_rows, seq_len)
+    weights = real.astype(np.float32)
+    return [
+        {
+            "inputs": inputs[b : b + batch_size],
+            "targets": targets[b : b + batch_size],
+            "weights": weights[b : b + batch_size],
+        }
+        for b in range(0, n_rows, batch_size)
+    ]
+
+
+def split_documents(
+    docs: Sequence[str], valid_fraction: float, seed: int
+) -> tuple[list[str], list[str]]:
+    """Random train/validation split of documents, each side kept in corpus order.
+
+    When valid_fraction > 0 and there are at least two documents, both sides are non-empty; a
+    single document always goes to training.
+    """
+    if not 0.0 <= valid_fraction < 1.0:
+        raise ValueError(f"valid_fraction must be in [0, 1), got {valid_fraction}")
+    n = len(docs)
+    n_valid = int(valid_fraction * n + 0.5)  # round half up
+    if valid_fraction > 0:
+        n_valid = max(n_valid, 1)
+    n_valid = min(n_valid, max(n - 1, 0))  # never leave training without a document
+    is_valid = np.zeros(n, dtype=bool)
+    is_valid[np.random.default_rng(seed).permutation(n)[:n_valid]] = True
+    train = [d for d, v in zip(docs, is_valid) if not v]
+    valid = [d for d, v in zip(docs, is_valid) if v]
+    return train, valid

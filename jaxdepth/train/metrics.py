@@ -1,0 +1,86 @@
+"""Metrics: analytic FLOPs / MFU, device peak, and a JSONL + TensorBoard writer.
+
+FLOPs convention (PaLM, Chowdhery et al. 2022, App. B): one training token costs
+``6 * N + 12 * L * T * d_attn`` FLOPs, where N counts the parameters that take part in matrix
+multiplies (every layer's attention and MLP matrices plus the output projection; the input
+embedding is a lookup and the norms/position bias are negligible), L is the number of layers
+and T the context length. The attention term counts the full T x T score and value products
+(no discount for the causal mask), as PaLM does. Forward only is a third of that.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from ..config import ModelConfig
+
+# Dense peak FLOP/s per device by device_kind, for the bf16 compute path.
+_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12, "TPU v5": 459e12}
+
+
+def matmul_params(m: ModelConfig) -> int:
+    per_layer = 3 * m.d_model * m.d_ff + 4 * m.d_model * m.d_model
+    return m.n_layers * per_layer + m.d_model * m.vocab_size
+
+
+def train_flops_per_token(m: ModelConfig, seq_len: int) -> int:
+    return 6 * matmul_params(m) + 12 * m.n_layers * seq_len * m.d_model
+
+
+def measure_matmul_peak(dtype=jnp.float32, n: int = 1024, reps: int = 8) -> float:
+    """Achieved FLOP/s of a large square matmul on the default device (a practical peak)."""
+    a = jnp.ones((n, n), dtype)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def device_peak_flops(compute_dtype: str) -> tuple[float, str]:
+    """(peak FLOP/s per device, where the number comes from)."""
+    kind = jax.devices()[0].device_kind
+    if compute_dtype == "bfloat16":
+        for name, peak in _PEAK_BF16.items():
+            if name in kind:
+                return peak, f"{kind} dense bf16 datasheet"
+    dtype = jnp.bfloat16 if compute_dtype == "bfloat16" else jnp.float32
+    return measure_matmul_peak(dtype), f"measured {compute_dtype} 1024^3 matmul on {kind}"
+
+
+class MetricsWriter:
+    """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard.
+
+    Only process 0 writes; other processes get a writer that does nothing.
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool = True):
+        self.enabled = enabled
+        if not enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(run_dir / "metrics.jsonl", "a")
+        from tensorboardX import SummaryWriter
+        self._tb = SummaryWriter(str(run_dir / "tb"))
+
+    def write(self, step: int, **scalars) -> None:
+        if not self.enabled:
+            return
+        rec = {"step": step, **{k: float(v) for k, v in scalars.items()}}
+        self._jsonl.write(json.dumps(rec) + "\n")
+        self._jsonl.flush()
+        for k, v in rec.items():
+            if k != "step":
+                self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._jsonl.close()
+            self._tb.close()

@@ -1,0 +1,50 @@
+"""Optimizers and learning-rate schedules (optax)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ..config import OptimConfig
+
+
+def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+    """Learning rate as a function of the optimizer step.
+
+    constant / linear / cosine: linear warmup from 0 over warmup_steps, then constant or a decay to
+    lr * min_lr_ratio at total_steps. rsqrt is t5x's ``lr / sqrt(max(step, warmup_steps))``
+    (the max() is its warmup: with lr=1 and 10k steps that is 0.01 for 10k steps, then decays).
+    """
+    if cfg.schedule == "rsqrt":
+        return lambda step: cfg.lr * jax.lax.rsqrt(
+            jnp.maximum(jnp.asarray(step, jnp.float32), float(cfg.warmup_steps)))
+    decay_steps = max(total_steps - cfg.warmup_steps, 1)
+    end = cfg.lr * cfg.min_lr_ratio
+    after = {
+        "constant": optax.constant_schedule(cfg.lr),
+        "linear": optax.linear_schedule(cfg.lr, end, decay_steps),
+        "cosine": optax.cosine_decay_schedule(cfg.lr, decay_steps, alpha=cfg.min_lr_ratio),
+    }[cfg.schedule]
+    if cfg.warmup_steps == 0:
+        return after
+    warm = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    return optax.join_schedules([warm, after], [cfg.warmup_steps])
+
+
+def decay_mask(params):
+    """Weight decay on weight matrices only: not on norm scales (stacked or not)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "norm" not in jax.tree_util.keystr(path), params)
+
+
+def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    lr = schedule(cfg, total_steps)
+    if cfg.name == "adamw":
+        opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                          mask=decay_mask)
+    else:  # t5x defaults: factored second moments, update clipping 1.0, decay 0.8, no momentum
+        opt = optax.adafactor(lr, weight_decay_rate=cfg.weight_decay or None,
+                              weight_decay_mask=decay_mask)
+    if cfg.clip_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
+    return opt

@@ -1,0 +1,102 @@
+"""Mesh construction and a logical-axis rule table (t5x style).
+
+Parameters name their axes logically (embed, mlp, heads, vocab, layers); RULES maps those
+names to mesh axes. Data parallel = batch over "data"; FSDP = embed over "data" as well;
+tensor parallel = heads / mlp / vocab over "model". A dimension that the mesh axis does not
+divide is replicated instead (e.g. Eq. 1's odd d_ff values).
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ..config import ConfigError, MeshConfig
+
+RULES = {
+    "batch": "data",
+    "embed": "fsdp",  # "data" when mesh.fsdp, else replicated
+    "mlp": "model",
+    "heads": "model",
+    "vocab": "model",
+    "layers": None,
+    "buckets": None,
+    "norm": None,
+}
+
+# Logical axes of each decoder parameter, keyed by the end of its attribute path.
+PARAM_AXES = {
+    "embed": ("vocab", "embed"),
+    "lm_head": ("embed", "vocab"),
+    "attn.wq": ("embed", "heads"),
+    "attn.wk": ("embed", "heads"),
+    "attn.wv": ("embed", "heads"),
+    "attn.wo": ("heads", "embed"),
+    "mlp.wi_0": ("embed", "mlp"),
+    "mlp.wi_1": ("embed", "mlp"),
+    "mlp.wo": ("mlp", "embed"),
+    "scale": ("norm",),
+    "rel_bias.table": ("buckets", "heads"),
+}
+
+
+def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
+    devices = list(jax.devices() if devices is None else devices)
+    data = cfg.data if cfg.data > 0 else len(devices) // cfg.model
+    n = data * cfg.model
+    if data < 1 or n > len(devices):
+        raise ConfigError(f"mesh.data x mesh.model = {data} x {cfg.model} needs {n} devices, "
+                          f"{len(devices)} available")
+    return Mesh(np.asarray(devices[:n]).reshape(data, cfg.model), ("data", "model"))
+
+
+def logical_to_spec(axes, shape, mesh: Mesh, fsdp: bool) -> P:
+    out = []
+    for name, dim in zip(axes, shape):
+        mesh_axis = RULES[name]
+        if mesh_axis == "fsdp":
+            mesh_axis = "data" if fsdp else None
+        if mesh_axis is not None and (dim % mesh.shape[mesh_axis] or mesh_axis in out):
+            mesh_axis = None
+        out.append(mesh_axis)
+    return P(*out)
+
+
+def _param_axes(path, leaf) -> tuple:
+    names = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
+    dotted = ".".join(names)
+    for suffix, axes in PARAM_AXES.items():
+        if dotted == suffix or dotted.endswith("." + suffix):
+            extra = leaf.ndim - len(axes)
+            if extra not in (0, 1):
+                break
+            return ("layers",) * extra + axes  # stacked layers carry a leading layer axis
+    raise KeyError(f"no logical axes for parameter {dotted!r} with shape {leaf.shape}")
+
+
+def param_shardings(params, mesh: Mesh, fsdp: bool):
+    """NamedSharding for every array leaf of a model (pytree with the same structure)."""
+    def one(path, leaf):
+        spec = logical_to_spec(_param_axes(path, leaf), leaf.shape, mesh, fsdp)
+        return NamedSharding(mesh, spec)
+    return jax.tree_util.tree_map_with_path(one, params)
+
+
+def opt_state_shardings(tx: optax.GradientTransformation, abstract_opt_state, abstract_params,
+                        p_shardings, mesh: Mesh):
+    """Optimizer moments shaped like their parameter follow its sharding; the rest replicate."""
+    replicated = NamedSharding(mesh, P())
+    return optax.tree_map_params(
+        tx, lambda leaf, param, sh: sh if leaf.shape == param.shape else replicated,
+        abstract_opt_state, abstract_params, p_shardings,
+        transform_non_params=lambda _: replicated)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P("data"))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+

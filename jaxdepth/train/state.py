@@ -1,0 +1,105 @@
+"""The train state (one eqx.Module), its sharded initialisation, and the jitted train step."""
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import Array
+
+from ..config import Config
+from ..models.decoder import DecoderLM
+from . import sharding as shd
+from .losses import lm_loss_sums
+
+
+class TrainState(eqx.Module):
+    step: Array  # int32 scalar: optimizer steps taken
+    model: DecoderLM
+    opt_state: optax.OptState
+    key: Array  # uint32 raw key data; dropout at step s uses fold_in(key, s)
+
+
+def init_state(cfg: Config, tx: optax.GradientTransformation) -> TrainState:
+    key = jax.random.key(cfg.run.seed)
+    model = DecoderLM(cfg.model, key=jax.random.fold_in(key, 0))
+    params = eqx.filter(model, eqx.is_array)
+    return TrainState(jnp.int32(0), model, tx.init(params),
+                      jax.random.key_data(jax.random.fold_in(key, 1)))
+
+
+def state_shardings(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh):
+    """(abstract state, matching pytree of NamedShardings)."""
+    abstract = eqx.filter_eval_shape(init_state, cfg, tx)
+    p_sh = shd.param_shardings(abstract.model, mesh, cfg.mesh.fsdp)
+    o_sh = shd.opt_state_shardings(tx, abstract.opt_state, abstract.model, p_sh, mesh)
+    rep = shd.replicated(mesh)
+    return abstract, TrainState(rep, p_sh, o_sh, rep)
+
+
+def sharded_init(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+    _, shardings = state_shardings(cfg, tx, mesh)
+    init = eqx.filter_jit(lambda: eqx.filter_shard(init_state(cfg, tx), shardings))
+    return init()
+
+
+def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, shardings):
+    """One optimizer step over a global batch, split into cfg.optim.accum_steps micro-batches.
+
+    Loss sums are accumulated and divided by the total weight once, so the update does not
+    depend on how the batch is split. The state argument is donated.
+    """
+    accum = cfg.optim.accum_steps
+    z_loss = cfg.model.z_loss
+    micro_sharding = NamedSharding(mesh, P(None, "data"))
+
+    def loss_fn(model, mb, key):
+        logits = model(mb["inputs"], key=key)
+        obj, nll, n = lm_loss_sums(logits, mb["targets"], mb["weights"], z_loss)
+        return obj, (nll, n)
+
+    grad_fn = eqx.filter_value_and_grad(loss_fn, has_aux=True)
+
+    def split(x):  # row b goes to micro-batch b % accum, so every device feeds every micro-batch
+        x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+        return jax.lax.with_sharding_constraint(x, micro_sharding)
+
+    @eqx.filter_jit(donate="all-except-first")
+    def step(batch, state: TrainState):
+        key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+        use_dropout = cfg.model.dropout > 0
+        micro = jax.tree.map(split, batch)
+        params, static = eqx.partition(state.model, eqx.is_array)
+
+        def body(carry, xs):
+            g_acc, nll_acc, n_acc = carry
+            mb, i = xs
+            model = eqx.combine(params, static)
+            k = jax.random.fold_in(key, i) if use_dropout else None
+            (_, (nll, n)), g = grad_fn(model, mb, k)
+            g_acc = jax.tree.map(jnp.add, g_acc, eqx.filter(g, eqx.is_array))
+            return (g_acc, nll_acc + nll, n_acc + n), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (grads, nll, n), _ = jax.lax.scan(body, (zeros, jnp.float32(0), jnp.float32(0)),
+                                          (micro, jnp.arange(accum)))
+        grads = jax.tree.map(lambda g: g / n, grads)
+        updates, opt_state = tx.update(grads, state.opt_state, params)
+        model = eqx.apply_updates(state.model, updates)
+        new = TrainState(state.step + 1, model, opt_state, state.key)
+        new = eqx.filter_shard(new, shardings)
+        metrics = {"loss": nll / n, "grad_norm": optax.global_norm(grads), "tokens": n}
+        return new, metrics
+
+    return lambda state, batch: step(batch, state)
+
+
+def make_eval_step(mesh: Mesh):
+    """Sums of NLL and weights over one (possibly padded) batch; no dropout."""
+    @eqx.filter_jit
+    def eval_step(model: DecoderLM, batch):
+        logits = model(batch["inputs"])
+        _, nll, n = lm_loss_sums(logits, batch["targets"], batch["weights"])
+        return nll, n
+    return eval_step
