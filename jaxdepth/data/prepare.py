@@ -1,0 +1,72 @@
+"""Corpus -> tokenizer + cached token files in the run directory (done once, reused on resume).
+
+Layout under ``<run>/data``: ``tokenizer.model``, ``train.npy``, ``valid.npy``. Process 0
+prepares; the others wait at a barrier and memory-map the files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..config import ConfigError, DataConfig
+from . import grammar
+from .pipeline import load_tokens, save_tokens, split_documents, tokenize_documents
+from .readers import read_corpus
+from .tokenizer import Tokenizer, train_tokenizer
+
+
+@dataclass
+class LMData:
+    tokenizer: Tokenizer
+    train: np.ndarray  # flat int32 token streams (memory-mapped)
+    valid: np.ndarray
+    valid_docs: list[str]  # a few validation documents, for greedy samples
+
+
+def _paths(spec: str) -> list[str]:
+    return [p.strip() for p in spec.split(",") if p.strip()]
+
+
+def load_documents(cfg: DataConfig) -> tuple[list[str], list[str]]:
+    """(train documents, validation documents) as the config describes them."""
+    if cfg.corpus == "grammar":
+        docs = grammar.corpus_texts(cfg.grammar_docs, seed=cfg.grammar_seed)
+    else:
+        docs = read_corpus(_paths(cfg.corpus))
+    if cfg.valid:
+        return docs, read_corpus(_paths(cfg.valid))
+    return split_documents(docs, cfg.valid_fraction, seed=cfg.grammar_seed)
+
+
+def check_vocab(tok: Tokenizer, vocab_size: int, source: str) -> None:
+    if tok.vocab_size != vocab_size:
+        raise ConfigError(f"model.vocab_size: {vocab_size} does not match the tokenizer "
+                          f"({source}) with {tok.vocab_size} pieces")
+
+
+def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary: bool,
+                    barrier=lambda: None) -> LMData:
+    data_dir = run_dir / "data"
+    tok_path = data_dir / "tokenizer.model"
+    if is_primary and not (data_dir / "valid.npy").is_file():
+        train_docs, valid_docs = load_documents(cfg)
+        if cfg.tokenizer:
+            tok = Tokenizer.load(cfg.tokenizer)
+        elif tok_path.is_file():
+            tok = Tokenizer.load(tok_path)
+        else:
+            tok = train_tokenizer(train_docs, vocab_size)
+        check_vocab(tok, vocab_size, cfg.tokenizer or str(tok_path))
+        data_dir.mkdir(parents=True, exist_ok=True)
+        tok.save(tok_path)
+        save_tokens(data_dir / "train.npy", tokenize_documents(train_docs, tok))
+        (data_dir / "valid_docs.txt").write_text("\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:16]))
+        save_tokens(data_dir / "valid.npy", tokenize_documents(valid_docs, tok))
+    barrier()
+    tok = Tokenizer.load(tok_path)
+    check_vocab(tok, vocab_size, str(tok_path))
+    valid_docs = (data_dir / "valid_docs.txt").read_text().split("\n\n")
+    return LMData(tok, load_tokens(data_dir / "train.npy"), load_tokens(data_dir / "valid.npy"),
+                  valid_docs)

@@ -1,0 +1,184 @@
+"""The LM training loop: restore-or-init, jitted steps, periodic eval/checkpoint, metrics."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from tqdm import tqdm
+
+from ..config import Config, param_count
+from ..data.pipeline import eval_batches, lm_dataset, lm_iterator
+from ..data.prepare import LMData, prepare_lm_data
+from ..models.decoder import DecoderLM, greedy_generate
+from . import checkpoint as ckpt
+from .metrics import MetricsWriter, device_peak_flops, train_flops_per_token
+from .optim import make_optimizer, schedule
+from .sharding import batch_sharding, make_mesh
+from .state import make_eval_step, make_train_step, sharded_init, state_shardings
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def to_global(batch: dict, sharding) -> dict:
+    """Process-local rows -> global arrays sharded over the data axis."""
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+            for k, v in batch.items()}
+
+
+def local_rows(batch: dict) -> dict:
+    p, n = jax.process_index(), jax.process_count()
+    rows = next(iter(batch.values())).shape[0] // n
+    return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items()}
+
+
+def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, run_dir: Path):
+    """The latest checkpoint in run_dir if there is one (data iterator restored in place),
+    else a fresh sharded state. Returns (state, state shardings)."""
+    abstract, shardings = state_shardings(cfg, tx, mesh)
+    step = mngr.latest_step()
+    if step is None:
+        return sharded_init(cfg, tx, mesh), shardings
+    ckpt.check_compatible(ckpt.saved_config(mngr, step), cfg, run_dir)
+    return ckpt.restore(mngr, step, abstract, shardings, data_iter), shardings
+
+
+def evaluate(model: DecoderLM, batches: list[dict], eval_step, sharding) -> dict:
+    nll, n = 0.0, 0.0
+    for b in batches:
+        s, c = eval_step(model, to_global(local_rows(b), sharding))
+        nll, n = nll + float(s), n + float(c)
+    loss = nll / max(n, 1.0)
+    return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0)), "valid_tokens": n}
+
+
+def greedy_samples(model: DecoderLM, data: LMData, n: int, max_new: int) -> list[dict]:
+    """Continue the first half (at most 12 tokens) of the first n validation documents."""
+    if n == 0:
+        return []
+    prompts = [data.tokenizer.encode(d)[:12] for d in data.valid_docs[:n] if d.strip()]
+    prompts = [p[: max(1, len(p) // 2)] for p in prompts]
+    width = max(len(p) for p in prompts)
+    arr = np.zeros((len(prompts), width), np.int32)
+    for i, p in enumerate(prompts):
+        arr[i, :len(p)] = p
+    out = np.asarray(greedy_generate(model, jnp.asarray(arr),
+                                     jnp.asarray([len(p) for p in prompts], jnp.int32), max_new))
+    return [{"prompt": data.tokenizer.decode(p), "continuation": data.tokenizer.decode(o.tolist())}
+            for p, o in zip(prompts, out)]
+
+
+def train(cfg: Config) -> dict:
+    """Run (or resume) the LM training described by cfg; returns the summary it writes."""
+    run_dir = Path(cfg.run.dir)
+    primary = jax.process_index() == 0
+    mesh = make_mesh(cfg.mesh)
+    data = prepare_lm_data(cfg.data, cfg.model.vocab_size, run_dir, primary,
+                           barrier=lambda: barrier("prepare_data"))
+    tx = make_optimizer(cfg.optim, cfg.run.steps)
+    lr_at = schedule(cfg.optim, cfg.run.steps)
+    mngr = ckpt.open_manager(run_dir, cfg.run.keep)
+    dataset = lm_dataset(data.train, seq_len=cfg.data.seq_len, global_batch=cfg.data.batch_size,
+                         seed=cfg.run.seed, process_index=jax.process_index(),
+                         process_count=jax.process_count())
+    data_iter = lm_iterator(dataset)
+    state, shardings = restore_or_init(cfg, tx, mesh, mngr, data_iter, run_dir)
+    start = int(state.step)
+    if primary:
+        ckpt.write_config(run_dir, cfg)
+
+    step_fn = make_train_step(cfg, tx, mesh, shardings)
+    eval_step = make_eval_step(mesh)
+    b_sharding = batch_sharding(mesh)
+    valid = eval_batches(data.valid, seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size)
+    if cfg.run.eval_batches:
+        valid = valid[:cfg.run.eval_batches]
+    writer = MetricsWriter(run_dir, enabled=primary)
+    tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
+    flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len)
+    peak, peak_source = device_peak_flops(cfg.model.compute_dtype)
+    peak_total = peak * mesh.size
+
+    end = cfg.run.steps if not cfg.run.stop_after else min(cfg.run.steps, start + cfg.run.stop_after)
+    bar = tqdm(total=cfg.run.steps, initial=start, disable=not (primary and cfg.run.progress),
+               unit="step", dynamic_ncols=True)
+    last = {"time": time.perf_counter(), "step": start}
+    history: dict = {}
+
+    def record(step: int, metrics) -> None:
+        """Read a finished step's metrics (a sync point) and log them."""
+        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):
+            good = mngr.latest_step()
+            raise NonFiniteLossError(
+                f"non-finite loss ({m['loss']}) or gradient norm ({m['grad_norm']}) at step {step}; "
+                f"stopping. The last good checkpoint ({'step ' + str(good) if good is not None else 'none'}"
+                f") in {run_dir / 'checkpoints'} is intact.")
+        history.update(train_loss=m["loss"])
+        if step == start + 1:  # throughput is measured from the first finished step on (no compile)
+            last.update(time=time.perf_counter(), step=step)
+        elif step % cfg.run.log_every == 0 or step == end:
+            now = time.perf_counter()
+            tps = (step - last["step"]) * tokens_per_step / max(now - last["time"], 1e-9)
+            last.update(time=now, step=step)
+            mfu = tps * flops_per_token / peak_total
+            history.update(tokens_per_s=tps, mfu=mfu)
+            writer.write(step, loss=m["loss"], ppl=math.exp(min(m["loss"], 80.0)),
+                         lr=float(lr_at(step - 1)), grad_norm=m["grad_norm"], tokens_per_s=tps, mfu=mfu)
+            bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tps:,.0f}")
+
+    def run_eval(step: int) -> None:
+        ev = evaluate(state.model, valid, eval_step, b_sharding)
+        history.update(ev)
+        writer.write(step, valid_loss=ev["valid_loss"], valid_ppl=ev["valid_ppl"])
+        bar.write(f"step {step}: valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}")
+
+    pending = None
+    try:
+        for step in range(start + 1, end + 1):
+            batch = to_global(next(data_iter), b_sharding)
+            state, metrics = step_fn(state, batch)
+            if pending is not None:  # step N is dispatched; now read step N-1 without stalling
+                record(*pending)
+            pending = (step, metrics)
+            bar.update(1)
+            if step % cfg.run.save_every == 0 or step == cfg.run.steps:
+                record(*pending)  # never checkpoint a state whose loss was not finite
+                pending = None
+                ckpt.save(mngr, step, state, data_iter, cfg)
+            if step % cfg.run.eval_every == 0 and step != cfg.run.steps:
+                run_eval(step)
+        if pending is not None:
+            record(*pending)
+    finally:
+        bar.close()
+        mngr.wait_until_finished()
+
+    final_step = int(state.step)
+    summary = {"step": final_step, "done": final_step >= cfg.run.steps}
+    if final_step >= cfg.run.steps:
+        run_eval(final_step)
+        summary.update(history)
+        summary.update(params=param_count(cfg.model), flops_per_token=flops_per_token,
+                       peak_flops=peak, peak_source=peak_source, devices=mesh.size,
+                       samples=greedy_samples(state.model, data, cfg.run.samples,
+                                              cfg.run.sample_tokens))
+    summary.update(run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"),
+                   metrics=str(run_dir / "metrics.jsonl"), tensorboard=str(run_dir / "tb"))
+    if primary and summary["done"]:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    writer.close()
+    mngr.close()
+    return summary

@@ -1,0 +1,55 @@
+"""Train (or resume) a jaxdepth model.  python train.py --help  lists every field."""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    from jaxdepth.cli import parse_args
+    from jaxdepth.config import ConfigError
+
+    try:
+        cfg = parse_args(argv, prog="train.py")
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+
+    import jax
+
+    if cfg.mesh.num_processes > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=cfg.mesh.coordinator,
+                                   num_processes=cfg.mesh.num_processes,
+                                   process_id=cfg.mesh.process_id)
+
+    from jaxdepth.train.loop import NonFiniteLossError, train
+
+    try:
+        summary = train(cfg)
+    except (ConfigError, FileNotFoundError, ValueError, NonFiniteLossError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if jax.process_index() == 0:
+        print_summary(summary)
+    return 0
+
+
+def print_summary(s: dict) -> None:
+    if not s["done"]:
+        print(f"stopped at step {s['step']}; resume with the same command.")
+    else:
+        print(f"\nfinished step {s['step']}: train loss {s.get('train_loss', float('nan')):.4f}, "
+              f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})")
+        if "tokens_per_s" in s:
+            print(f"throughput {s['tokens_per_s']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}% "
+                  f"of {s['peak_flops'] / 1e9:,.0f} GFLOP/s per device ({s['peak_source']})")
+        for smp in s.get("samples", []):
+            print(f"  sample: {smp['prompt']!r} -> {smp['continuation']!r}")
+    print(f"checkpoints: {s['checkpoints']}\nmetrics:     {s['metrics']} (TensorBoard: {s['tensorboard']})")
+    if s["done"]:
+        print(f"summary:     {os.path.join(s['run_dir'], 'summary.json')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
