@@ -114,36 +114,49 @@ def train(cfg: Config) -> dict:
     end = cfg.run.steps if not cfg.run.stop_after else min(cfg.run.steps, start + cfg.run.stop_after)
     bar = tqdm(total=cfg.run.steps, initial=start, disable=not (primary and cfg.run.progress),
                unit="step", dynamic_ncols=True)
+    # Throughput is timed from the first finished step of this invocation (so compilation is
+    # excluded) to the latest one, less the time spent evaluating in between.
     last = {"time": time.perf_counter(), "step": start}
+    first = dict(last)
     history: dict = {}
 
     def record(step: int, metrics) -> None:
         """Read a finished step's metrics (a sync point) and log them."""
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):
+        if not all(math.isfinite(m[k]) for k in ("loss", "grad_norm", "param_norm")):
             good = mngr.latest_step()
             raise NonFiniteLossError(
-                f"non-finite loss ({m['loss']}) or gradient norm ({m['grad_norm']}) at step {step}; "
+                f"non-finite loss ({m['loss']}), gradient norm ({m['grad_norm']}) or parameter "
+                f"norm after the update ({m['param_norm']}) at step {step}; "
                 f"stopping. The last good checkpoint ({'step ' + str(good) if good is not None else 'none'}"
                 f") in {run_dir / 'checkpoints'} is intact.")
         history.update(train_loss=m["loss"])
-        if step == start + 1:  # throughput is measured from the first finished step on (no compile)
-            last.update(time=time.perf_counter(), step=step)
-        elif step % cfg.run.log_every == 0 or step == end:
-            now = time.perf_counter()
-            tps = (step - last["step"]) * tokens_per_step / max(now - last["time"], 1e-9)
+        now = time.perf_counter()
+        rates = {}
+        if step == start + 1:
             last.update(time=now, step=step)
-            mfu = tps * flops_per_token / peak_total
-            history.update(tokens_per_s=tps, mfu=mfu)
-            writer.write(step, loss=m["loss"], ppl=math.exp(min(m["loss"], 80.0)),
-                         lr=float(lr_at(step - 1)), grad_norm=m["grad_norm"], tokens_per_s=tps, mfu=mfu)
+            first.update(time=now, step=step)
+        elif step % cfg.run.log_every == 0 or step == end:
+            tps = (step - last["step"]) * tokens_per_step / max(now - last["time"], 1e-9)
+            rates = dict(tokens_per_s=tps, mfu=tps * flops_per_token / peak_total)
+            last.update(time=now, step=step)
+            avg = (step - first["step"]) * tokens_per_step / max(now - first["time"], 1e-9)
+            history.update(tokens_per_s=avg, mfu=avg * flops_per_token / peak_total)
             bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tps:,.0f}")
+        if step % cfg.run.log_every == 0 or step == end or step == start + 1:
+            writer.write(step, loss=m["loss"], ppl=math.exp(min(m["loss"], 80.0)),
+                         lr=float(lr_at(step - 1)), grad_norm=m["grad_norm"],
+                         param_norm=m["param_norm"], **rates)
 
     def run_eval(step: int) -> None:
+        t0 = time.perf_counter()
         ev = evaluate(state.model, valid, eval_step, b_sharding)
         history.update(ev)
         writer.write(step, valid_loss=ev["valid_loss"], valid_ppl=ev["valid_ppl"])
         bar.write(f"step {step}: valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}")
+        spent = time.perf_counter() - t0  # not training time
+        last["time"] += spent
+        first["time"] += spent
 
     pending = None
     try:

@@ -66,7 +66,11 @@ class MetricsWriter:
         if not enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(run_dir / "metrics.jsonl", "a")
+        path = run_dir / "metrics.jsonl"
+        torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+        self._jsonl = open(path, "a")
+        if torn:  # a run killed mid-write left half a record: end it so the next one stays whole
+            self._jsonl.write("\n")
         from tensorboardX import SummaryWriter
         self._tb = SummaryWriter(str(run_dir / "tb"))
 

@@ -25,10 +25,12 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
         "linear": optax.linear_schedule(cfg.lr, end, decay_steps),
         "cosine": optax.cosine_decay_schedule(cfg.lr, decay_steps, alpha=cfg.min_lr_ratio),
     }[cfg.schedule]
-    if cfg.warmup_steps == 0:
-        return after
-    warm = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
-    return optax.join_schedules([warm, after], [cfg.warmup_steps])
+    if cfg.warmup_steps > 0:
+        warm = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+        after = optax.join_schedules([warm, after], [cfg.warmup_steps])
+    # The step is taken as float32: optax's cosine schedule mixes an int32 step with Python
+    # floats, which strict dtype promotion rejects when it is called outside make_optimizer.
+    return lambda step: after(jnp.asarray(step, jnp.float32))
 
 
 def decay_mask(params):
@@ -37,7 +39,28 @@ def decay_mask(params):
         lambda path, _: "norm" not in jax.tree_util.keystr(path), params)
 
 
+def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """tx, with init/update traced under jax's standard dtype promotion.
+
+    optax mixes Python floats with the int32 step count (e.g. ``1 - b1 ** count``), which the
+    strict promotion mode turned on by the tests (and by careful users) rejects.
+    """
+    def init(params):
+        with jax.numpy_dtype_promotion("standard"):
+            return tx.init(params)
+
+    def update(updates, state, params=None):
+        with jax.numpy_dtype_promotion("standard"):
+            return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    return _standard_promotion(_make_optimizer(cfg, total_steps))
+
+
+def _make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
     lr = schedule(cfg, total_steps)
     if cfg.name == "adamw":
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,

@@ -89,7 +89,10 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
         model = eqx.apply_updates(state.model, updates)
         new = TrainState(state.step + 1, model, opt_state, state.key)
         new = eqx.filter_shard(new, shardings)
-        metrics = {"loss": nll / n, "grad_norm": optax.global_norm(grads), "tokens": n}
+        # param_norm lets the loop refuse to checkpoint parameters the update made non-finite
+        # (the loss of this step was computed before the update, so it cannot tell).
+        metrics = {"loss": nll / n, "grad_norm": optax.tree.norm(grads), "tokens": n,
+                   "param_norm": optax.tree.norm(eqx.filter(model, eqx.is_array))}
         return new, metrics
 
     return lambda state, batch: step(batch, state)

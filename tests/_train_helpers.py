@@ -1,0 +1,167 @@
+"""Helpers for tests/test_training.py: run train.py (in a subprocess or in-process), read back
+metrics and checkpoints, and snapshot directories."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxdepth.config import Config, MeshConfig
+from jaxdepth.train.optim import make_optimizer
+from jaxdepth.train.sharding import make_mesh
+from jaxdepth.train.state import state_shardings
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_PY = REPO / "train.py"
+TIMEOUT = 240  # seconds for one subprocess; a hang fails the test instead of blocking CI
+
+GRAMMAR_DOCS = 300
+SEQ_LEN = 32
+BATCH = 8
+
+
+def base_args(run_dir, tokenizer, steps: int, **fields) -> list[str]:
+    """A tiny tiny-L2 run (d_model 64, d_ff 256, 2 layers, vocab 512) with a shared tokenizer.
+
+    fields: "section.field" -> value overrides (use a dict with dotted keys via **{...}).
+    """
+    args = {
+        "run.dir": run_dir, "run.steps": steps, "run.log_every": 1, "run.eval_every": 1000,
+        "run.save_every": steps, "run.progress": "false", "run.samples": 0,
+        "data.grammar_docs": GRAMMAR_DOCS, "data.seq_len": SEQ_LEN, "data.batch_size": BATCH,
+        "data.tokenizer": tokenizer,
+    }
+    args.update(fields)
+    out = ["--preset", "tiny-L2"]
+    for k, v in args.items():
+        out += [f"--{k}", str(v)]
+    return out
+
+
+def subprocess_env(devices: int = 1, cache_dir=None) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if cache_dir is not None:  # identical programs compiled by several subprocesses: compile once
+        env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    return env
+
+
+def run_train(args: list[str], devices: int = 1, cache_dir=None,
+              timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TRAIN_PY), *args], cwd=REPO, capture_output=True,
+                          text=True, env=subprocess_env(devices, cache_dir), timeout=timeout)
+
+
+def start_train(args: list[str], devices: int = 1, cache_dir=None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TRAIN_PY), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=subprocess_env(devices, cache_dir), **kw)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+
+
+def read_metrics(run_dir) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    recs = []
+    for line in path.read_text().splitlines():
+        try:
+            recs.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written when we looked (polling)
+            pass
+    return recs
+
+
+def step_losses(run_dir) -> dict[int, list[float]]:
+    """step -> every training loss logged for it (a resumed run may log a step twice)."""
+    out: dict[int, list[float]] = {}
+    for r in read_metrics(run_dir):
+        if "loss" in r:
+            out.setdefault(r["step"], []).append(r["loss"])
+    return out
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = TIMEOUT) -> int:
+    """Poll metrics.jsonl until a training step >= step is logged; returns the step seen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logged = step_losses(run_dir)
+        if logged and max(logged) >= step:
+            return max(logged)
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"train.py exited ({proc.returncode}) before step {step}:\n{err[-3000:]}")
+        time.sleep(0.02)
+    raise AssertionError(f"no step >= {step} in {run_dir}/metrics.jsonl after {timeout}s")
+
+
+def committed_steps(run_dir) -> list[int]:
+    d = Path(run_dir) / "checkpoints"
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+def load_state(run_dir, step: int | None = None):
+    """(step, TrainState) of a checkpoint, restored onto one device with the package's own
+    abstract state (built from the config saved in the checkpoint)."""
+    mngr = ocp.CheckpointManager(Path(run_dir).absolute() / "checkpoints")
+    try:
+        step = mngr.latest_step() if step is None else step
+        assert step is not None, f"no checkpoint in {run_dir}"
+        saved = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+        cfg = Config.from_dict(saved)
+        mesh = make_mesh(MeshConfig(data=1, model=1))
+        abstract, shardings = state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh)
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                              abstract, shardings)
+        state = mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target))).state
+    finally:
+        mngr.close()
+    return step, state
+
+
+def saved_partition_specs(run_dir, step: int) -> dict[str, list]:
+    """Dotted state path -> partition spec of the array as it was when saved (Orbax records
+    each array's actual sharding in state/_sharding, keyed by the base64 of the path)."""
+    raw = json.loads((Path(run_dir) / "checkpoints" / str(step) / "state" / "_sharding").read_text())
+    return {base64.b64decode(k).decode(): json.loads(v)["partition_spec"] for k, v in raw.items()}
+
+
+def leaves(state) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(state)]
+
+
+def snapshot(directory) -> dict[str, tuple]:
+    """relative path -> (size, mtime_ns, sha256) of every file under directory."""
+    out = {}
+    for p in sorted(Path(directory).rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            out[str(p.relative_to(directory))] = (st.st_size, st.st_mtime_ns,
+                                                  hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
