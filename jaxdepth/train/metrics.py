@@ -67,7 +67,11 @@ class MetricsWriter:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / "metrics.jsonl"
-        torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+        torn = False
+        if path.is_file() and path.stat().st_size > 0:
+            with open(path, "rb") as f:
+                f.seek(-1, 2)
+                torn = f.read(1) != b"\n"
         self._jsonl = open(path, "a")
         if torn:  # a run killed mid-write left half a record: end it so the next one stays whole
             self._jsonl.write("\n")
