@@ -137,6 +137,11 @@ class DecoderLM(eqx.Module):
         causal mask and the relative-position bias are built per example.
         """
         T = tokens_BT.shape[1]
+        if T > cache.max_len:
+            raise ValueError(f"KV cache overflow: {T} new tokens, max_len {cache.max_len}")
+        # dynamic_update_slice would silently shift an overflowing write; fail loudly instead.
+        tokens_BT = eqx.error_if(tokens_BT, jnp.any(cache.pos_B + T > cache.max_len),
+                                 "KV cache overflow: position + new tokens exceeds max_len")
         q_pos_BT = cache.pos_B[:, None] + jnp.arange(T)[None, :]
         k_pos_S = jnp.arange(cache.max_len)
         bias_BNTS = self.rel_bias(q_pos_BT, k_pos_S).astype(self.compute_dtype)
@@ -162,6 +167,8 @@ def prefill(model: DecoderLM, prompt_BT: Array, lengths_B: Array,
     Padding past a prompt's length is written to the cache but sits at positions the next
     decoding steps overwrite before anything attends to them.
     """
+    lengths_B = eqx.error_if(lengths_B, jnp.any((lengths_B < 1) | (lengths_B > prompt_BT.shape[1])),
+                             "prompt lengths must be in [1, prompt width]")
     logits_BTV, cache = model.extend(prompt_BT, cache)
     last = jnp.take_along_axis(logits_BTV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
     return last, KVCache(cache.k_LBSNH, cache.v_LBSNH, lengths_B.astype(jnp.int32))

@@ -1,0 +1,264 @@
+"""Config: Eq. 1 depth families (Table 1 of Petty et al.), parameter counts, validation, CLI."""
+import json
+from decimal import ROUND_HALF_EVEN, Decimal, localcontext
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+from jaxdepth.cli import parse_args
+from jaxdepth.config import (
+    SIZE_CLASSES, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig,
+    depth_family, depth_family_dff, from_preset, param_count)
+from jaxdepth.models.decoder import DecoderLM
+
+# Table 1 of Petty et al., copied cell by cell: n_layers -> d_ff.
+TABLE1 = {
+    "41M": {1: 4779, 2: 2048, 3: 1138, 4: 682, 5: 409, 6: 227, 7: 97},
+    "134M": {1: 35847, 2: 17411, 4: 8193, 6: 5121, 8: 3584, 12: 2048, 16: 1280, 21: 731,
+             26: 393, 32: 128},
+    "374M": {1: 99002, 2: 48818, 4: 23726, 6: 15362, 8: 11180, 12: 6998, 16: 4907, 24: 2816,
+             32: 1770},
+}
+TOTALS_M = {"41M": "41.29", "134M": "134.30", "374M": "374.13"}
+BASELINE_LAYERS = {"41M": 2, "134M": 12, "374M": 24}
+
+
+def test_table1_has_26_cells():
+    assert sum(len(v) for v in TABLE1.values()) == 26
+
+
+@pytest.mark.parametrize("cls", sorted(TABLE1))
+def test_depth_family_reproduces_table1(cls):
+    fam = depth_family(cls)
+    assert sorted(fam) == sorted(TABLE1[cls])
+    got = {n: fam[n].d_ff for n in fam}
+    assert got == TABLE1[cls]
+    for m in fam.values():
+        assert m.vocab_size == 32128
+
+
+@pytest.mark.parametrize("cls", sorted(TABLE1))
+def test_class_totals(cls):
+    base = depth_family(cls)[BASELINE_LAYERS[cls]]
+    total = Decimal(param_count(base)) / Decimal(10**6)
+    assert str(total.quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN)) == TOTALS_M[cls]
+    # Every member has the baseline's size up to the rounding of w(k): |error in d_ff| <= 1/2,
+    # i.e. at most n_layers * beta / 2 parameters (beta = 3 d_model).
+    d = SIZE_CLASSES[cls].d_model
+    for n, m in depth_family(cls).items():
+        assert abs(param_count(m) - param_count(base)) <= n * 3 * d / 2, n
+
+
+def eq1_decimal(d_model, n0, d_ff0, n):
+    """Eq. 1 written independently: decimal arithmetic, explicit half-even rounding."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        beta = Decimal(3 * d_model)
+        a = Decimal(4 * d_model * d_model + 2 * d_model)
+        k = Decimal(n - n0)
+        w = (Decimal(1) - Decimal(n0) / (Decimal(n0) + k)) * (Decimal(d_ff0) + a / beta)
+        w = w.quantize(Decimal(1), rounding=ROUND_HALF_EVEN)
+        return d_ff0 - int(w)
+
+
+@pytest.mark.parametrize("d_model,n0,d_ff0,depths", [
+    (64, 2, 256, [1, 2, 3, 4, 6]),          # the "tiny" class
+    (128, 4, 512, [1, 2, 3, 4, 6, 8]),      # the "small" class
+    (256, 3, 1000, [1, 2, 3, 5, 7, 9]),
+    (96, 5, 777, [1, 4, 5, 6, 10]),
+    # d_model=64: A/beta = 86 exactly, so n0=1, k=1 gives w = (d_ff0 + 86)/2: exact .5 ties.
+    (64, 1, 101, [2]),   # 187/2 = 93.5 -> 94 (even) -> 7
+    (64, 1, 103, [2]),   # 189/2 = 94.5 -> 94 (even) -> 9
+])
+def test_eq1_independent_form(d_model, n0, d_ff0, depths):
+    for n in depths:
+        assert depth_family_dff(d_model, n0, d_ff0, n) == eq1_decimal(d_model, n0, d_ff0, n)
+    assert depth_family_dff(d_model, n0, d_ff0, n0) == d_ff0
+
+
+def test_eq1_half_even_hand_values():
+    assert depth_family_dff(64, 1, 101, 2) == 7
+    assert depth_family_dff(64, 1, 103, 2) == 9
+    # tiny class by hand: A/beta = 86, w(k) = k/(2+k) * 342
+    assert depth_family_dff(64, 2, 256, 1) == 256 + 342   # w(-1) = (1 - 2/1) * 342 = -342
+    assert depth_family_dff(64, 2, 256, 3) == 256 - 114   # 342/3 = 114
+    assert depth_family_dff(64, 2, 256, 4) == 256 - 171   # 342/2
+
+
+def test_eq1_too_deep_is_an_error():
+    # small class (d_model 128, 4 layers, d_ff 512) at 16 layers: w = 12/16 * 683.33.. = 512.5
+    with pytest.raises(ConfigError, match=r"^model\.d_ff"):
+        depth_family_dff(128, 4, 512, 16)
+    with pytest.raises(ConfigError, match=r"^model\.d_ff"):
+        depth_family_dff(512, 2, 2048, 8)  # 41M class one deeper than its deepest member
+    with pytest.raises(ConfigError, match=r"^model\.n_layers"):
+        depth_family_dff(128, 4, 512, 0)
+
+
+def hand_param_count(V, D, L, F, H, buckets=32):
+    per_layer = 3 * D * F + 4 * D * D + 2 * D  # wi_0, wi_1, wo; q, k, v, o; two norm scales
+    return L * per_layer + 2 * D * V + D + buckets * H  # embed + head, final norm, rel. bias
+
+
+@pytest.mark.parametrize("V,D,L,F,heads", [
+    (50, 32, 1, 48, 1),
+    (97, 64, 3, 40, 4),
+    (64, 48, 2, 100, 3),
+    (20, 32, 2, 7, 0),  # n_heads 0 -> max(1, 32 // 64) = 1
+])
+def test_param_count_matches_built_model(V, D, L, F, heads):
+    m = ModelConfig(vocab_size=V, d_model=D, n_layers=L, d_ff=F, n_heads=heads)
+    # eval_shape runs the real constructor abstractly (building for real costs seconds of
+    # compilation per shape on CPU); one config is also built for real below.
+    model = eqx.filter_eval_shape(DecoderLM, m, key=jax.random.key(0))
+    leaves = [x for x in jax.tree.leaves(model) if isinstance(x, jax.ShapeDtypeStruct)]
+    assert all(x.dtype == np.float32 for x in leaves)
+    n_built = sum(int(np.prod(x.shape)) for x in leaves)
+    H = heads or 1
+    assert param_count(m) == n_built == hand_param_count(V, D, L, F, H)
+
+
+def test_param_count_hand_number():
+    # 41M baseline written out: 2 * (3*512*2048 + 4*512*512 + 2*512) + 2*512*32128 + 512 + 32*8
+    assert param_count(depth_family("41M")[2]) == 41_290_496
+
+
+@pytest.mark.parametrize("make,field", [
+    (lambda: ModelConfig(d_model=48, n_heads=5), "model.n_heads"),
+    (lambda: ModelConfig(d_model=96, n_heads=7), "model.n_heads"),
+    (lambda: ModelConfig(vocab_size=0), "model.vocab_size"),
+    (lambda: ModelConfig(d_model=-64), "model.d_model"),
+    (lambda: ModelConfig(n_layers=0), "model.n_layers"),
+    (lambda: ModelConfig(d_ff=0), "model.d_ff"),
+    (lambda: ModelConfig(n_heads=-1), "model.n_heads"),
+    (lambda: ModelConfig(dropout=1.0), "model.dropout"),
+    (lambda: ModelConfig(compute_dtype="float16"), "model.compute_dtype"),
+    (lambda: ModelConfig(remat="some"), "model.remat"),
+    (lambda: DataConfig(seq_len=0), "data.seq_len"),
+    (lambda: DataConfig(batch_size=-2), "data.batch_size"),
+    (lambda: OptimConfig(lr=0.0), "optim.lr"),
+    (lambda: OptimConfig(schedule="step"), "optim.schedule"),
+    (lambda: OptimConfig(schedule="rsqrt", warmup_steps=0), "optim.warmup_steps"),
+    (lambda: RunConfig(steps=0), "run.steps"),
+    (lambda: Config(data=DataConfig(batch_size=10), optim=OptimConfig(accum_steps=3)),
+     "optim.accum_steps"),
+    (lambda: from_preset("huge-L99"), "preset"),
+    (lambda: depth_family("1B"), "preset"),
+])
+def test_invalid_configs_name_the_field(make, field):
+    with pytest.raises(ConfigError) as e:
+        make()
+    assert str(e.value).startswith(field + ":"), str(e.value)
+
+
+def test_valid_accum_and_heads():
+    c = Config(data=DataConfig(batch_size=12), optim=OptimConfig(accum_steps=3))
+    assert c.optim.accum_steps == 3
+    m = ModelConfig(d_model=192, n_heads=0)
+    assert (m.heads, m.head_dim) == (3, 64)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def test_cli_preset_then_overrides_regardless_of_order():
+    cfg = parse_args(["--model.n_layers", "4", "--optim.lr=0.1", "--preset", "tiny-L3"])
+    assert cfg.preset == "tiny-L3"
+    # tiny class: d_model 64, vocab 512; d_ff of the 3-layer member by hand: 256 - 342/3 = 142
+    assert cfg.model.d_model == 64 and cfg.model.vocab_size == 512
+    assert cfg.model.d_ff == 142
+    assert cfg.model.n_layers == 4  # override beats the preset even though given first
+    assert cfg.optim.lr == 0.1
+    assert cfg.optim.name == "adamw"  # tiny presets keep the default optimizer
+    assert cfg.data == DataConfig()
+
+
+def test_cli_paper_preset_training_settings():
+    cfg = parse_args(["--preset", "134M-L21"])
+    assert cfg.model.d_ff == 731 and cfg.model.n_layers == 21 and cfg.model.d_model == 768
+    assert (cfg.optim.name, cfg.optim.schedule, cfg.optim.warmup_steps) == ("adafactor", "rsqrt", 10000)
+    assert (cfg.data.seq_len, cfg.data.batch_size) == (1024, 128)
+
+
+def test_cli_later_override_wins():
+    cfg = parse_args(["--model.n_layers", "2", "--model.n_layers=5"])
+    assert cfg.model.n_layers == 5
+    cfg = parse_args(["--preset", "tiny-L2", "--preset=small-L3"])
+    assert cfg.preset == "small-L3" and cfg.model.n_layers == 3 and cfg.model.d_model == 128
+
+
+@pytest.mark.parametrize("raw,val", [("true", True), ("False", False), ("1", True), ("0", False),
+                                     ("yes", True), ("NO", False)])
+def test_cli_bools(raw, val):
+    assert parse_args(["--model.scan_layers", raw]).model.scan_layers is val
+    assert parse_args([f"--run.progress={raw}"]).run.progress is val
+
+
+def test_cli_types():
+    cfg = parse_args(["--model.dropout", "0.25", "--data.corpus", "a.txt,b.jsonl",
+                      "--model.compute_dtype", "bfloat16", "--mesh.data", "-1"])
+    assert cfg.model.dropout == 0.25 and isinstance(cfg.model.dropout, float)
+    assert cfg.data.corpus == "a.txt,b.jsonl"
+    assert cfg.model.compute_dtype == "bfloat16"
+    assert cfg.mesh.data == -1
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["--model.n_layer", "3"], "model.n_layer"),
+    (["--modle.n_layers", "3"], "modle.n_layers"),
+    (["--model.n_layers", "three"], "model.n_layers"),
+    (["--model.n_layers", "2.5"], "model.n_layers"),
+    (["--optim.lr", "fast"], "optim.lr"),
+    (["--model.scan_layers", "maybe"], "model.scan_layers"),
+    (["--model.n_layers", "0"], "model.n_layers"),      # parses, then fails validation
+    (["--model.remat=sometimes"], "model.remat"),
+    (["--preset", "nope"], "preset"),
+])
+def test_cli_errors_name_the_field(argv, field):
+    with pytest.raises(ConfigError) as e:
+        parse_args(argv)
+    assert str(e.value).startswith(field + ":"), str(e.value)
+
+
+def test_cli_missing_value_and_positional():
+    with pytest.raises(ConfigError, match="model.n_layers"):
+        parse_args(["--model.n_layers"])
+    with pytest.raises(ConfigError):
+        parse_args(["model.n_layers", "3"])
+
+
+def test_config_roundtrip_dict_and_json(tmp_path):
+    cfg = parse_args(["--preset", "small-L6", "--optim.lr", "0.002", "--model.dropout", "0.1",
+                      "--run.progress", "false", "--optim.schedule", "linear"])
+    assert Config.from_dict(cfg.to_dict()) == cfg
+    assert Config.from_dict(json.loads(cfg.to_json())) == cfg
+    path = tmp_path / "cfg.json"
+    path.write_text(cfg.to_json())
+    back = parse_args(["--config", str(path)])
+    assert back == cfg
+    assert back.preset == "small-L6" and back.model.d_ff == depth_family_dff(128, 4, 512, 6)
+    # overrides apply on top of the saved config
+    again = parse_args(["--config", str(path), "--run.seed", "7"])
+    assert again.run.seed == 7 and again.optim.lr == 0.002 and again.model == cfg.model
+
+
+def test_cli_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="^config:"):
+        parse_args(["--config", str(tmp_path / "missing.json")])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="^config:"):
+        parse_args(["--config", str(bad)])
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"model": {"n_layerz": 3}}))
+    with pytest.raises(ConfigError, match="^model:"):
+        parse_args(["--config", str(unknown)])
+
+
+def test_cli_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--model.n_layers", "3", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--model.n_layers" in out and "--optim.lr" in out and "tiny-L3" in out
