@@ -411,4 +411,5 @@ def test_cache_overflow_and_empty_prompt_are_errors():
     with pytest.raises(Exception, match="KV cache overflow"):
         extend(jnp.zeros((1, 2), jnp.int32), cache)
     with pytest.raises(Exception, match="prompt lengths"):
-        eqx.filter_jit(prefill)(model, jnp.zeros((1, 3), jnp.int32), jnp.zeros((1,), jnp.int32), cache)
+        eqx.filter_jit(prefill)(model, jnp.zeros((1, 3), jnp.int32), jnp.zeros((1,), jnp.int32),
+                                model.init_cache(1, 4))
