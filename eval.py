@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -24,9 +25,8 @@ def parse(argv):
 
 def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batch: int = 0) -> dict:
     import jax
-    import orbax.checkpoint as ocp
 
-    from jaxdepth.config import Config
+    from jaxdepth.config import Config, MeshConfig
     from jaxdepth.data.pipeline import eval_batches, load_tokens, tokenize_documents
     from jaxdepth.data.prepare import check_vocab
     from jaxdepth.data.readers import read_corpus
@@ -50,12 +50,10 @@ def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batc
     tok = Tokenizer.load(run / "data" / "tokenizer.model")
     check_vocab(tok, cfg.model.vocab_size, str(run / "data" / "tokenizer.model"))
 
-    mesh = make_mesh(cfg.mesh.__class__(model=1))
+    batch = batch or cfg.data.batch_size
+    mesh = make_mesh(MeshConfig(data=math.gcd(batch, jax.device_count())))  # data parallel only
     tx = make_optimizer(cfg.optim, cfg.run.steps)
-    abstract, shardings = state_shardings(cfg, tx, mesh)
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          abstract, shardings)
-    state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))).state
+    state = ckpt.restore(mngr, step, *state_shardings(cfg, tx, mesh))
     mngr.close()
 
     if data:
@@ -65,7 +63,7 @@ def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batc
     else:
         tokens = load_tokens(run / "data" / "valid.npy")
         source = "validation set of the run"
-    batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch or cfg.data.batch_size)
+    batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
     result = evaluate(state.model, batches, make_eval_step(mesh), batch_sharding(mesh))
     return {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
             "tokens": result["valid_tokens"], "loss": result["valid_loss"],

@@ -369,3 +369,43 @@ def test_summary_and_saved_config(straight_run, tokenizer):
             assert Config.from_dict(got) == cfg
     finally:
         mngr.close()
+
+
+def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path):
+    """eval.py on the final checkpoint reproduces the run's own validation perplexity, and on a
+    text file equals a perplexity recomputed here from the restored model, token by token."""
+    import jax.numpy as jnp
+
+    from jaxdepth.config import MeshConfig
+    from jaxdepth.data.tokenizer import Tokenizer
+    from jaxdepth.train import checkpoint as ckpt
+
+    spec = importlib.util.spec_from_file_location("eval_py", REPO / "eval.py")
+    eval_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_py)
+    s = json.loads((straight_run / "summary.json").read_text())
+    out = eval_py.evaluate_checkpoint(straight_run)
+    assert out["step"] == RESUME_STEPS
+    assert out["loss"] == pytest.approx(s["valid_loss"], rel=1e-6)
+    assert out["tokens"] == s["valid_tokens"]
+
+    text = tmp_path / "held_out.txt"
+    text.write_text("the cat saw a dog .\n\nsome birds slept .\n")
+    got = eval_py.evaluate_checkpoint(straight_run, data=str(text), batch=2)
+    cfg = Config.from_dict(json.loads((straight_run / "config.json").read_text()))
+    mngr = ckpt.open_manager(straight_run, keep=100)
+    mesh = make_mesh(MeshConfig(data=1))
+    state = ckpt.restore(mngr, RESUME_STEPS, *state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh))
+    mngr.close()
+    tok = Tokenizer.load(straight_run / "data" / "tokenizer.model")
+    stream = []
+    for doc in ("the cat saw a dog .", "some birds slept ."):
+        stream += tok.encode(doc) + [1]
+    logits = np.asarray(state.model(jnp.asarray([stream[:-1]], jnp.int32)))[0].astype(np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    nll = -logp[np.arange(len(stream) - 1), stream[1:]].mean()
+    assert got["tokens"] == len(stream) - 1
+    assert got["loss"] == pytest.approx(nll, rel=1e-5)
+
+    with pytest.raises(ValueError, match="--step 3"):
+        eval_py.evaluate_checkpoint(straight_run, step=3)

@@ -56,14 +56,15 @@ def saved_config(mngr: ocp.CheckpointManager, step: int) -> dict:
     return mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
 
 
-def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, data_iter):
-    """Restore state (placed with the given shardings) and the data iterator in place."""
+def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, data_iter=None):
+    """Restore the state (placed with the given shardings) and, if given, the data iterator
+    in place."""
     target = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings)
-    out = mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target),
-        data=grain.checkpoint.CheckpointRestore(data_iter)))
-    return out.state
+    items = {"state": ocp.args.StandardRestore(target)}
+    if data_iter is not None:
+        items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+    return mngr.restore(step, args=ocp.args.Composite(**items)).state
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:

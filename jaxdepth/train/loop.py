@@ -12,7 +12,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from ..config import Config, param_count
+from ..config import Config, ConfigError, param_count
 from ..data.pipeline import eval_batches, lm_dataset, lm_iterator
 from ..data.prepare import LMData, prepare_lm_data
 from ..models.decoder import DecoderLM, greedy_generate
@@ -85,6 +85,11 @@ def train(cfg: Config) -> dict:
     run_dir = Path(cfg.run.dir)
     primary = jax.process_index() == 0
     mesh = make_mesh(cfg.mesh)
+    micro = cfg.data.batch_size // cfg.optim.accum_steps
+    if micro % mesh.shape["data"]:
+        raise ConfigError(f"data.batch_size: micro-batches of {micro} sequences (batch "
+                          f"{cfg.data.batch_size} / accum_steps {cfg.optim.accum_steps}) do not "
+                          f"split over the {mesh.shape['data']} devices of the data axis")
     data = prepare_lm_data(cfg.data, cfg.model.vocab_size, run_dir, primary,
                            barrier=lambda: barrier("prepare_data"))
     tx = make_optimizer(cfg.optim, cfg.run.steps)
