@@ -72,6 +72,9 @@ def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batc
 
 def main(argv) -> int:
     args = parse(argv)
+    from jaxdepth.runtime import tune_malloc
+
+    tune_malloc()
     from jaxdepth.config import ConfigError
     try:
         out = evaluate_checkpoint(Path(args.run), args.step, args.data, args.batch)

@@ -6,6 +6,9 @@ import sys
 
 
 def main(argv: list[str]) -> int:
+    from jaxdepth.runtime import tune_malloc
+
+    tune_malloc()  # before jax allocates anything
     from jaxdepth.cli import parse_args
     from jaxdepth.config import ConfigError
 

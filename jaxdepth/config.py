@@ -41,6 +41,8 @@ class ModelConfig:
     compute_dtype: str = "float32"  # parameters stay float32; "bfloat16" computes in bf16
     remat: str = "none"  # none | full | dots (save matmul outputs, recompute the rest)
     scan_layers: bool = True  # False runs a Python loop over layers (tests, debugging)
+    scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to 2 layers, else 1
+    xent_chunk: int = 2048  # tokens per chunk of the fused output-projection + loss; 0: unfused
 
     def __post_init__(self):
         _positive(self, "model", "vocab_size", "d_model", "n_layers", "d_ff",
@@ -54,6 +56,8 @@ class ModelConfig:
                  f"must be float32 or bfloat16, got {self.compute_dtype!r}")
         _require(self.remat in ("none", "full", "dots"), "model.remat",
                  f"must be none, full or dots, got {self.remat!r}")
+        _require(self.scan_unroll >= 0, "model.scan_unroll", "must be >= 0")
+        _require(self.xent_chunk >= 0, "model.xent_chunk", "must be >= 0")
 
     @property
     def heads(self) -> int:

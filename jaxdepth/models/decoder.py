@@ -91,7 +91,10 @@ class DecoderLM(eqx.Module):
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
         if cfg.scan_layers:
             xs = (params, keys if train else jnp.zeros((cfg.n_layers,), jnp.uint32))
-            x_BTD, ys = jax.lax.scan(body, x_BTD, xs)
+            # A scan of one or two layers only adds loop overhead (stacked residuals, dynamic
+            # slices); unrolling it keeps compile time flat where depth is what we vary.
+            unroll = cfg.scan_unroll or (cfg.n_layers if cfg.n_layers <= 2 else 1)
+            x_BTD, ys = jax.lax.scan(body, x_BTD, xs, unroll=unroll)
             return x_BTD, ys
         ys = []
         for i in range(cfg.n_layers):

@@ -11,7 +11,7 @@ from jaxtyping import Array
 from ..config import Config
 from ..models.decoder import DecoderLM
 from . import sharding as shd
-from .losses import lm_loss_sums
+from .losses import fused_lm_head_loss, lm_loss_sums
 
 
 class TrainState(eqx.Module):
@@ -55,9 +55,16 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
     micro_sharding = NamedSharding(mesh, P(None, "data"))
 
     def loss_fn(model, mb, key):
-        logits = model(mb["inputs"], key=key)
-        obj, nll, n = lm_loss_sums(logits, mb["targets"], mb["weights"], z_loss)
-        return obj, (nll, n)
+        if not cfg.model.xent_chunk:
+            logits = model(mb["inputs"], key=key)
+            obj, nll, n = lm_loss_sums(logits, mb["targets"], mb["weights"], z_loss)
+            return obj, (nll, n)
+        x_BTD, _ = model.hidden(mb["inputs"], key=key)
+        head = model.lm_head.astype(model.compute_dtype)
+        obj, nll = fused_lm_head_loss(x_BTD.reshape(-1, x_BTD.shape[-1]), head,
+                                      mb["targets"].reshape(-1), mb["weights"].reshape(-1),
+                                      z_loss, cfg.model.xent_chunk)
+        return obj, (nll, jnp.sum(mb["weights"]))
 
     grad_fn = eqx.filter_value_and_grad(loss_fn, has_aux=True)
 

@@ -1,0 +1,283 @@
+"""Train-step benchmark across a parameter-matched depth family (DESIGN.md §2 (d), §6, §7).
+
+For every member of a size class (``--family``, Eq. 1 ``d_ff``) this builds the real train
+step exactly as ``train.py`` does (``make_optimizer`` -> AdamW, ``make_mesh``,
+``sharded_init``, ``state_shardings``, ``make_train_step``) and measures:
+
+- compile time: the tracing + lowering + XLA compile of the step (JAX's own compile-duration
+  events, recorded during the first call) and the wall time of that first call;
+- step time (mean / median / min over ``--steps`` calls after ``--warmup``, each call
+  ``block_until_ready``-ed), tokens/s, analytic train FLOPs/token (PaLM convention,
+  ``jaxdepth.train.metrics.train_flops_per_token``) and MFU against a stated peak;
+- peak memory: on GPU/TPU ``device.memory_stats()['peak_bytes_in_use']``; on CPU the process
+  high-water resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``), i.e. all host
+  memory of the process, Python and JAX included. Both are process-lifetime maxima, so by
+  default each member runs in its own subprocess (``--no-isolate`` runs them in one process,
+  where the memory column becomes a running maximum).
+
+The peak for MFU is measured in the same run with ``measure_matmul_peak`` (a 1024^3 matmul in
+the compute dtype on this device) unless the device is a known accelerator and the compute
+dtype is bfloat16, where the datasheet number of ``device_peak_flops`` is used; the JSON records
+which. Also reported: compile_time(deepest) / compile_time(shallowest) (target <= 1.3, since
+layers run under ``lax.scan``).
+
+    python benchmarks/bench_step.py                       # small family, CPU-sized defaults
+    python benchmarks/bench_step.py --family 41M --depths 1,2,7 --seq-len 512 --batch 8
+    python benchmarks/bench_step.py --family 374M --seq-len 1024 --batch 32 --dtype bfloat16 \
+        --remat dots --steps 20 --out results_374M.json   # on a GPU
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+from jaxdepth.runtime import tune_malloc  # noqa: E402
+
+MALLOC_TUNED = tune_malloc()  # before any large allocation; applies to every contestant alike
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxdepth.config import (SIZE_CLASSES, Config, DataConfig, MeshConfig, ModelConfig, OptimConfig,
+                             RunConfig, depth_family, param_count)
+from jaxdepth.train.metrics import device_peak_flops, measure_matmul_peak, train_flops_per_token
+from jaxdepth.train.optim import make_optimizer
+from jaxdepth.train.sharding import batch_sharding, make_mesh
+from jaxdepth.train.state import make_train_step, sharded_init, state_shardings
+
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+
+
+class _CompileTimer:
+    """Sums JAX's compile-duration events (trace, lower, XLA compile) while active."""
+
+    def __init__(self):
+        self.seconds = {e: 0.0 for e in _COMPILE_EVENTS}
+
+    def _listener(self, event: str, duration: float, **_) -> None:
+        if event in self.seconds:
+            self.seconds[event] += duration
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listener)
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+def peak_memory() -> tuple[int, str]:
+    """(bytes, what was measured): device peak on accelerators, process max RSS on CPU."""
+    dev = jax.devices()[0]
+    if dev.platform != "cpu":
+        stats = dev.memory_stats() or {}
+        if "peak_bytes_in_use" in stats:
+            return int(stats["peak_bytes_in_use"]), f"{dev.device_kind} peak_bytes_in_use (device 0)"
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS
+    return int(rss_kb * scale), "process max RSS (host, whole process)"
+
+
+def stated_peak(compute_dtype: str, matmul_n: int = 1024) -> tuple[float, str, float]:
+    """(peak FLOP/s per device used for MFU, its source, measured fp32 matmul FLOP/s)."""
+    measured_fp32 = measure_matmul_peak(np.float32, n=matmul_n)
+    if compute_dtype == "float32":
+        return measured_fp32, (f"measured float32 {matmul_n}^3 matmul on "
+                               f"{jax.devices()[0].device_kind}"), measured_fp32
+    peak, source = device_peak_flops(compute_dtype)  # datasheet on known GPUs/TPUs, else measured
+    return peak, source, measured_fp32
+
+
+def make_config(model: ModelConfig, *, seq_len: int, batch: int, steps: int,
+                mesh: MeshConfig | None = None, seed: int = 0) -> Config:
+    """The train.py Config for a benchmark: AdamW with the package defaults."""
+    return Config(model=model, data=DataConfig(seq_len=seq_len, batch_size=batch),
+                  optim=OptimConfig(name="adamw"), mesh=mesh or MeshConfig(),
+                  run=RunConfig(steps=max(steps, 1), seed=seed))
+
+
+def random_batch(cfg: Config, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    shape = (cfg.data.batch_size, cfg.data.seq_len)
+    toks = rng.integers(3, cfg.model.vocab_size, size=(shape[0], shape[1] + 1), dtype=np.int32)
+    return {"inputs": toks[:, :-1], "targets": toks[:, 1:],
+            "weights": np.ones(shape, np.float32)}
+
+
+def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 10,
+                 warmup: int = 2, mesh: MeshConfig | None = None, peak_flops: float | None = None,
+                 peak_source: str = "", seed: int = 0) -> dict:
+    """Compile and time the real train step of one model; one JSON-able record."""
+    cfg = make_config(model, seq_len=seq_len, batch=batch, steps=warmup + steps, mesh=mesh,
+                      seed=seed)
+    mesh_ = make_mesh(cfg.mesh)
+    if batch % mesh_.shape["data"]:
+        raise ValueError(f"--batch {batch} is not divisible by the data axis ({mesh_.shape['data']} "
+                         f"devices); pick a multiple")
+    if peak_flops is None:
+        peak_flops, peak_source, _ = stated_peak(model.compute_dtype)
+    tx = make_optimizer(cfg.optim, cfg.run.steps)
+    state = sharded_init(cfg, tx, mesh_)
+    _, shardings = state_shardings(cfg, tx, mesh_)
+    step_fn = make_train_step(cfg, tx, mesh_, shardings)
+    b_sh = batch_sharding(mesh_)
+    data = {k: jax.device_put(v, b_sh) for k, v in random_batch(cfg, seed).items()}
+    jax.block_until_ready((state, data))
+
+    with _CompileTimer() as ct:
+        t0 = time.perf_counter()
+        state, metrics = step_fn(state, data)
+        jax.block_until_ready((state, metrics))
+        first_call = time.perf_counter() - t0
+    for _ in range(max(warmup - 1, 0)):
+        state, metrics = step_fn(state, data)
+    jax.block_until_ready((state, metrics))
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        state, metrics = step_fn(state, data)
+        jax.block_until_ready((state, metrics))
+        times.append(time.perf_counter() - t0)
+    mem, mem_kind = peak_memory()
+
+    tokens = batch * seq_len
+    median = statistics.median(times)
+    fpt = train_flops_per_token(model, seq_len)
+    tps = tokens / median
+    return {
+        "n_layers": model.n_layers, "d_model": model.d_model, "d_ff": model.d_ff,
+        "n_heads": model.heads, "vocab_size": model.vocab_size, "params": param_count(model),
+        "compute_dtype": model.compute_dtype, "remat": model.remat,
+        "seq_len": seq_len, "batch": batch, "devices": mesh_.size, "steps": steps, "warmup": warmup,
+        "compile_s": ct.total, "compile_breakdown_s": {k.rsplit("/", 1)[1]: v
+                                                       for k, v in ct.seconds.items()},
+        "first_call_s": first_call,
+        "step_s_mean": statistics.fmean(times), "step_s_median": median, "step_s_min": min(times),
+        "step_s_all": times,
+        "tokens_per_s": tps, "flops_per_token": fpt,
+        "mfu": tps * fpt / (peak_flops * mesh_.size),
+        "peak_flops_per_device": peak_flops, "peak_source": peak_source,
+        "peak_memory_bytes": mem, "peak_memory_kind": mem_kind,
+        "final_loss": float(metrics["loss"]),
+    }
+
+
+def family_members(family: str, depths: str, dtype: str, remat: str) -> list[ModelConfig]:
+    fam = depth_family(family)
+    want = sorted(fam) if not depths else [int(d) for d in depths.split(",") if d.strip()]
+    bad = [d for d in want if d not in fam]
+    if bad:
+        raise SystemExit(f"--depths: {bad} not in the {family} family; members: {sorted(fam)}")
+    return [dataclasses.replace(fam[d], compute_dtype=dtype, remat=remat) for d in want]
+
+
+def _run_isolated(args, n_layers: int, peak: float, source: str) -> dict:
+    """One member in a fresh Python process, so its peak memory is its own."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--family", args.family,
+           "--depths", str(n_layers), "--seq-len", str(args.seq_len), "--batch", str(args.batch),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", args.dtype,
+           "--remat", args.remat, "--seed", str(args.seed), "--_child", repr(peak), source]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"member n_layers={n_layers} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def print_table(rows: list[dict]) -> None:
+    hdr = (f"{'L':>3} {'d_ff':>6} {'params':>9} {'compile s':>9} {'1st call':>8} {'step ms':>9} "
+           f"{'(mean)':>9} {'tok/s':>10} {'GFLOP/tok':>9} {'MFU %':>6} {'peak MiB':>9}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['n_layers']:>3} {r['d_ff']:>6} {r['params'] / 1e6:>8.2f}M {r['compile_s']:>9.2f} "
+              f"{r['first_call_s']:>8.2f} {1e3 * r['step_s_median']:>9.2f} "
+              f"{1e3 * r['step_s_mean']:>9.2f} {r['tokens_per_s']:>10,.0f} "
+              f"{r['flops_per_token'] / 1e9:>9.4f} {100 * r['mfu']:>6.2f} "
+              f"{r['peak_memory_bytes'] / 2**20:>9.0f}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", default="small", choices=sorted(SIZE_CLASSES))
+    p.add_argument("--depths", default="", help="comma-separated subset of the family's depths")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8, help="global batch in sequences")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per member")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--remat", default="none", choices=["none", "full", "dots"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run every member in this process (memory becomes a running maximum)")
+    p.add_argument("--out", default="bench_step.json")
+    p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    members = family_members(args.family, args.depths, args.dtype, args.remat)
+    kw = dict(seq_len=args.seq_len, batch=args.batch, steps=args.steps,
+              warmup=max(args.warmup, 1), seed=args.seed)
+
+    if args._child:  # one member, result as the last stdout line
+        rec = bench_member(members[0], peak_flops=float(args._child[0]),
+                           peak_source=args._child[1], **kw)
+        print(json.dumps(rec))
+        return rec
+
+    peak, source, fp32 = stated_peak(args.dtype)
+    print(f"{args.family} family, seq_len {args.seq_len}, batch {args.batch}, {args.dtype}, "
+          f"remat {args.remat}, {jax.device_count()} x {jax.devices()[0].device_kind}; "
+          f"MFU peak {peak / 1e9:,.1f} GFLOP/s/device ({source})", flush=True)
+    rows = []
+    for m in members:
+        if args.no_isolate:
+            rows.append(bench_member(m, peak_flops=peak, peak_source=source, **kw))
+        else:
+            rows.append(_run_isolated(args, m.n_layers, peak, source))
+        print(f"  L={m.n_layers}: {1e3 * rows[-1]['step_s_median']:.1f} ms/step", flush=True)
+    print_table(rows)
+    shallow, deep = rows[0], rows[-1]
+    ratio = deep["compile_s"] / shallow["compile_s"]
+    print(f"compile time L={deep['n_layers']} / L={shallow['n_layers']}: {ratio:.2f} (target <= 1.3)")
+    # XLA removes a scan of length 1, so L=1 compiles a loop-free program; compare from L>=2 too.
+    looped = [r for r in rows if r["n_layers"] >= 2]
+    ratio_looped = (looped[-1]["compile_s"] / looped[0]["compile_s"]) if len(looped) >= 2 else None
+    if ratio_looped is not None:
+        print(f"compile time L={looped[-1]['n_layers']} / L={looped[0]['n_layers']} "
+              f"(shallowest scanned member): {ratio_looped:.2f}")
+    out = {
+        "benchmark": "bench_step", "family": args.family, "seq_len": args.seq_len,
+        "batch": args.batch, "compute_dtype": args.dtype, "remat": args.remat,
+        "isolated_processes": not args.no_isolate,
+        "jax": jax.__version__, "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count(),
+        "cpu_count": os.cpu_count(), "platform": platform.platform(),
+        "peak_flops_per_device": peak, "peak_source": source, "measured_fp32_matmul_flops": fp32,
+        "flops_convention": "train_flops_per_token: 6*N_matmul + 12*L*T*d_model (PaLM App. B)",
+        "memory_convention": shallow["peak_memory_kind"],
+        "compile_ratio_deepest_over_shallowest": ratio,
+        "compile_ratio_deepest_over_shallowest_scanned": ratio_looped,
+        "members": rows,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
