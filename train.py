@@ -42,7 +42,8 @@ def print_summary(s: dict) -> None:
     if not s["done"]:
         print(f"stopped at step {s['step']}; resume with the same command.")
     else:
-        print(f"\nfinished step {s['step']}: train loss {s.get('train_loss', float('nan')):.4f}, "
+        train_loss = f"train loss {s['train_loss']:.4f}, " if "train_loss" in s else ""
+        print(f"\nfinished step {s['step']}: {train_loss}"
               f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})")
         if "tokens_per_s" in s:
             print(f"throughput {s['tokens_per_s']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}% "

@@ -89,7 +89,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     name: str = "adamw"  # adamw | adafactor
-    lr: float = 3e-3
+    lr: float = 1e-2
     schedule: str = "cosine"  # constant | linear | cosine | rsqrt (t5x: lr / sqrt(max(step, warmup)))
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1  # end of linear/cosine decay, as a fraction of lr

@@ -294,7 +294,7 @@ def _finished_copy(straight_run, tmp_path):
 @pytest.mark.parametrize("override, field", [
     ({"model.vocab_size": 256}, "model.vocab_size"),
     ({"model.d_model": 128}, "model.d_model"),
-    ({"optim.lr": 0.01}, "optim.lr"),
+    ({"optim.lr": 0.0123}, "optim.lr"),
 ])
 def test_incompatible_resume_keeps_checkpoints(tmp_path, tokenizer, jit_cache, straight_run,
                                                override, field):

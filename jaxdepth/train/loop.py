@@ -123,7 +123,10 @@ def train(cfg: Config) -> dict:
     # excluded) to the latest one, less the time spent evaluating in between.
     last = {"time": time.perf_counter(), "step": start}
     first = dict(last)
-    history: dict = {}
+    # A finished run that is started again only re-evaluates: keep its training figures.
+    previous = run_dir / "summary.json"
+    history: dict = json.loads(previous.read_text()) if start and previous.is_file() else {}
+    history = {k: history[k] for k in ("train_loss", "tokens_per_s", "mfu") if k in history}
 
     def record(step: int, metrics) -> None:
         """Read a finished step's metrics (a sync point) and log them."""
