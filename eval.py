@@ -35,7 +35,7 @@ def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batc
     from jaxdepth.train.loop import evaluate
     from jaxdepth.train.optim import make_optimizer
     from jaxdepth.train.sharding import batch_sharding, make_mesh
-    from jaxdepth.train.state import make_eval_step, state_shardings
+    from jaxdepth.train.state import state_shardings
 
     if not (run / "checkpoints").is_dir():
         raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
@@ -64,7 +64,7 @@ def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batc
         tokens = load_tokens(run / "data" / "valid.npy")
         source = "validation set of the run"
     batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
-    result = evaluate(state.model, batches, make_eval_step(mesh), batch_sharding(mesh))
+    result = evaluate(state.model, batches, batch_sharding(mesh))
     return {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
             "tokens": result["valid_tokens"], "loss": result["valid_loss"],
             "perplexity": result["valid_ppl"]}

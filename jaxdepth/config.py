@@ -173,8 +173,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
-        sections = {f.name: f.type for f in dataclasses.fields(cls)}
-        unknown = set(d) - set(sections)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         _require(not unknown, "config", f"unknown sections {sorted(unknown)}")
         kw = {}
         for f in dataclasses.fields(cls):

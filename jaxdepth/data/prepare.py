@@ -5,6 +5,7 @@ prepares; the others wait at a barrier and memory-map the files.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,16 +47,29 @@ def check_vocab(tok: Tokenizer, vocab_size: int, source: str) -> None:
                           f"({source}) with {tok.vocab_size} pieces")
 
 
+def _source_stamp(cfg: DataConfig, vocab_size: int) -> str:
+    """What the cached files were built from (window length and batch size do not matter)."""
+    fields = ("corpus", "valid", "valid_fraction", "grammar_docs", "grammar_seed", "tokenizer")
+    return json.dumps({**{f: getattr(cfg, f) for f in fields}, "vocab_size": vocab_size},
+                      sort_keys=True)
+
+
 def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary: bool,
                     barrier=lambda: None) -> LMData:
+    """Build (or reuse) the run's tokenizer and token files.
+
+    The cache is reused only if it was built from the same data fields; the stamp recording
+    them is written last, so an interrupted preparation is redone. (Resuming a checkpoint
+    with other data fields is refused before this is called.)
+    """
     data_dir = run_dir / "data"
     tok_path = data_dir / "tokenizer.model"
-    if is_primary and not (data_dir / "valid.npy").is_file():
+    stamp_path = data_dir / "source.json"
+    stamp = _source_stamp(cfg, vocab_size)
+    if is_primary and not (stamp_path.is_file() and stamp_path.read_text() == stamp):
         train_docs, valid_docs = load_documents(cfg)
         if cfg.tokenizer:
             tok = Tokenizer.load(cfg.tokenizer)
-        elif tok_path.is_file():
-            tok = Tokenizer.load(tok_path)
         else:
             tok = train_tokenizer(train_docs, vocab_size)
         check_vocab(tok, vocab_size, cfg.tokenizer or str(tok_path))
@@ -64,6 +78,7 @@ def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary:
         save_tokens(data_dir / "train.npy", tokenize_documents(train_docs, tok))
         (data_dir / "valid_docs.txt").write_text("\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:16]))
         save_tokens(data_dir / "valid.npy", tokenize_documents(valid_docs, tok))
+        stamp_path.write_text(stamp)
     barrier()
     tok = Tokenizer.load(tok_path)
     check_vocab(tok, vocab_size, str(tok_path))

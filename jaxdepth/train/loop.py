@@ -20,7 +20,7 @@ from . import checkpoint as ckpt
 from .metrics import MetricsWriter, device_peak_flops, train_flops_per_token
 from .optim import make_optimizer, schedule
 from .sharding import batch_sharding, make_mesh
-from .state import make_eval_step, make_train_step, sharded_init, state_shardings
+from .state import eval_step, make_train_step, sharded_init, state_shardings
 
 
 class NonFiniteLossError(RuntimeError):
@@ -51,11 +51,10 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, run_dir: Path):
     step = mngr.latest_step()
     if step is None:
         return sharded_init(cfg, tx, mesh), shardings
-    ckpt.check_compatible(ckpt.saved_config(mngr, step), cfg, run_dir)
     return ckpt.restore(mngr, step, abstract, shardings, data_iter), shardings
 
 
-def evaluate(model: DecoderLM, batches: list[dict], eval_step, sharding) -> dict:
+def evaluate(model: DecoderLM, batches: list[dict], sharding) -> dict:
     nll, n = 0.0, 0.0
     for b in batches:
         s, c = eval_step(model, to_global(local_rows(b), sharding))
@@ -84,6 +83,9 @@ def train(cfg: Config) -> dict:
     """Run (or resume) the LM training described by cfg; returns the summary it writes."""
     run_dir = Path(cfg.run.dir)
     primary = jax.process_index() == 0
+    mngr = ckpt.open_manager(run_dir, cfg.run.keep)
+    if mngr.latest_step() is not None:  # refuse an incompatible resume before touching any file
+        ckpt.check_compatible(ckpt.saved_config(mngr, mngr.latest_step()), cfg, run_dir)
     mesh = make_mesh(cfg.mesh)
     micro = cfg.data.batch_size // cfg.optim.accum_steps
     if micro % mesh.shape["data"]:
@@ -94,7 +96,6 @@ def train(cfg: Config) -> dict:
                            barrier=lambda: barrier("prepare_data"))
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     lr_at = schedule(cfg.optim, cfg.run.steps)
-    mngr = ckpt.open_manager(run_dir, cfg.run.keep)
     dataset = lm_dataset(data.train, seq_len=cfg.data.seq_len, global_batch=cfg.data.batch_size,
                          seed=cfg.run.seed, process_index=jax.process_index(),
                          process_count=jax.process_count())
@@ -105,7 +106,6 @@ def train(cfg: Config) -> dict:
         ckpt.write_config(run_dir, cfg)
 
     step_fn = make_train_step(cfg, tx, mesh, shardings)
-    eval_step = make_eval_step(mesh)
     b_sharding = batch_sharding(mesh)
     valid = eval_batches(data.valid, seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size)
     if cfg.run.eval_batches:
@@ -158,7 +158,7 @@ def train(cfg: Config) -> dict:
 
     def run_eval(step: int) -> None:
         t0 = time.perf_counter()
-        ev = evaluate(state.model, valid, eval_step, b_sharding)
+        ev = evaluate(state.model, valid, b_sharding)
         history.update(ev)
         writer.write(step, valid_loss=ev["valid_loss"], valid_ppl=ev["valid_ppl"])
         bar.write(f"step {step}: valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}")

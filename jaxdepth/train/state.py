@@ -105,11 +105,9 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
     return lambda state, batch: step(batch, state)
 
 
-def make_eval_step(mesh: Mesh):
+@eqx.filter_jit
+def eval_step(model: DecoderLM, batch):
     """Sums of NLL and weights over one (possibly padded) batch; no dropout."""
-    @eqx.filter_jit
-    def eval_step(model: DecoderLM, batch):
-        logits = model(batch["inputs"])
-        _, nll, n = lm_loss_sums(logits, batch["targets"], batch["weights"])
-        return nll, n
-    return eval_step
+    logits = model(batch["inputs"])
+    _, nll, n = lm_loss_sums(logits, batch["targets"], batch["weights"])
+    return nll, n
