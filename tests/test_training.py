@@ -409,3 +409,30 @@ def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path)
 
     with pytest.raises(ValueError, match="--step 3"):
         eval_py.evaluate_checkpoint(straight_run, step=3)
+
+
+def test_adafactor_sharded_equals_single_device(tmp_path, tokenizer):
+    """Adafactor (t5x recipe: rsqrt schedule, factored second moments whose row/column
+    statistics do not have their parameter's shape) on an FSDP x TP mesh = one device.
+
+    d_model 128 / d_ff 256 so the embedding, head and MLP matrices reach Adafactor's factoring
+    threshold (both dims >= 128); the statistics sharded here are then the factored ones.
+    """
+    from jaxdepth.train.loop import train
+    recipe = {"optim.name": "adafactor", "optim.schedule": "rsqrt", "optim.lr": 1.0,
+              "optim.warmup_steps": 100, "optim.clip_norm": 0, "optim.weight_decay": 0,
+              "model.d_model": 128, "model.d_ff": 256}
+    runs = {}
+    for name, mesh in (("one", {"mesh.data": 1, "mesh.model": 1}),
+                       ("fsdp_tp", {"mesh.data": 4, "mesh.model": 2, "mesh.fsdp": True})):
+        run = tmp_path / name
+        train(parse_args(base_args(run, tokenizer, 4, **recipe, **mesh)))
+        runs[name] = (_losses(run, 4), leaves(load_state(run)[1]))
+    losses_one, state_one = runs["one"]
+    losses_tp, state_tp = runs["fsdp_tp"]
+    factored = [x for x in state_one if x.ndim == 1 and x.shape[0] in (256, 512)]
+    assert factored, "expected factored row/column statistics in the optimizer state"
+    assert losses_one[-1] < losses_one[0]  # it trains
+    np.testing.assert_allclose(losses_tp, losses_one, rtol=0, atol=1e-5)
+    for g, w in zip(state_tp, state_one):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
