@@ -48,6 +48,27 @@ class RMSNorm(eqx.Module):
         return (x32 * jax.lax.rsqrt(var + self.eps) * scale).astype(x.dtype)
 
 
+class LayerNorm(eqx.Module):
+    """(x - mean) * rsqrt(var + eps) * scale + bias over the last axis, in float32 (BERT/ALBERT)."""
+
+    scale: Array
+    bias: Array
+    eps: float = eqx.field(static=True, default=1e-12)
+
+    def __init__(self, dim: int, eps: float = 1e-12):
+        self.scale = jnp.ones((dim,), jnp.float32)
+        self.bias = jnp.zeros((dim,), jnp.float32)
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        shape = (1,) * (x.ndim - 1) + (-1,)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * self.scale.reshape(shape) + self.bias.reshape(shape)).astype(x.dtype)
+
+
 def relative_position_bucket(rel_pos: np.ndarray | Array, n_buckets: int, max_distance: int,
                              xp=jnp) -> Array:
     """T5's causal bucketing of ``rel_pos = key_pos - query_pos``.

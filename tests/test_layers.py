@@ -171,3 +171,15 @@ def test_dropout_function(getkey):
     np.testing.assert_allclose(y[kept], 1 / 0.75, rtol=1e-6)
     # 20000 Bernoulli(0.75) draws: std of the kept fraction is sqrt(.75*.25/2e4) = 0.0031; 5 sigma
     assert abs(kept.mean() - 0.75) < 5 * math.sqrt(0.75 * 0.25 / kept.size)
+
+
+def test_layer_norm_against_numpy(getkey):
+    from jaxdepth.layers import LayerNorm
+
+    x = np.asarray(jax.random.normal(getkey(), (3, 5, 16)), np.float64) * 3 + 1
+    ln = LayerNorm(16, eps=1e-5)
+    ln = eqx.tree_at(lambda m: (m.scale, m.bias), ln,
+                     (jax.random.normal(getkey(), (16,)), jax.random.normal(getkey(), (16,))))
+    ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    ref = ref * np.asarray(ln.scale) + np.asarray(ln.bias)
+    np.testing.assert_allclose(ln(jnp.asarray(x, jnp.float32)), ref, rtol=1e-5, atol=1e-5)
