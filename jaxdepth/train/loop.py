@@ -44,7 +44,7 @@ def local_rows(batch: dict) -> dict:
     return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items()}
 
 
-def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, run_dir: Path):
+def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter):
     """The latest checkpoint in run_dir if there is one (data iterator restored in place),
     else a fresh sharded state. Returns (state, state shardings)."""
     abstract, shardings = state_shardings(cfg, tx, mesh)
@@ -100,7 +100,7 @@ def train(cfg: Config) -> dict:
                          seed=cfg.run.seed, process_index=jax.process_index(),
                          process_count=jax.process_count())
     data_iter = lm_iterator(dataset)
-    state, shardings = restore_or_init(cfg, tx, mesh, mngr, data_iter, run_dir)
+    state, shardings = restore_or_init(cfg, tx, mesh, mngr, data_iter)
     start = int(state.step)
     if primary:
         ckpt.write_config(run_dir, cfg)
