@@ -1,0 +1,161 @@
+"""NER data (DESIGN §4, SOURCES.md §6-7): readers, IOB1 -> IOB2, sub-token labels, few-shot.
+
+Sentences are returned with IOB2 tags whatever the file's scheme, so the span scorer
+(``jaxdepth.analysis.seqeval``) and the label set only ever see IOB2. Every malformed line
+raises ValueError naming ``file:line``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+# WikiAnn's tag set, in the order the data card lists it; index = label id.
+LABELS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC")
+IGNORE_LABEL = -100  # label of non-first sub-tokens: left out of the loss and the metric
+
+
+@dataclasses.dataclass(frozen=True)
+class Sentence:
+    tokens: tuple[str, ...]
+    tags: tuple[str, ...]  # IOB2
+
+
+def _check_tag(tag: str, where: str) -> None:
+    if tag != "O" and not (len(tag) > 2 and tag[0] in "BI" and tag[1] == "-"):
+        raise ValueError(f"{where}: invalid tag {tag!r} (expected O, B-TYPE or I-TYPE)")
+
+
+def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
+    """IOB1 (I- everywhere, B- only between adjacent same-type entities) to IOB2 (B- starts all).
+
+    An I-X becomes B-X when it opens an entity: after O, at the start, or after another type.
+    B-X is kept: in IOB1 it already marks the start of an entity that touches one of its type.
+    """
+    out: list[str] = []
+    prev_type = None  # None: outside any entity
+    for tag in tags:
+        _check_tag(tag, "iob1_to_iob2")
+        if tag == "O":
+            out.append(tag)
+            prev_type = None
+            continue
+        typ = tag[2:]
+        out.append(f"B-{typ}" if tag[0] == "B" or typ != prev_type else tag)
+        prev_type = typ
+    return out
+
+
+def _read_blocks(path: Path, parse_line):
+    """Sentences of a one-token-per-line file; parse_line(line, where) -> (token, tag) or None."""
+    if not path.is_file():
+        raise FileNotFoundError(f"NER file not found: {path}")
+    sentences: list[tuple[list[str], list[str]]] = []
+    tokens: list[str] = []
+    tags: list[str] = []
+    with path.open("r", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                if tokens:
+                    sentences.append((tokens, tags))
+                    tokens, tags = [], []
+                continue
+            parsed = parse_line(line, f"{path}:{lineno}")
+            if parsed is not None:
+                tokens.append(parsed[0])
+                tags.append(parsed[1])
+    if tokens:  # the last sentence need not end with a blank line
+        sentences.append((tokens, tags))
+    return sentences
+
+
+def read_conll2003(path: str | Path) -> list[Sentence]:
+    """CoNLL-2003 ``token POS chunk NER`` lines (IOB1), returned with IOB2 tags.
+
+    ``-DOCSTART-`` document markers are skipped; blank lines separate sentences.
+    """
+    def parse(line: str, where: str):
+        fields = line.split()
+        if fields[0] == "-DOCSTART-":
+            return None
+        if len(fields) != 4:
+            raise ValueError(f"{where}: expected 4 space-separated fields "
+                             f"(token POS chunk tag), got {len(fields)}")
+        _check_tag(fields[3], where)
+        return fields[0], fields[3]
+
+    return [Sentence(tuple(tok), tuple(iob1_to_iob2(tags)))
+            for tok, tags in _read_blocks(Path(path), parse)]
+
+
+def read_wikiann(path: str | Path) -> list[Sentence]:
+    """WikiAnn (Rahimi et al.) ``lang:token <TAB> tag`` lines (IOB2); the ``lang:`` is stripped.
+
+    Only the first colon separates the language, since tokens may contain colons (``en::``).
+    """
+    def parse(line: str, where: str):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise ValueError(f"{where}: expected 'lang:token<TAB>tag', got {len(fields)} "
+                             "tab-separated fields")
+        lang, colon, token = fields[0].partition(":")
+        if not colon or not lang or not token:
+            raise ValueError(f"{where}: expected a 'lang:token' field, got {fields[0]!r}")
+        _check_tag(fields[1], where)
+        return token, fields[1]
+
+    return [Sentence(tuple(tok), tuple(tags)) for tok, tags in _read_blocks(Path(path), parse)]
+
+
+def entity_types(sentences: Sequence[Sentence]) -> list[str]:
+    """Sorted entity types (the C classes of few-shot sampling) seen in the data."""
+    return sorted({tag[2:] for s in sentences for tag in s.tags if tag != "O"})
+
+
+def label_set(sentences: Sequence[Sentence]) -> tuple[str, ...]:
+    """O, then B-X, I-X for every entity type X in sorted order (I-X even if unseen)."""
+    return ("O",) + tuple(f"{p}-{t}" for t in entity_types(sentences) for p in "BI")
+
+
+def encode_tags(tags: Sequence[str], labels: Sequence[str]) -> list[int]:
+    """Label ids of tags; an unknown tag is an error rather than a silent O."""
+    index = {label: i for i, label in enumerate(labels)}
+    missing = sorted(set(tags) - index.keys())
+    if missing:
+        raise ValueError(f"tags {missing} are not in the label set {list(labels)}")
+    return [index[t] for t in tags]
+
+
+def align_first_subtoken(word_pieces_per_word: Sequence[Sequence[int]], labels: Sequence[int],
+                         ignore: int = IGNORE_LABEL) -> tuple[list[int], list[int]]:
+    """Flatten per-word piece ids; the first piece of a word carries its label, the rest ``ignore``.
+
+    A word with no pieces would lose its label (and its gold entity) silently, so it is an error.
+    """
+    if len(word_pieces_per_word) != len(labels):
+        raise ValueError(f"{len(word_pieces_per_word)} words but {len(labels)} labels")
+    pieces: list[int] = []
+    piece_labels: list[int] = []
+    for i, (word, label) in enumerate(zip(word_pieces_per_word, labels)):
+        if len(word) == 0:
+            raise ValueError(f"word {i} has no sub-tokens, so its label would be lost")
+        pieces.extend(word)
+        piece_labels.append(label)
+        piece_labels.extend([ignore] * (len(word) - 1))
+    return pieces, piece_labels
+
+
+def few_shot_sample(sentences: Sequence, n_per_class: int, n_classes: int,
+                    seed: int) -> list:
+    """N * C sentences drawn uniformly without replacement; the same seed gives the same draw."""
+    size = n_per_class * n_classes
+    if size <= 0:
+        raise ValueError(f"need a positive sample size, got {n_per_class} x {n_classes}")
+    if size > len(sentences):
+        raise ValueError(f"cannot sample {n_per_class} x {n_classes} = {size} sentences "
+                         f"from {len(sentences)}")
+    idx = np.random.default_rng(seed).choice(len(sentences), size=size, replace=False)
+    return [sentences[i] for i in idx]
