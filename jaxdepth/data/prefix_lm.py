@@ -1,0 +1,118 @@
+"""Prefix-LM features for fine-tuning a decoder-only model on seq2seq tasks.
+
+Semantics of t5x `DecoderOnlyModel` fed by seqio's `PrefixLMFeatureConverter` (unpacked):
+
+    sequence = source EOS target EOS
+    targets  = sequence, padded with 0 to `length`
+    inputs   = targets shifted right by one, with 0 in front (the decoder input)
+    weights  = 1.0 where targets[t] is a target token or the final EOS, else 0.0
+
+Attention stays fully causal; the weights alone keep the loss off the source (and off the
+source's EOS, which the model is given rather than asked to predict). `prefix_len` =
+len(source) + 1 is the number of prefix tokens, so `weights` starts at index `prefix_len`, and
+greedy decoding starts from the prompt `inputs[:prefix_len + 1]` = [0, *source, EOS].
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jaxdepth.data.tasks import Example
+from jaxdepth.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+
+def prefix_lm_features(source_ids: Sequence[int], target_ids: Sequence[int], length: int,
+                       eos_id: int = EOS_ID, *, truncate: bool = False,
+                       name: str = "example") -> dict:
+    """Features of one example as int32/float32 numpy arrays of shape [length], plus
+    `prefix_len` (int) and `truncated` (bool).
+
+    An example longer than `length` is an error naming it (`name`, e.g. "train.tsv:17"), because
+    silently cut targets would be scored as wrong forever after. With `truncate=True` it is cut
+    instead, in the manner of seqio's trim-then-append-EOS: both EOS tokens are kept, the source
+    keeps its first tokens and shrinks first, and the target is cut only if it alone does not fit.
+    """
+    source, target = [int(i) for i in source_ids], [int(i) for i in target_ids]
+    if length < 2:
+        raise ValueError(f"length must be >= 2 (room for two EOS tokens), got {length}")
+    for ids, part in ((source, "source"), (target, "target")):
+        bad = [i for i in ids if i in (PAD_ID, eos_id)]
+        if bad:
+            # A PAD or EOS inside a part would be read as padding or a part boundary.
+            raise ValueError(f"{name}: {part} ids contain PAD/EOS ({bad[:3]})")
+    if not target:
+        raise ValueError(f"{name}: empty target")
+    needed = len(source) + len(target) + 2
+    truncated = needed > length
+    if truncated:
+        if not truncate:
+            raise ValueError(f"{name}: source ({len(source)}) + target ({len(target)}) + 2 EOS "
+                             f"= {needed} tokens do not fit in length {length}")
+        room = length - 2
+        target = target[:room]
+        source = source[: room - len(target)]
+    sequence = source + [eos_id] + target + [eos_id]
+    n, prefix_len = len(sequence), len(source) + 1
+    targets = np.zeros(length, dtype=np.int32)
+    targets[:n] = sequence
+    inputs = np.zeros(length, dtype=np.int32)
+    inputs[1:n + 1] = sequence[: length - 1]  # the last token is never fed back in
+    weights = np.zeros(length, dtype=np.float32)
+    weights[prefix_len:n] = 1.0
+    return {"inputs": inputs, "targets": targets, "weights": weights,
+            "prefix_len": prefix_len, "truncated": truncated}
+
+
+def batch_features(examples: Sequence[Example], tok: Tokenizer, length: int, *,
+                   truncate: bool = False) -> dict[str, np.ndarray]:
+    """Stacked features of `examples`: `inputs`, `targets` (int32 [B, length]), `weights`
+    (float32 [B, length]), `prefix_len` (int32 [B]) and `truncated` (int32 [B], 1 where the
+    example was cut; `batch["truncated"].sum()` counts them)."""
+    if not examples:
+        raise ValueError("batch_features needs at least one example")
+    sources = tok.encode_batch([e.source for e in examples])
+    targets = tok.encode_batch([e.target for e in examples])
+    rows = [prefix_lm_features(s, t, length, tok.eos_id, truncate=truncate, name=e.where)
+            for e, s, t in zip(examples, sources, targets)]
+    return {
+        "inputs": np.stack([r["inputs"] for r in rows]),
+        "targets": np.stack([r["targets"] for r in rows]),
+        "weights": np.stack([r["weights"] for r in rows]),
+        "prefix_len": np.asarray([r["prefix_len"] for r in rows], dtype=np.int32),
+        "truncated": np.asarray([r["truncated"] for r in rows], dtype=np.int32),
+    }
+
+
+@dataclass
+class UnkReport:
+    """How a tokenizer copes with a task's text. `unknown_words` counts the whitespace words
+    whose encoding contains unk, so a user sees *what* is lost (e.g. an upper-case letter or a
+    symbol missing from the pretraining corpus) rather than a silently mangled target."""
+
+    n_examples: int = 0
+    examples_with_unk: int = 0
+    source_unk_tokens: int = 0
+    target_unk_tokens: int = 0
+    unknown_words: Counter = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> bool:
+        return self.examples_with_unk == 0
+
+
+def count_unk(examples: Sequence[Example], tok: Tokenizer) -> UnkReport:
+    report = UnkReport(n_examples=len(examples))
+    for e in examples:
+        src = sum(1 for i in tok.encode(e.source) if i == UNK_ID)
+        tgt = sum(1 for i in tok.encode(e.target) if i == UNK_ID)
+        report.source_unk_tokens += src
+        report.target_unk_tokens += tgt
+        if src or tgt:
+            report.examples_with_unk += 1
+            for word in (e.source + " " + e.target).split():
+                if tok.count_unk(word):
+                    report.unknown_words[word] += 1
+    return report
