@@ -195,3 +195,80 @@ class DecoderBlock(eqx.Module):
         x_BTD = x_BTD + h
         x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
         return x_BTD, k_cache_BSNH, v_cache_BSNH
+
+
+# ---------------------------------------------------------------------------- BERT-style encoders
+
+# BERT/ALBERT initialise every matrix and embedding from N(0, 0.02) truncated at two std devs.
+bert_init = jax.nn.initializers.truncated_normal(0.02)
+
+
+class Dense(eqx.Module):
+    """Affine map x @ w + b (BERT style: biases everywhere, zero-initialised)."""
+
+    w: Array  # [I, O]
+    b: Array  # [O]
+
+    def __init__(self, d_in: int, d_out: int, *, key: Array):
+        self.w = bert_init(key, (d_in, d_out), jnp.float32)
+        self.b = jnp.zeros((d_out,), jnp.float32)
+
+    def __call__(self, x: Array) -> Array:
+        b = self.b.astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+        return x @ self.w.astype(x.dtype) + b
+
+
+class BertSelfAttention(eqx.Module):
+    """Bidirectional multi-head self-attention with biased projections and a key-padding mask.
+
+    Logits are scaled by 1/sqrt(H) at run time (BERT), not folded into the query kernel (t5x).
+    """
+
+    q: Dense
+    k: Dense
+    v: Dense
+    o: Dense
+    n_heads: int = eqx.field(static=True)
+
+    def __init__(self, d_model: int, n_heads: int, *, key: Array):
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        self.q, self.k, self.v, self.o = (Dense(d_model, d_model, key=k) for k in (kq, kk, kv, ko))
+        self.n_heads = n_heads
+
+    def __call__(self, x_BTD: Array, key_mask_BS: Array) -> Array:
+        split = lambda y: y.reshape(*y.shape[:-1], self.n_heads, -1)  # noqa: E731
+        q_BTNH, k_BSNH, v_BSNH = split(self.q(x_BTD)), split(self.k(x_BTD)), split(self.v(x_BTD))
+        scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
+        logits = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32)
+        logits = jnp.where(key_mask_BS[:, None, None, :], logits * scale, _NEG_INF)
+        probs = jax.nn.softmax(logits, axis=-1).astype(v_BSNH.dtype)
+        out_BTNH = jnp.einsum("bnts,bsnh->btnh", probs, v_BSNH)
+        return self.o(out_BTNH.reshape(*out_BTNH.shape[:-2], -1))
+
+
+class PostLNEncoderLayer(eqx.Module):
+    """BERT/ALBERT layer: h = LN(x + Attn(x)), out = LN(h + MLP(h)); MLP = dense, GELU, dense.
+
+    GELU is the tanh approximation (ALBERT's ``gelu_new``).
+    """
+
+    attn: BertSelfAttention
+    attn_norm: LayerNorm
+    ff_in: Dense
+    ff_out: Dense
+    ff_norm: LayerNorm
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, key: Array):
+        ka, ki, ko = jax.random.split(key, 3)
+        self.attn = BertSelfAttention(d_model, n_heads, key=ka)
+        self.attn_norm = LayerNorm(d_model)
+        self.ff_in = Dense(d_model, d_ff, key=ki)
+        self.ff_out = Dense(d_ff, d_model, key=ko)
+        self.ff_norm = LayerNorm(d_model)
+
+    def __call__(self, x_BTD: Array, key_mask_BT: Array, rate: float = 0.0,
+                 key: Array | None = None) -> Array:
+        k1, k2 = split_or_none(key, 2)
+        h_BTD = self.attn_norm(x_BTD + dropout(self.attn(x_BTD, key_mask_BT), rate, k1))
+        f_BTD = self.ff_out(jax.nn.gelu(self.ff_in(h_BTD), approximate=True))
+        return self.ff_norm(h_BTD + dropout(f_BTD, rate, k2))

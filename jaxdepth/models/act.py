@@ -1,0 +1,451 @@
+"""Weight-tied ALBERT encoder with per-token adaptive depth (ACT), Simoulin & Crabbé 2021.
+
+One shared post-LN layer is applied up to ``max_iters`` times. After each application every
+token still running draws a halting probability from the layer output and is interpolated
+towards it (DESIGN.md §3, the semantics of the authors' released code):
+
+    h_hat = layer(h[n-1]);  p = sigmoid(w_h . h_hat + b_h);  run = c < 1
+    new_halted = run & (c + p > 1 - eps);  still_running = run & (c + p <= 1 - eps)
+    c += p * still_running;  R += new_halted * (1 - c);  c += new_halted * R
+    N += still_running + new_halted;  lam = p * still_running + R * new_halted
+    h[n] = lam * h_hat + (1 - lam) * h[n-1]
+
+The recurrence lives in ``halting_step`` and is driven by ``halting_scan`` (training: reverse-mode
+differentiable, always M iterations; halted tokens no longer change, so it is exact) or
+``halting_while`` (inference: stops once no token runs). Both take the per-iteration computation
+as a function, so tests can inject it and the model reuses them unchanged.
+
+``UntiedEncoder`` is the BERT-style baseline with M separate layers and the same embeddings and
+heads, for fixed-depth comparisons; ``halting="fixed"`` is the weight-tied one (ALBERT).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Mapping, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array
+
+from ..config import ConfigError
+from ..layers import Dense, LayerNorm, PostLNEncoderLayer, bert_init, dropout, split_or_none
+
+
+# ------------------------------------------------------------------------------------ config
+
+def _require(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"act.{name}: {msg}")
+
+
+@dataclass(frozen=True)
+class ACTConfig:
+    vocab_size: int = 512
+    embed_dim: int = 128  # E, ALBERT's factorised embedding size
+    d_model: int = 128
+    n_heads: int = 2
+    d_ff: int = 0  # 0 -> 4 * d_model
+    max_len: int = 128
+    n_segments: int = 2
+    max_iters: int = 6  # M: the cap on iterations (ACT), or the depth (fixed, untied)
+    tau: float = 1e-3  # ponder-cost weight
+    eps: float = 0.01
+    dropout: float = 0.0
+    halting: str = "act"  # "act" | "fixed": exactly M iterations, no halting (weight-tied ALBERT)
+    halting_bias_init: float = 0.0  # b_h at init; tests and benchmarks move it to force depths
+    remat: bool = False  # recompute the shared layer on the backward pass instead of storing it
+
+    def __post_init__(self):
+        for name in ("vocab_size", "embed_dim", "d_model", "n_heads", "max_len", "n_segments",
+                     "max_iters"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v > 0, name, f"must be a positive integer, got {v!r}")
+        _require(self.d_ff >= 0, "d_ff", f"must be >= 0 (0 means 4 * d_model), got {self.d_ff}")
+        _require(self.d_model % self.n_heads == 0, "n_heads",
+                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        _require(self.tau >= 0.0, "tau", f"must be >= 0, got {self.tau}")
+        _require(0.0 < self.eps < 1.0, "eps", f"must be in (0, 1), got {self.eps}")
+        _require(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
+        _require(self.halting in ("act", "fixed"), "halting",
+                 f"must be 'act' or 'fixed', got {self.halting!r}")
+
+    @property
+    def ff(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "ACTConfig":
+        _require(name in PRESETS, "preset", f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+# (tau, M) are the paper's; sizes are small enough for a CPU except base (ALBERT-base width).
+PRESETS: dict[str, dict] = {
+    "tiny": dict(tau=1e-3, max_iters=6, d_model=128, n_heads=2),
+    "small": dict(tau=5e-4, max_iters=12, d_model=256, n_heads=4),
+    "base": dict(tau=2.5e-4, max_iters=24, d_model=768, n_heads=12),
+}
+
+_SHAPE_FIELDS = ("vocab_size", "embed_dim", "d_model", "n_heads", "d_ff", "max_len", "n_segments")
+
+
+# ------------------------------------------------------------------------------- the recurrence
+
+class HaltState(NamedTuple):
+    h_BTD: Array
+    c_BT: Array  # cumulative halting probability; exactly 1 once halted
+    R_BT: Array  # remainder, set once, at the iteration a token halts
+    N_BT: Array  # number of updates (float, no gradient)
+
+
+class ACTOutput(NamedTuple):
+    h_BTD: Array
+    N_BT: Array
+    R_BT: Array
+    states_MBTD: Array | None  # h after iterations 1..M; after the last one run, repeated
+    iterations_run: Array  # int32 scalar: iterations in which some token ran (= max N)
+
+
+def init_halt_state(h0_BTD: Array, mask_BT: Array) -> HaltState:
+    """Padding starts halted (c = 1), so it never updates and keeps N = R = 0."""
+    real = mask_BT.astype(jnp.float32)
+    zeros = jnp.zeros_like(real)
+    return HaltState(h0_BTD, 1.0 - real, zeros, zeros)
+
+
+def halting_step(state: HaltState, h_hat_BTD: Array, p_BT: Array,
+                 eps: float) -> tuple[HaltState, Array]:
+    """One ACT update (DESIGN §3, line for line); returns the new state and lam [B, T].
+
+    c + (1 - c) rounds to exactly 1 in float32 for any c in [0, 1), so ``run = c < 1`` is a
+    reliable halted flag and no separate boolean has to be carried.
+    """
+    c, R, N = state.c_BT, state.R_BT, state.N_BT
+    p = p_BT.astype(jnp.float32)
+    run = c < 1.0
+    new_halted = (run & (c + p > 1.0 - eps)).astype(jnp.float32)
+    still_running = (run & (c + p <= 1.0 - eps)).astype(jnp.float32)
+    c = c + p * still_running
+    R = R + new_halted * (1.0 - c)
+    c = c + new_halted * R
+    # N only counts; the ponder gradient must flow through R alone.
+    N = jax.lax.stop_gradient(N + still_running + new_halted)
+    lam = p * still_running + R * new_halted
+    lam_BT1 = lam.astype(state.h_BTD.dtype)[..., None]
+    h_BTD = lam_BT1 * h_hat_BTD + (1.0 - lam_BT1) * state.h_BTD
+    return HaltState(h_BTD, c, R, N), lam
+
+
+StepFn = Callable[[Array, Array], tuple[Array, Array]]  # (n, h_BTD) -> (h_hat_BTD, p_BT)
+
+
+def _iterations(N_BT: Array) -> Array:
+    return jnp.max(N_BT, initial=0.0).astype(jnp.int32)
+
+
+def halting_scan(step_fn: StepFn, h0_BTD: Array, mask_BT: Array, max_iters: int, eps: float, *,
+                 return_states: bool = False, remat: bool = False) -> ACTOutput:
+    """Exactly M iterations under ``lax.scan``; halted tokens get lam = 0 and stay put."""
+
+    def body(state, n):
+        h_hat, p = step_fn(n, state.h_BTD)
+        state, _ = halting_step(state, h_hat, p, eps)
+        return state, (state.h_BTD if return_states else None)
+
+    if remat:
+        body = jax.checkpoint(body)
+    state, states = jax.lax.scan(body, init_halt_state(h0_BTD, mask_BT),
+                                 jnp.arange(max_iters, dtype=jnp.int32))
+    return ACTOutput(state.h_BTD, state.N_BT, state.R_BT, states, _iterations(state.N_BT))
+
+
+def halting_while(step_fn: StepFn, h0_BTD: Array, mask_BT: Array, max_iters: int, eps: float, *,
+                  return_states: bool = False) -> ACTOutput:
+    """Iterate only while some token of the batch still runs (and at most M times).
+
+    Not reverse-mode differentiable (``lax.while_loop``); use ``halting_scan`` to train.
+    """
+    state0 = init_halt_state(h0_BTD, mask_BT)
+    buf0 = jnp.zeros((max_iters,) + h0_BTD.shape, h0_BTD.dtype) if return_states else None
+
+    def cond(carry):
+        n, state, _ = carry
+        return (n < max_iters) & jnp.any(state.c_BT < 1.0)
+
+    def body(carry):
+        n, state, buf = carry
+        h_hat, p = step_fn(n, state.h_BTD)
+        state, _ = halting_step(state, h_hat, p, eps)
+        if buf is not None:
+            buf = jax.lax.dynamic_update_index_in_dim(buf, state.h_BTD, n, axis=0)
+        return n + 1, state, buf
+
+    n, state, buf = jax.lax.while_loop(cond, body, (jnp.int32(0), state0, buf0))
+    if buf is not None:
+        # Iterations not run would have left every state unchanged: fill them with the last one.
+        ran_M = jnp.arange(max_iters) < n
+        buf = jnp.where(ran_M[:, None, None, None], buf, state.h_BTD[None])
+    return ACTOutput(state.h_BTD, state.N_BT, state.R_BT, buf, n)
+
+
+def ponder_cost(N_BT: Array, R_BT: Array, mask_BT: Array) -> Array:
+    """mean over the batch of sum_t mask_t (N_t + R_t)."""
+    m = mask_BT.astype(jnp.float32)
+    return jnp.mean(jnp.sum(m * (N_BT + R_BT), axis=-1))
+
+
+# ------------------------------------------------------------------------ embeddings and heads
+
+class ALBERTEmbeddings(eqx.Module):
+    """token + position + segment embeddings of size E, LayerNorm, dropout, then E -> d_model."""
+
+    token_VE: Array
+    position_LE: Array
+    segment_SE: Array
+    norm: LayerNorm
+    proj: Dense
+
+    def __init__(self, cfg: ACTConfig, *, key: Array):
+        kt, kp, ks, kj = jax.random.split(key, 4)
+        self.token_VE = bert_init(kt, (cfg.vocab_size, cfg.embed_dim), jnp.float32)
+        self.position_LE = bert_init(kp, (cfg.max_len, cfg.embed_dim), jnp.float32)
+        self.segment_SE = bert_init(ks, (cfg.n_segments, cfg.embed_dim), jnp.float32)
+        self.norm = LayerNorm(cfg.embed_dim)
+        self.proj = Dense(cfg.embed_dim, cfg.d_model, key=kj)
+
+    def __call__(self, tokens_BT: Array, segments_BT: Array, rate: float = 0.0,
+                 key: Array | None = None) -> Array:
+        T = tokens_BT.shape[1]
+        if T > self.position_LE.shape[0]:
+            raise ValueError(f"sequence length {T} exceeds act.max_len={self.position_LE.shape[0]}")
+        x_BTE = self.token_VE[tokens_BT] + self.position_LE[:T][None] + self.segment_SE[segments_BT]
+        return self.proj(dropout(self.norm(x_BTE), rate, key))
+
+
+class MLMHead(eqx.Module):
+    """ALBERT's MLM head: dense d_model -> E, GELU, LayerNorm, then the TIED token embedding
+    (E -> vocab) plus an output bias. There is no vocab-sized matrix of its own."""
+
+    dense: Dense
+    norm: LayerNorm
+    bias_V: Array
+
+    def __init__(self, cfg: ACTConfig, *, key: Array):
+        self.dense = Dense(cfg.d_model, cfg.embed_dim, key=key)
+        self.norm = LayerNorm(cfg.embed_dim)
+        self.bias_V = jnp.zeros((cfg.vocab_size,), jnp.float32)
+
+    def __call__(self, h_BPD: Array, token_VE: Array) -> Array:
+        x_BPE = self.norm(jax.nn.gelu(self.dense(h_BPD), approximate=True))
+        logits = jnp.einsum("bpe,ve->bpv", x_BPE, token_VE.astype(x_BPE.dtype),
+                            preferred_element_type=jnp.float32)
+        return logits + self.bias_V[None, None]
+
+
+class SOPHead(eqx.Module):
+    """Pooler (dense + tanh on [CLS], position 0), then a linear map to 2 classes."""
+
+    pooler: Dense
+    classifier: Dense
+
+    def __init__(self, cfg: ACTConfig, *, key: Array):
+        kp, kc = jax.random.split(key)
+        self.pooler = Dense(cfg.d_model, cfg.d_model, key=kp)
+        self.classifier = Dense(cfg.d_model, 2, key=kc)
+
+    def __call__(self, h_BTD: Array, rate: float = 0.0, key: Array | None = None) -> Array:
+        pooled_BD = jnp.tanh(self.pooler(h_BTD[:, 0]))
+        return self.classifier(dropout(pooled_BD, rate, key)).astype(jnp.float32)
+
+
+class _Pretrainable(eqx.Module):
+    """Heads and run-time options shared by ACTEncoder and UntiedEncoder (no fields of its own)."""
+
+    def mlm_logits(self, h_BTD: Array, positions_BP: Array) -> Array:
+        """Float32 logits [B, P, V] at the given positions."""
+        h_BPD = jnp.take_along_axis(h_BTD, positions_BP[..., None], axis=1)
+        return self.mlm(h_BPD, self.embed.token_VE)
+
+    def sop_logits(self, h_BTD: Array, *, key: Array | None = None) -> Array:
+        return self.sop(h_BTD, self.cfg.dropout, key)
+
+    def with_options(self, **changes):
+        """Same weights, other run-time options (dropout, tau, eps, halting, max_iters, remat)."""
+        cfg = dataclasses.replace(self.cfg, **changes)
+        fixed = _SHAPE_FIELDS + self._extra_shape_fields
+        changed = [f for f in fixed if getattr(cfg, f) != getattr(self.cfg, f)]
+        if changed:
+            raise ValueError(f"with_options cannot change parameter shapes ({', '.join(changed)})")
+        out = copy.copy(self)
+        object.__setattr__(out, "cfg", cfg)  # cfg is a static field; the weights are shared
+        return out
+
+
+def _inputs(tokens_BT: Array, segments_BT: Array | None,
+            mask_BT: Array | None) -> tuple[Array, Array]:
+    segments_BT = jnp.zeros_like(tokens_BT) if segments_BT is None else segments_BT
+    mask_BT = jnp.ones(tokens_BT.shape, bool) if mask_BT is None else mask_BT.astype(bool)
+    return segments_BT, mask_BT
+
+
+# ----------------------------------------------------------------------------------- ACT model
+
+class ACTEncoder(_Pretrainable):
+    embed: ALBERTEmbeddings
+    layer: PostLNEncoderLayer  # the one shared layer
+    halt_w_D: Array
+    halt_b: Array  # scalar
+    mlm: MLMHead
+    sop: SOPHead
+    cfg: ACTConfig = eqx.field(static=True)
+    _extra_shape_fields = ()
+
+    def __init__(self, cfg: ACTConfig, *, key: Array):
+        ke, kl, kh, km, ks = jax.random.split(key, 5)
+        self.embed = ALBERTEmbeddings(cfg, key=ke)
+        self.layer = PostLNEncoderLayer(cfg.d_model, cfg.n_heads, cfg.ff, key=kl)
+        self.halt_w_D = bert_init(kh, (cfg.d_model,), jnp.float32)
+        self.halt_b = jnp.asarray(cfg.halting_bias_init, jnp.float32)
+        self.mlm = MLMHead(cfg, key=km)
+        self.sop = SOPHead(cfg, key=ks)
+        self.cfg = cfg
+
+    @property
+    def ponder_weight(self) -> float:
+        return self.cfg.tau if self.cfg.halting == "act" else 0.0
+
+    def halting_prob(self, h_hat_BTD: Array) -> Array:
+        """p = sigmoid(w_h . h_hat + b_h), float32 [B, T]."""
+        logit = jnp.einsum("btd,d->bt", h_hat_BTD, self.halt_w_D.astype(h_hat_BTD.dtype),
+                           preferred_element_type=jnp.float32)
+        return jax.nn.sigmoid(logit + self.halt_b)
+
+    def _step_fn(self, mask_BT: Array, key: Array | None) -> StepFn:
+        # Dropout keys are folded with the iteration index, so scan and while see the same masks.
+        rate = self.cfg.dropout
+
+        def step(n, h_BTD):
+            k = None if key is None else jax.random.fold_in(key, n)
+            h_hat = self.layer(h_BTD, mask_BT, rate, k)
+            return h_hat, self.halting_prob(h_hat)
+
+        return step
+
+    def _embed(self, tokens_BT, segments_BT, mask_BT, key):
+        segments_BT, mask_BT = _inputs(tokens_BT, segments_BT, mask_BT)
+        k_emb, k_layer = split_or_none(key, 2)
+        return self.embed(tokens_BT, segments_BT, self.cfg.dropout, k_emb), mask_BT, k_layer
+
+    def _fixed(self, h0_BTD, mask_BT, key, return_states) -> ACTOutput:
+        """halting="fixed": the shared layer applied exactly M times to every position."""
+        cfg = self.cfg
+        step = self._step_fn(mask_BT, key)
+
+        def body(h, n):
+            h = step(n, h)[0]
+            return h, (h if return_states else None)
+
+        if cfg.remat:
+            body = jax.checkpoint(body)
+        h, states = jax.lax.scan(body, h0_BTD, jnp.arange(cfg.max_iters, dtype=jnp.int32))
+        N = cfg.max_iters * mask_BT.astype(jnp.float32)
+        return ACTOutput(h, N, jnp.zeros_like(N), states, _iterations(N))
+
+    def forward_scan(self, tokens_BT: Array, segments_BT: Array | None = None,
+                     mask_BT: Array | None = None, *, key: Array | None = None,
+                     return_states: bool = False) -> ACTOutput:
+        """Training path: masked ``lax.scan`` of length M. Dropout is active iff a key is given."""
+        h0, mask_BT, k_layer = self._embed(tokens_BT, segments_BT, mask_BT, key)
+        if self.cfg.halting == "fixed":
+            return self._fixed(h0, mask_BT, k_layer, return_states)
+        return halting_scan(self._step_fn(mask_BT, k_layer), h0, mask_BT, self.cfg.max_iters,
+                            self.cfg.eps, return_states=return_states, remat=self.cfg.remat)
+
+    def forward_while(self, tokens_BT: Array, segments_BT: Array | None = None,
+                      mask_BT: Array | None = None, *, key: Array | None = None,
+                      return_states: bool = False) -> ACTOutput:
+        """Inference path: ``lax.while_loop`` that stops when every real token has halted."""
+        h0, mask_BT, k_layer = self._embed(tokens_BT, segments_BT, mask_BT, key)
+        if self.cfg.halting == "fixed":
+            return self._fixed(h0, mask_BT, k_layer, return_states)
+        return halting_while(self._step_fn(mask_BT, k_layer), h0, mask_BT, self.cfg.max_iters,
+                             self.cfg.eps, return_states=return_states)
+
+    __call__ = forward_scan
+
+
+# ------------------------------------------------------------------------ untied BERT baseline
+
+class UntiedEncoder(_Pretrainable):
+    """M separate post-LN layers (stacked, run with ``lax.scan``); same embeddings and heads."""
+
+    embed: ALBERTEmbeddings
+    layers: PostLNEncoderLayer  # every leaf has a leading layer axis M
+    mlm: MLMHead
+    sop: SOPHead
+    cfg: ACTConfig = eqx.field(static=True)
+    _extra_shape_fields = ("max_iters",)
+
+    def __init__(self, cfg: ACTConfig, *, key: Array):
+        ke, kl, km, ks = jax.random.split(key, 4)
+        self.embed = ALBERTEmbeddings(cfg, key=ke)
+        make = lambda k: PostLNEncoderLayer(cfg.d_model, cfg.n_heads, cfg.ff, key=k)  # noqa: E731
+        self.layers = eqx.filter_vmap(make)(jax.random.split(kl, cfg.max_iters))
+        self.mlm = MLMHead(cfg, key=km)
+        self.sop = SOPHead(cfg, key=ks)
+        self.cfg = cfg
+
+    ponder_weight = 0.0
+
+    def __call__(self, tokens_BT: Array, segments_BT: Array | None = None,
+                 mask_BT: Array | None = None, *, key: Array | None = None,
+                 return_states: bool = False) -> ACTOutput:
+        cfg = self.cfg
+        segments_BT, mask_BT = _inputs(tokens_BT, segments_BT, mask_BT)
+        k_emb, k_layers = split_or_none(key, 2)
+        h0 = self.embed(tokens_BT, segments_BT, cfg.dropout, k_emb)
+        params, static = eqx.partition(self.layers, eqx.is_array)
+
+        def body(h, xs):
+            p, n = xs
+            k = None if k_layers is None else jax.random.fold_in(k_layers, n)
+            h = eqx.combine(p, static)(h, mask_BT, cfg.dropout, k)
+            return h, (h if return_states else None)
+
+        if cfg.remat:
+            body = jax.checkpoint(body)
+        h, states = jax.lax.scan(body, h0, (params, jnp.arange(cfg.max_iters, dtype=jnp.int32)))
+        N = cfg.max_iters * mask_BT.astype(jnp.float32)
+        return ACTOutput(h, N, jnp.zeros_like(N), states, _iterations(N))
+
+    forward_scan = forward_while = __call__
+
+
+# ----------------------------------------------------------------------------------- the loss
+
+def _xent(logits_BXC: Array, labels_BX: Array) -> Array:
+    logz = jax.nn.logsumexp(logits_BXC, axis=-1)
+    gold = jnp.take_along_axis(logits_BXC, labels_BX[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return logz - gold
+
+
+def loss(model: ACTEncoder | UntiedEncoder, batch: Mapping[str, Array], *,
+         key: Array | None = None) -> tuple[Array, dict[str, Array]]:
+    """MLM + SOP + tau * ponder (the ponder term only for halting="act").
+
+    ``batch`` holds ``tokens``, ``segments``, ``mask`` [B, T]; ``mlm_positions``, ``mlm_ids``,
+    ``mlm_weights`` [B, P] (ALBERT's format: at most P predictions per sequence, weight 0 on
+    unused slots); ``sop_labels`` [B]. The MLM loss is the mean over positions with weight > 0.
+    """
+    k_enc, k_sop = split_or_none(key, 2)
+    out = model(batch["tokens"], batch["segments"], batch["mask"], key=k_enc)
+    w_BP = batch["mlm_weights"].astype(jnp.float32)
+    mlm_ce = _xent(model.mlm_logits(out.h_BTD, batch["mlm_positions"]), batch["mlm_ids"])
+    mlm = jnp.sum(w_BP * mlm_ce) / jnp.maximum(jnp.sum(w_BP), 1e-6)
+    sop = jnp.mean(_xent(model.sop_logits(out.h_BTD, key=k_sop), batch["sop_labels"]))
+    ponder = ponder_cost(out.N_BT, out.R_BT, batch["mask"])
+    total = mlm + sop + model.ponder_weight * ponder
+    return total, {"mlm": mlm, "sop": sop, "ponder": ponder}
