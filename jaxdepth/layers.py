@@ -204,13 +204,13 @@ bert_init = jax.nn.initializers.truncated_normal(0.02)
 
 
 class Dense(eqx.Module):
-    """Affine map x @ w + b (BERT style: biases everywhere, zero-initialised)."""
+    """Affine map x @ w + b with a zero-initialised bias (BERT's init unless told otherwise)."""
 
     w: Array  # [I, O]
     b: Array  # [O]
 
-    def __init__(self, d_in: int, d_out: int, *, key: Array):
-        self.w = bert_init(key, (d_in, d_out), jnp.float32)
+    def __init__(self, d_in: int, d_out: int, *, key: Array, init=bert_init):
+        self.w = init(key, (d_in, d_out), jnp.float32)
         self.b = jnp.zeros((d_out,), jnp.float32)
 
     def __call__(self, x: Array) -> Array:

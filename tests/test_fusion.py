@@ -43,8 +43,8 @@ def bottleneck_ref(p, x):
 
 def bottleneck_params(f, n=None):
     pick = (lambda a: f64(a)) if n is None else (lambda a: f64(a[n]))
-    return {"U": pick(f.up.weight), "bU": pick(f.up.bias), "s": pick(f.norm.scale),
-            "b": pick(f.norm.bias), "W": pick(f.down.weight), "bW": pick(f.down.bias)}
+    return {"U": pick(f.up.w), "bU": pick(f.up.b), "s": pick(f.norm.scale),
+            "b": pick(f.norm.bias), "W": pick(f.down.w), "bW": pick(f.down.b)}
 
 
 def dwatt_ref(m, z):
@@ -52,7 +52,7 @@ def dwatt_ref(m, z):
     z_last = z[-1]
     s = z_last + bottleneck_ref(bottleneck_params(m.query), z_last)
     q = 1.0 + np.where(s > 0, s, np.expm1(s))  # 1 + elu(s)
-    k = f64(m.k_pos.value) @ f64(m.key_proj.weight) + f64(m.key_proj.bias)  # [L, D]
+    k = f64(m.k_pos.value) @ f64(m.key_proj.w) + f64(m.key_proj.b)  # [L, D]
     logits = np.stack([(q * k[n]).sum(-1) for n in range(L)], axis=-1)  # [B, T, L]
     alpha = np.exp(logits - logits.max(-1, keepdims=True))
     alpha /= alpha.sum(-1, keepdims=True)
@@ -83,7 +83,7 @@ def test_dwatt_matches_reference(getkey, z):
 def test_dwatt_zero_values_is_identity(getkey, z):
     m = randomize(DWAtt(L, D, key=getkey()), seed=3)
     # f_V_n(z) = 0 (W and its bias zero) and LN_n(0) = bias = 0, so v_n = 0 and h = z_L.
-    m = eqx.tree_at(lambda t: (t.values.f.down.weight, t.values.f.down.bias, t.values.norm.bias),
+    m = eqx.tree_at(lambda t: (t.values.f.down.w, t.values.f.down.b, t.values.norm.bias),
                     m, replace_fn=jnp.zeros_like)
     h = eqx.filter_jit(m)(jnp.asarray(z))
     np.testing.assert_array_equal(np.asarray(h), z[-1])
@@ -105,16 +105,16 @@ def test_dwatt_key_positions_are_frozen(getkey, z):
     params, rest = eqx.partition(m, fusion_trainable(m))
     assert params.k_pos.value is None
     np.testing.assert_array_equal(np.asarray(rest.k_pos.value), k_pos)
-    assert params.key_proj.weight is not None and params.values.f.up.weight is not None
+    assert params.key_proj.w is not None and params.values.f.up.w is not None
     # ...and no gradient through it even when differentiating every array.
     grads = eqx.filter_jit(eqx.filter_grad(lambda mod: jnp.sum(mod(jnp.asarray(z)) ** 2)))(m)
     assert np.all(np.asarray(grads.k_pos.value) == 0.0)
-    assert np.any(np.asarray(grads.key_proj.weight) != 0.0)  # the keys do get gradient
+    assert np.any(np.asarray(grads.key_proj.w) != 0.0)  # the keys do get gradient
 
 
 def test_concat_matches_reference(getkey, z):
     m = randomize(Concat(L, D, key=getkey()), seed=5)
-    W, b = f64(m.proj.weight), f64(m.proj.bias)
+    W, b = f64(m.proj.w), f64(m.proj.b)
     # h = sum_n W_n z_n + b, with W_n the n-th d x d block of the [L*d, d] weight.
     h_ref = sum(f64(z[n]) @ W[n * D:(n + 1) * D] for n in range(L)) + b
     h = eqx.filter_jit(m)(jnp.asarray(z))

@@ -20,8 +20,6 @@ heads, for fixed-depth comparisons; ``halting="fixed"`` is the weight-tied one (
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple
 
@@ -32,6 +30,7 @@ from jaxtyping import Array
 
 from ..config import ConfigError
 from ..layers import Dense, LayerNorm, PostLNEncoderLayer, bert_init, dropout, split_or_none
+from .options import with_options
 
 
 # ------------------------------------------------------------------------------------ config
@@ -274,14 +273,7 @@ class _Pretrainable(eqx.Module):
 
     def with_options(self, **changes):
         """Same weights, other run-time options (dropout, tau, eps, halting, max_iters, remat)."""
-        cfg = dataclasses.replace(self.cfg, **changes)
-        fixed = _SHAPE_FIELDS + self._extra_shape_fields
-        changed = [f for f in fixed if getattr(cfg, f) != getattr(self.cfg, f)]
-        if changed:
-            raise ValueError(f"with_options cannot change parameter shapes ({', '.join(changed)})")
-        out = copy.copy(self)
-        object.__setattr__(out, "cfg", cfg)  # cfg is a static field; the weights are shared
-        return out
+        return with_options(self, _SHAPE_FIELDS + self._extra_shape_fields, **changes)
 
 
 def _inputs(tokens_BT: Array, segments_BT: Array | None,

@@ -6,9 +6,6 @@ runs the same weights through a Python loop; tests check both agree.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -16,6 +13,7 @@ from jaxtyping import Array
 
 from ..config import ModelConfig
 from ..layers import DecoderBlock, RelativePositionBias, RMSNorm, dropout, kernel_init
+from .options import with_options
 
 _REMAT_POLICIES = {
     "full": None,  # save nothing inside a layer; recompute it all on the backward pass
@@ -58,14 +56,8 @@ class DecoderLM(eqx.Module):
 
     def with_options(self, **changes) -> "DecoderLM":
         """Same weights, other run-time options (scan_layers, remat, compute_dtype, dropout...)."""
-        cfg = dataclasses.replace(self.cfg, **changes)
-        shape_fields = ("vocab_size", "d_model", "n_layers", "d_ff", "heads", "rel_buckets")
-        changed = [f for f in shape_fields if getattr(cfg, f) != getattr(self.cfg, f)]
-        if changed:
-            raise ValueError(f"with_options cannot change parameter shapes ({', '.join(changed)})")
-        out = copy.copy(self)
-        object.__setattr__(out, "cfg", cfg)  # cfg is a static field; the weights are shared
-        return out
+        return with_options(self, ("vocab_size", "d_model", "n_layers", "d_ff", "heads",
+                                   "rel_buckets"), **changes)
 
     @property
     def compute_dtype(self):

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..layers import LayerNorm, kernel_init
+from ..layers import Dense, LayerNorm, kernel_init
 
 KEY_DIM = 24  # size of DWAtt's random layer-position vectors (DESIGN §4)
 
@@ -57,34 +57,19 @@ def _is_float(x) -> bool:
     return eqx.is_inexact_array(x)
 
 
-class Affine(eqx.Module):
-    """x @ weight + bias; fan-in normal init for the weight, zero bias."""
-
-    weight: Array  # [in, out]
-    bias: Array  # [out]
-
-    def __init__(self, d_in: int, d_out: int, *, key: Array):
-        self.weight = kernel_init(key, (d_in, d_out), jnp.float32)
-        self.bias = jnp.zeros((d_out,), jnp.float32)
-
-    def __call__(self, x: Array) -> Array:
-        bias = self.bias.astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))  # explicit rank
-        return x @ self.weight.astype(x.dtype) + bias
-
-
 class Bottleneck(eqx.Module):
     """f(x) = W · LN(gelu(U x)) with U: d -> d/2 and W: d/2 -> d, both affine."""
 
-    up: Affine  # U, d -> d // 2 (named for the paper's U, although it narrows)
+    up: Dense  # U, d -> d // 2 (named for the paper's U, although it narrows)
     norm: LayerNorm  # over d // 2
-    down: Affine  # W, d // 2 -> d
+    down: Dense  # W, d // 2 -> d
 
     def __init__(self, d_model: int, *, key: Array):
         ku, kw = jax.random.split(key)
         d_mid = d_model // 2
-        self.up = Affine(d_model, d_mid, key=ku)
+        self.up = Dense(d_model, d_mid, key=ku, init=kernel_init)
         self.norm = LayerNorm(d_mid)
-        self.down = Affine(d_mid, d_model, key=kw)
+        self.down = Dense(d_mid, d_model, key=kw, init=kernel_init)
 
     def __call__(self, x_BTD: Array) -> Array:
         # Exact (erf) gelu: the paper names no approximation.
@@ -115,7 +100,7 @@ class DWAtt(eqx.Module):
     """Depth-wise attention over the L layer outputs (one head, no 1/sqrt(d) scaling)."""
 
     k_pos: Frozen  # [L, 24] ~ U(0, 1), drawn once, never trained
-    key_proj: Affine  # W_K, 24 -> d
+    key_proj: Dense  # W_K, 24 -> d
     values: ValueProj  # every leaf has a leading layer axis L: f_V_n and LN_n per layer
     query: Bottleneck  # f_Q
     n_layers: int = eqx.field(static=True)
@@ -124,7 +109,7 @@ class DWAtt(eqx.Module):
     def __init__(self, n_layers: int, d_model: int, *, key: Array, key_dim: int = KEY_DIM):
         kp, kk, kv, kq = jax.random.split(key, 4)
         self.k_pos = Frozen(jax.random.uniform(kp, (n_layers, key_dim), jnp.float32))
-        self.key_proj = Affine(key_dim, d_model, key=kk)
+        self.key_proj = Dense(key_dim, d_model, key=kk, init=kernel_init)
         layer_keys = jax.random.split(kv, n_layers)
         self.values = eqx.filter_vmap(lambda k: ValueProj(d_model, key=k))(layer_keys)
         self.query = Bottleneck(d_model, key=kq)
@@ -153,19 +138,19 @@ class DWAtt(eqx.Module):
 class Concat(eqx.Module):
     """h = sum_n W_n z_n + b: one affine map from the concatenated L*d features to d."""
 
-    proj: Affine  # [L*d, d]; rows n*d:(n+1)*d are W_n
+    proj: Dense  # [L*d, d]; rows n*d:(n+1)*d are W_n
     n_layers: int = eqx.field(static=True)
     d_model: int = eqx.field(static=True)
 
     def __init__(self, n_layers: int, d_model: int, *, key: Array):
-        self.proj = Affine(n_layers * d_model, d_model, key=key)
+        self.proj = Dense(n_layers * d_model, d_model, key=key, init=kernel_init)
         self.n_layers = n_layers
         self.d_model = d_model
 
     def __call__(self, z_LBTD: Array) -> Array:
         _check_layers(z_LBTD, self.n_layers, self.d_model)
         L, B, T, D = z_LBTD.shape
-        # [B, T, L*D] with layer n's features in block n, matching the row blocks of proj.weight.
+        # [B, T, L*D] with layer n's features in block n, matching the row blocks of proj.w.
         z_BTX = jnp.moveaxis(z_LBTD, 0, 2).reshape(B, T, L * D)
         return self.proj(z_BTX)
 
