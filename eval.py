@@ -39,7 +39,7 @@ def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batc
 
     if not (run / "checkpoints").is_dir():
         raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
-    mngr = ckpt.open_manager(run, keep=1_000_000)
+    mngr = ckpt.open_manager(run, read_only=True)
     steps = mngr.all_steps()
     if not steps:
         raise FileNotFoundError(f"no complete checkpoint in {run / 'checkpoints'}")

@@ -133,8 +133,8 @@ def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 1
     if peak_flops is None:
         peak_flops, peak_source, _ = stated_peak(model.compute_dtype)
     tx = make_optimizer(cfg.optim, cfg.run.steps)
-    state = sharded_init(cfg, tx, mesh_)
     _, shardings = state_shardings(cfg, tx, mesh_)
+    state = sharded_init(cfg, tx, mesh_, shardings)
     step_fn = make_train_step(cfg, tx, mesh_, shardings)
     b_sh = batch_sharding(mesh_)
     data = {k: jax.device_put(v, b_sh) for k, v in random_batch(cfg, seed).items()}

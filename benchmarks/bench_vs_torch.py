@@ -230,8 +230,8 @@ class JaxSide:
         self.cfg = cfg
         self.mesh = make_mesh(cfg.mesh)
         self.tx = make_optimizer(cfg.optim, cfg.run.steps)
-        self.state = sharded_init(cfg, self.tx, self.mesh)
         _, sh = state_shardings(cfg, self.tx, self.mesh)
+        self.state = sharded_init(cfg, self.tx, self.mesh, sh)
         self.step_fn = make_train_step(cfg, self.tx, self.mesh, sh)
         b_sh = batch_sharding(self.mesh)
         self.batch = {k: jax.device_put(v, b_sh) for k, v in batch.items()}

@@ -346,25 +346,26 @@ class ACTEncoder(_Pretrainable):
         N = cfg.max_iters * mask_BT.astype(jnp.float32)
         return ACTOutput(h, N, jnp.zeros_like(N), states, _iterations(N))
 
+    def _forward(self, driver, tokens_BT, segments_BT, mask_BT, key, return_states,
+                 **driver_kw) -> ACTOutput:
+        h0, mask_BT, k_layer = self._embed(tokens_BT, segments_BT, mask_BT, key)
+        if self.cfg.halting == "fixed":
+            return self._fixed(h0, mask_BT, k_layer, return_states)
+        return driver(self._step_fn(mask_BT, k_layer), h0, mask_BT, self.cfg.max_iters,
+                      self.cfg.eps, return_states=return_states, **driver_kw)
+
     def forward_scan(self, tokens_BT: Array, segments_BT: Array | None = None,
                      mask_BT: Array | None = None, *, key: Array | None = None,
                      return_states: bool = False) -> ACTOutput:
         """Training path: masked ``lax.scan`` of length M. Dropout is active iff a key is given."""
-        h0, mask_BT, k_layer = self._embed(tokens_BT, segments_BT, mask_BT, key)
-        if self.cfg.halting == "fixed":
-            return self._fixed(h0, mask_BT, k_layer, return_states)
-        return halting_scan(self._step_fn(mask_BT, k_layer), h0, mask_BT, self.cfg.max_iters,
-                            self.cfg.eps, return_states=return_states, remat=self.cfg.remat)
+        return self._forward(halting_scan, tokens_BT, segments_BT, mask_BT, key, return_states,
+                             remat=self.cfg.remat)
 
     def forward_while(self, tokens_BT: Array, segments_BT: Array | None = None,
                       mask_BT: Array | None = None, *, key: Array | None = None,
                       return_states: bool = False) -> ACTOutput:
         """Inference path: ``lax.while_loop`` that stops when every real token has halted."""
-        h0, mask_BT, k_layer = self._embed(tokens_BT, segments_BT, mask_BT, key)
-        if self.cfg.halting == "fixed":
-            return self._fixed(h0, mask_BT, k_layer, return_states)
-        return halting_while(self._step_fn(mask_BT, k_layer), h0, mask_BT, self.cfg.max_iters,
-                             self.cfg.eps, return_states=return_states)
+        return self._forward(halting_while, tokens_BT, segments_BT, mask_BT, key, return_states)
 
     __call__ = forward_scan
 

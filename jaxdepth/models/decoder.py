@@ -178,6 +178,8 @@ def greedy_generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_ne
     and the loop ends early once every row has stopped.
     """
     B, T = prompt_BT.shape
+    # Cast the layer weights to the compute dtype once, not on every decoded token.
+    model = eqx.tree_at(lambda m: m.blocks, model, cast_floating(model.blocks, model.compute_dtype))
     cache = model.init_cache(B, T + max_new)
     logits_BV, cache = prefill(model, prompt_BT, lengths_B, cache)
     out = jnp.full((B, max_new), pad_id, jnp.int32)

@@ -22,9 +22,12 @@ _RESUMABLE_CHANGES = {"run.steps", "run.stop_after", "run.progress", "run.log_ev
                       "model.remat", "model.scan_layers", "model.scan_unroll", "model.xent_chunk"}
 
 
-def open_manager(run_dir: Path, keep: int) -> ocp.CheckpointManager:
+def open_manager(run_dir: Path, keep: int | None = None,
+                 read_only: bool = False) -> ocp.CheckpointManager:
+    """keep: checkpoints retained when saving. read_only: for readers (eval), which must
+    never create, delete or garbage-collect anything in the run."""
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
-                                           create=True)
+                                           create=not read_only, read_only=read_only)
     return ocp.CheckpointManager(run_dir.absolute() / "checkpoints", options=options)
 
 

@@ -50,15 +50,14 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter):
     abstract, shardings = state_shardings(cfg, tx, mesh)
     step = mngr.latest_step()
     if step is None:
-        return sharded_init(cfg, tx, mesh), shardings
+        return sharded_init(cfg, tx, mesh, shardings), shardings
     return ckpt.restore(mngr, step, abstract, shardings, data_iter), shardings
 
 
 def evaluate(model: DecoderLM, batches: list[dict], sharding) -> dict:
-    nll, n = 0.0, 0.0
-    for b in batches:
-        s, c = eval_step(model, to_global(local_rows(b), sharding))
-        nll, n = nll + float(s), n + float(c)
+    sums = [eval_step(model, to_global(local_rows(b), sharding)) for b in batches]
+    sums = jax.device_get(sums)  # one sync after every batch is dispatched
+    nll, n = sum(float(s) for s, _ in sums), sum(float(c) for _, c in sums)
     loss = nll / max(n, 1.0)
     return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0)), "valid_tokens": n}
 
@@ -84,8 +83,9 @@ def train(cfg: Config) -> dict:
     run_dir = Path(cfg.run.dir)
     primary = jax.process_index() == 0
     mngr = ckpt.open_manager(run_dir, cfg.run.keep)
-    if mngr.latest_step() is not None:  # refuse an incompatible resume before touching any file
-        ckpt.check_compatible(ckpt.saved_config(mngr, mngr.latest_step()), cfg, run_dir)
+    latest = mngr.latest_step()
+    if latest is not None:  # refuse an incompatible resume before touching any file
+        ckpt.check_compatible(ckpt.saved_config(mngr, latest), cfg, run_dir)
     mesh = make_mesh(cfg.mesh)
     micro = cfg.data.batch_size // cfg.optim.accum_steps
     if micro % mesh.shape["data"]:

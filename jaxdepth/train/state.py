@@ -38,8 +38,11 @@ def state_shardings(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh):
     return abstract, TrainState(rep, p_sh, o_sh, rep)
 
 
-def sharded_init(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
-    _, shardings = state_shardings(cfg, tx, mesh)
+def sharded_init(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh,
+                 shardings=None) -> TrainState:
+    """A fresh state created directly in its sharded layout (shardings as from state_shardings)."""
+    if shardings is None:
+        _, shardings = state_shardings(cfg, tx, mesh)
     init = eqx.filter_jit(lambda: eqx.filter_shard(init_state(cfg, tx), shardings))
     return init()
 
