@@ -32,7 +32,7 @@ def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batc
     from jaxdepth.data.readers import read_corpus
     from jaxdepth.data.tokenizer import Tokenizer
     from jaxdepth.train import checkpoint as ckpt
-    from jaxdepth.train.loop import evaluate
+    from jaxdepth.train.jobs import evaluate
     from jaxdepth.train.optim import make_optimizer
     from jaxdepth.train.sharding import batch_sharding, make_mesh
     from jaxdepth.train.state import state_shardings

@@ -43,13 +43,25 @@ def print_summary(s: dict) -> None:
         print(f"stopped at step {s['step']}; resume with the same command.")
     else:
         train_loss = f"train loss {s['train_loss']:.4f}, " if "train_loss" in s else ""
-        print(f"\nfinished step {s['step']}: {train_loss}"
-              f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})")
+        if "task" in s:
+            scores = ", ".join(f"{k} {s[k]:.3f}" for k in ("id_accuracy", "gen_accuracy", "lexical",
+                                                            "structural") if s.get(k) is not None)
+            print(f"\nfinished step {s['step']}: {train_loss}dev loss {s['dev_loss']:.4f}; "
+                  f"exact match: {scores}")
+            unk = s["unk"]
+            if unk["examples_with_unk"]:
+                print(f"warning: {unk['examples_with_unk']} of {unk['examples']} examples contain "
+                      f"pieces unknown to the tokenizer, e.g. {list(unk['unknown_words'])[:5]}")
+        else:
+            print(f"\nfinished step {s['step']}: {train_loss}"
+                  f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})")
         if "tokens_per_s" in s:
             print(f"throughput {s['tokens_per_s']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}% "
                   f"of {s['peak_flops'] / 1e9:,.0f} GFLOP/s per device ({s['peak_source']})")
         for smp in s.get("samples", []):
             print(f"  sample: {smp['prompt']!r} -> {smp['continuation']!r}")
+    if "predictions" in s:
+        print(f"predictions: {s['predictions']['summary']} and <split>.jsonl beside it")
     print(f"checkpoints: {s['checkpoints']}\nmetrics:     {s['metrics']} (TensorBoard: {s['tensorboard']})")
     if s["done"]:
         print(f"summary:     {os.path.join(s['run_dir'], 'summary.json')}")

@@ -152,6 +152,48 @@ class RunConfig:
         _require(self.stop_after >= 0, "run.stop_after", "must be >= 0")
 
 
+TASKS = ("semantic_parsing", "passivization", "cogs", "cogs_vf", "geoquery")
+GRAMMAR_TASKS = ("semantic_parsing", "passivization")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Fine-tuning as a prefix LM (empty name: language-model pretraining).
+
+    With `dir` empty the task comes from the embedded grammar (semantic_parsing or
+    passivization); with `dir` set it is read in its published format from there (cogs,
+    cogs_vf, geoquery, passivization).
+    """
+    name: str = ""
+    dir: str = ""
+    init_from: str = ""  # run directory of a pretrained model; empty: fresh weights
+    init_step: int = 0  # checkpoint of init_from to start from; 0: its latest
+    n_train: int = 2000  # embedded grammar: training examples
+    n_eval: int = 200  # embedded grammar: dev/test size, and examples per generalization type
+    seed: int = 0  # embedded grammar splits; GeoQuery's held-out dev; periodic eval subsets
+    dev_fraction: float = 0.1  # GeoQuery (no dev split): share of train held out as dev
+    eval_splits: str = ""  # comma-separated; empty: dev + the task's generalization splits
+    eval_max: int = 0  # periodic evaluations score at most this many examples per split
+    eval_batch: int = 0  # sequences per decoding batch; 0: data.batch_size
+    truncate: bool = False  # cut over-long examples (seqio style) instead of refusing them
+
+    def __post_init__(self):
+        _require(self.name in ("",) + TASKS, "task.name",
+                 f"must be empty (LM pretraining) or one of {', '.join(TASKS)}; got {self.name!r}")
+        _require(not self.name or bool(self.dir) or self.name in GRAMMAR_TASKS, "task.dir",
+                 f"task {self.name!r} is read from its published files: set task.dir (the "
+                 f"embedded grammar provides only {', '.join(GRAMMAR_TASKS)})")
+        _require(self.init_step >= 0, "task.init_step", "must be >= 0")
+        _positive(self, "task", "n_train", "n_eval")
+        _require(0.0 < self.dev_fraction < 1.0, "task.dev_fraction", "must be in (0, 1)")
+        _require(self.eval_max >= 0 and self.eval_batch >= 0, "task.eval_max",
+                 "eval_max and eval_batch must be >= 0")
+
+    @property
+    def grammar(self) -> bool:
+        return not self.dir
+
+
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -159,6 +201,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     preset: str = ""
 
     def __post_init__(self):
@@ -191,7 +234,7 @@ class Config:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
-            "mesh": MeshConfig, "run": RunConfig}
+            "mesh": MeshConfig, "run": RunConfig, "task": TaskConfig}
 
 
 # ----------------------------------------------------------------------------- Eq. 1
@@ -268,6 +311,17 @@ _PAPER_TRAINING = {  # Petty et al. pretraining (t5x): Adafactor, 1/sqrt(max(ste
 }
 
 
+# t5x fine-tuning defaults used by Petty et al. (DESIGN.md section 2). Combine with a model
+# preset: --preset 134M-L4+finetune. Only the fields fine-tuning changes are set.
+_PAPER_FINETUNING = {
+    "model": {"dropout": 0.1},
+    "data": {"batch_size": 128},
+    "optim": {"name": "adafactor", "lr": 1e-3, "schedule": "constant", "warmup_steps": 0,
+              "weight_decay": 0.0, "clip_norm": 0.0},
+    "run": {"steps": 10_000, "eval_every": 250, "save_every": 1000},
+}
+
+
 def presets() -> dict[str, dict]:
     """name -> nested override dict. ``<class>-L<n>`` for every member of every size class."""
     out = {}
@@ -279,6 +333,7 @@ def presets() -> dict[str, dict]:
                 for sec, vals in _PAPER_TRAINING.items():
                     over[sec] = dict(vals)
             out[f"{cname}-L{n}"] = over
+    out["finetune"] = _PAPER_FINETUNING
     return out
 
 
@@ -295,6 +350,11 @@ def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:
 
 
 def from_preset(name: str) -> Config:
+    """``a+b`` applies preset a, then b (e.g. ``134M-L4+finetune``)."""
     table = presets()
-    _require(name in table, "preset", f"unknown preset {name!r}; known: {', '.join(sorted(table))}")
-    return apply_overrides(Config(preset=name), table[name])
+    cfg = Config(preset=name)
+    for part in name.split("+"):
+        _require(part in table, "preset",
+                 f"unknown preset {part!r}; known: {', '.join(sorted(table))}")
+        cfg = apply_overrides(cfg, table[part])
+    return cfg

@@ -51,6 +51,11 @@ import numpy as np
 # ~1100 word forms) is set by the tokenizer: a SentencePiece unigram model with a hard
 # vocabulary of 512 needs about that many distinct words (~700 pieces are then possible).
 
+# Characters of the logical forms that plain sentences never contain. A tokenizer trained on the
+# grammar corpus keeps them (train_tokenizer's required_chars), so semantic parsing targets
+# encode without unk, as they would with a web-text vocabulary.
+LF_SYMBOLS = "()*,="
+
 _ANIMATE = """
 cat cats  dog dogs  bird birds  horse horses  rabbit rabbits  mouse mice  child children
 teacher teachers  student students  doctor doctors  farmer farmers  baker bakers

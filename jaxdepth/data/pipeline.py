@@ -71,6 +71,17 @@ def _epoch_permutation(seed: int, epoch: int, n_windows: int) -> np.ndarray:
     return perm
 
 
+def _sample_ids(seed: int, n: int, first: int, count: int) -> np.ndarray:
+    """Items of global samples first .. first+count-1 when epoch e visits n items in the order
+    _epoch_permutation(seed, e, n)."""
+    ids = np.empty(count, dtype=np.int64)
+    # Python ints: i * global_batch may exceed int64, and one slice may span two epochs.
+    for r in range(count):
+        epoch, k = divmod(first + r, n)
+        ids[r] = _epoch_permutation(seed, epoch, n)[k]
+    return ids
+
+
 def _lm_example(windows: np.ndarray) -> dict[str, np.ndarray]:
     windows = np.asarray(windows, dtype=np.int32)
     return {
@@ -125,13 +136,8 @@ class LMBatchSource:
 
     def window_ids(self, i: int) -> np.ndarray:
         """Window indices of this process's rows of global batch i."""
-        first = int(i) * self.global_batch + self.first_row
-        ids = np.empty(self.local_batch, dtype=np.int64)
-        # Python ints: i * global_batch may exceed int64, and one slice may span two epochs.
-        for r in range(self.local_batch):
-            epoch, k = divmod(first + r, self.n_windows)
-            ids[r] = _epoch_permutation(self.seed, epoch, self.n_windows)[k]
-        return ids
+        return _sample_ids(self.seed, self.n_windows, int(i) * self.global_batch + self.first_row,
+                           self.local_batch)
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         if not 0 <= i < _INFINITE:
@@ -139,6 +145,38 @@ class LMBatchSource:
         starts = self.window_ids(i) * self.seq_len
         # One fancy-index gather: a memmap reads just these windows' pages.
         return _lm_example(self.tokens[starts[:, None] + np.arange(self.seq_len + 1)])
+
+
+class ExampleBatchSource:
+    """Random-access grain source over fixed-length examples (e.g. prefix-LM features):
+    item i is this process's rows of global batch i, drawn epoch by epoch exactly like the
+    windows of LMBatchSource, so batch i is a pure function of (seed, i)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], *, global_batch: int, seed: int,
+                 process_index: int = 0, process_count: int = 1):
+        n = {len(v) for v in arrays.values()}
+        if len(n) != 1 or not n.pop():
+            raise ValueError(f"arrays must be non-empty with one common length, got "
+                             f"{ {k: len(v) for k, v in arrays.items()} }")
+        if global_batch < 1 or global_batch % process_count or seed < 0:
+            raise ValueError(f"bad global_batch={global_batch} / seed={seed} for "
+                             f"{process_count} processes")
+        self.arrays = arrays
+        self.n = len(next(iter(arrays.values())))
+        self.seed = seed
+        self.global_batch = global_batch
+        self.local_batch = global_batch // process_count
+        self.first_row = process_index * self.local_batch
+
+    def __len__(self) -> int:
+        return _INFINITE
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        if not 0 <= i < _INFINITE:
+            raise IndexError(f"batch index {i} out of range")
+        ids = _sample_ids(self.seed, self.n, int(i) * self.global_batch + self.first_row,
+                          self.local_batch)
+        return {k: v[ids] for k, v in self.arrays.items()}
 
 
 def lm_dataset(

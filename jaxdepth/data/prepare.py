@@ -71,7 +71,10 @@ def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary:
         if cfg.tokenizer:
             tok = Tokenizer.load(cfg.tokenizer)
         else:
-            tok = train_tokenizer(train_docs, vocab_size)
+            # The grammar corpus tokenizer also serves its seq2seq tasks (one tokenizer for
+            # pretraining and fine-tuning), so it keeps the logical forms' symbols.
+            chars = grammar.LF_SYMBOLS if cfg.corpus == "grammar" else ""
+            tok = train_tokenizer(train_docs, vocab_size, required_chars=chars)
         check_vocab(tok, vocab_size, cfg.tokenizer or str(tok_path))
         data_dir.mkdir(parents=True, exist_ok=True)
         tok.save(tok_path)

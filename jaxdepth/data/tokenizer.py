@@ -94,12 +94,13 @@ def _sentences(texts: Iterable[str]) -> Iterator[str]:
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, model_type: str = "unigram"
+    texts: Iterable[str], vocab_size: int, model_type: str = "unigram", required_chars: str = ""
 ) -> Tokenizer:
     """Train a SentencePiece model on `texts` whose vocabulary has exactly `vocab_size` pieces.
 
     Training is deterministic (one thread, every sentence, no shuffling): the same texts and size
-    give byte-identical models.
+    give byte-identical models. `required_chars` are kept in the vocabulary even if the texts
+    lack them, so text the tokenizer will meet later (e.g. logical forms) encodes without unk.
     """
     sentences = _sentences(texts)
     try:
@@ -123,6 +124,7 @@ def train_tokenizer(
             unk_id=UNK_ID,
             bos_id=-1,
             user_defined_symbols=list(SPECIAL_SYMBOLS),
+            required_chars=required_chars,
             hard_vocab_limit=True,
             num_threads=1,
             input_sentence_size=0,

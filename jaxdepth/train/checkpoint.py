@@ -19,7 +19,8 @@ _RESUMABLE_CHANGES = {"run.steps", "run.stop_after", "run.progress", "run.log_ev
                       "run.eval_every", "run.eval_batches", "run.samples", "run.sample_tokens",
                       "run.save_every", "run.keep", "run.dir", "mesh.data", "mesh.model",
                       "mesh.fsdp", "mesh.coordinator", "mesh.num_processes", "mesh.process_id",
-                      "model.remat", "model.scan_layers", "model.scan_unroll", "model.xent_chunk"}
+                      "model.remat", "model.scan_layers", "model.scan_unroll", "model.xent_chunk",
+                      "task.eval_splits", "task.eval_max", "task.eval_batch"}
 
 
 def open_manager(run_dir: Path, keep: int | None = None,

@@ -6,17 +6,15 @@ import math
 import time
 from pathlib import Path
 
+import equinox as eqx
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from ..config import Config, ConfigError, param_count
-from ..data.pipeline import eval_batches, lm_dataset, lm_iterator
-from ..data.prepare import LMData, prepare_lm_data
-from ..models.decoder import DecoderLM, greedy_generate
+from ..data.pipeline import lm_iterator
 from . import checkpoint as ckpt
+from .jobs import make_job, to_global
 from .metrics import MetricsWriter, device_peak_flops, train_flops_per_token
 from .optim import make_optimizer, schedule
 from .sharding import batch_sharding, make_mesh
@@ -32,50 +30,21 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def to_global(batch: dict, sharding) -> dict:
-    """Process-local rows -> global arrays sharded over the data axis."""
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-            for k, v in batch.items()}
-
-
-def local_rows(batch: dict) -> dict:
-    p, n = jax.process_index(), jax.process_count()
-    rows = next(iter(batch.values())).shape[0] // n
-    return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items()}
-
-
-def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter):
+def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, job):
     """The latest checkpoint in run_dir if there is one (data iterator restored in place),
-    else a fresh sharded state. Returns (state, state shardings)."""
+    else a fresh sharded state, holding the job's pretrained weights if it has any.
+    Returns (state, state shardings)."""
     abstract, shardings = state_shardings(cfg, tx, mesh)
     step = mngr.latest_step()
-    if step is None:
-        return sharded_init(cfg, tx, mesh, shardings), shardings
-    return ckpt.restore(mngr, step, abstract, shardings, data_iter), shardings
-
-
-def evaluate(model: DecoderLM, batches: list[dict], sharding) -> dict:
-    sums = [eval_step(model, to_global(local_rows(b), sharding)) for b in batches]
-    sums = jax.device_get(sums)  # one sync after every batch is dispatched
-    nll, n = sum(float(s) for s, _ in sums), sum(float(c) for _, c in sums)
-    loss = nll / max(n, 1.0)
-    return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0)), "valid_tokens": n}
-
-
-def greedy_samples(model: DecoderLM, data: LMData, n: int, max_new: int) -> list[dict]:
-    """Continue the first half (at most 12 tokens) of the first n validation documents."""
-    if n == 0:
-        return []
-    prompts = [data.tokenizer.encode(d)[:12] for d in data.valid_docs[:n] if d.strip()]
-    prompts = [p[: max(1, len(p) // 2)] for p in prompts]
-    width = max(len(p) for p in prompts)
-    arr = np.zeros((len(prompts), width), np.int32)
-    for i, p in enumerate(prompts):
-        arr[i, :len(p)] = p
-    out = np.asarray(greedy_generate(model, jnp.asarray(arr),
-                                     jnp.asarray([len(p) for p in prompts], jnp.int32), max_new))
-    return [{"prompt": data.tokenizer.decode(p), "continuation": data.tokenizer.decode(o.tolist())}
-            for p, o in zip(prompts, out)]
+    if step is not None:
+        return ckpt.restore(mngr, step, abstract, shardings, data_iter), shardings
+    state = sharded_init(cfg, tx, mesh, shardings)
+    pretrained, _ = job.pretrained(mesh)
+    if pretrained is not None:  # its weights, this run's static options (dropout, dtype...)
+        static = eqx.partition(state.model, eqx.is_array)[1]
+        model = eqx.combine(eqx.filter(pretrained, eqx.is_array), static)
+        state = eqx.tree_at(lambda s: s.model, state, model)
+    return state, shardings
 
 
 def train(cfg: Config) -> dict:
@@ -92,24 +61,17 @@ def train(cfg: Config) -> dict:
         raise ConfigError(f"data.batch_size: micro-batches of {micro} sequences (batch "
                           f"{cfg.data.batch_size} / accum_steps {cfg.optim.accum_steps}) do not "
                           f"split over the {mesh.shape['data']} devices of the data axis")
-    data = prepare_lm_data(cfg.data, cfg.model.vocab_size, run_dir, primary,
-                           barrier=lambda: barrier("prepare_data"))
+    job = make_job(cfg, run_dir, primary, barrier=lambda: barrier("prepare_data"))
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     lr_at = schedule(cfg.optim, cfg.run.steps)
-    dataset = lm_dataset(data.train, seq_len=cfg.data.seq_len, global_batch=cfg.data.batch_size,
-                         seed=cfg.run.seed, process_index=jax.process_index(),
-                         process_count=jax.process_count())
-    data_iter = lm_iterator(dataset)
-    state, shardings = restore_or_init(cfg, tx, mesh, mngr, data_iter)
+    data_iter = lm_iterator(job.dataset())
+    state, shardings = restore_or_init(cfg, tx, mesh, mngr, data_iter, job)
     start = int(state.step)
     if primary:
         ckpt.write_config(run_dir, cfg)
 
     step_fn = make_train_step(cfg, tx, mesh, shardings)
     b_sharding = batch_sharding(mesh)
-    valid = eval_batches(data.valid, seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size)
-    if cfg.run.eval_batches:
-        valid = valid[:cfg.run.eval_batches]
     writer = MetricsWriter(run_dir, enabled=primary)
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
     flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len)
@@ -156,12 +118,13 @@ def train(cfg: Config) -> dict:
                          lr=float(lr_at(step - 1)), grad_norm=m["grad_norm"],
                          param_norm=m["param_norm"], **rates)
 
-    def run_eval(step: int) -> None:
+    def run_eval(step: int, final: bool = False) -> None:
         t0 = time.perf_counter()
-        ev = evaluate(state.model, valid, b_sharding)
+        ev, message = job.evaluate(state.model, step, b_sharding, final)
         history.update(ev)
-        writer.write(step, valid_loss=ev["valid_loss"], valid_ppl=ev["valid_ppl"])
-        bar.write(f"step {step}: valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}")
+        writer.write(step, **{k: v for k, v in ev.items()
+                              if isinstance(v, (int, float)) and not k.endswith("_tokens")})
+        bar.write(f"step {step}: {message}")
         spent = time.perf_counter() - t0  # not training time
         last["time"] += spent
         first["time"] += spent
@@ -190,12 +153,11 @@ def train(cfg: Config) -> dict:
     final_step = int(state.step)
     summary = {"step": final_step, "done": final_step >= cfg.run.steps}
     if final_step >= cfg.run.steps:
-        run_eval(final_step)
+        run_eval(final_step, final=True)
         summary.update(history)
         summary.update(params=param_count(cfg.model), flops_per_token=flops_per_token,
                        peak_flops=peak, peak_source=peak_source, devices=mesh.size,
-                       samples=greedy_samples(state.model, data, cfg.run.samples,
-                                              cfg.run.sample_tokens))
+                       **job.summary(state.model))
     summary.update(run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"),
                    metrics=str(run_dir / "metrics.jsonl"), tensorboard=str(run_dir / "tb"))
     if primary and summary["done"]:

@@ -1,0 +1,261 @@
+"""Effective rank of the feed-forward matrices (Petty et al., Figs. 10-11).
+
+Petty et al. ask whether deeper-narrower models use their feed-forward capacity: for
+``wi_0``, ``wi_1`` and ``wo`` of every layer they plot the cumulative singular values
+normalised by their l1 norm, and the effective rank (Roy & Vetterli, 2007)
+
+    erank(T) = exp(-sum_i p_i log p_i),   p_i = sigma_i / ||sigma||_1,   0 log 0 = 0.
+
+erank is 1 for a rank-1 matrix and min(rows, cols) for a matrix with equal singular values,
+so ``erank / min(rows, cols)`` compares matrices of different widths (the depth family
+changes d_ff with depth).
+
+The model's gated MLP (``layers.GatedMLP``) already uses the t5x names: ``wi_0`` [D, F] is
+the gate that goes through GELU, ``wi_1`` [D, F] the linear branch, ``wo`` [F, D] the output.
+In a ``DecoderLM`` they live at ``model.blocks.mlp.<name>`` with a leading layer axis L.
+
+    python -m jaxdepth.analysis.rank --run runs/x [--step N] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+FF_MATRICES = ("wi_0", "wi_1", "wo")
+CSV_FIELDS = ("layer", "matrix", "rows", "cols", "erank", "max_rank", "erank_ratio")
+
+
+# ----------------------------------------------------------------------------- spectra
+
+def normalized_spectrum(matrix) -> np.ndarray:
+    """p_i = sigma_i / ||sigma||_1, descending; float64 so tiny sigmas do not vanish.
+
+    An all-zero matrix has no spectrum to normalise and returns zeros.
+    """
+    m_RC = np.asarray(matrix, dtype=np.float64)
+    if m_RC.ndim != 2:
+        raise ValueError(f"expected a 2-D matrix, got shape {m_RC.shape}")
+    sigma_K = np.linalg.svd(m_RC, compute_uv=False)  # already descending
+    total = sigma_K.sum()
+    return sigma_K / total if total > 0 else np.zeros_like(sigma_K)
+
+
+def cumulative_spectrum(matrix) -> np.ndarray:
+    """Cumulative normalised singular values; ends at 1 (the curves of Fig. 10)."""
+    return np.cumsum(normalized_spectrum(matrix))
+
+
+def entropy_rank(p_K: np.ndarray) -> float:
+    """exp of the Shannon entropy of a distribution, with 0 log 0 = 0."""
+    p_K = np.asarray(p_K, dtype=np.float64)
+    nz = p_K[p_K > 0]
+    return float(np.exp(-np.sum(nz * np.log(nz))))
+
+
+def effective_rank(matrix) -> float:
+    """Roy & Vetterli's effective rank; 0.0 for an all-zero matrix."""
+    p_K = normalized_spectrum(matrix)
+    return entropy_rank(p_K) if p_K.any() else 0.0
+
+
+# ----------------------------------------------------------------------------- model tables
+
+def ff_weights(model) -> dict[str, np.ndarray]:
+    """{"wi_0", "wi_1", "wo"} -> stacked [L, rows, cols] float32 numpy arrays of a DecoderLM."""
+    mlp = model.blocks.mlp
+    return {name: np.asarray(getattr(mlp, name)) for name in FF_MATRICES}
+
+
+def ff_rank_table(model) -> list[dict]:
+    """One row per (layer, matrix): shape, erank, max_rank, erank_ratio, cumulative curve."""
+    weights = ff_weights(model)
+    n_layers = next(iter(weights.values())).shape[0]
+    rows = []
+    for layer in range(n_layers):
+        for name in FF_MATRICES:
+            w_RC = weights[name][layer]
+            er = effective_rank(w_RC)
+            max_rank = min(w_RC.shape)
+            rows.append({"layer": layer, "matrix": name, "shape": list(w_RC.shape),
+                         "erank": er, "max_rank": max_rank, "erank_ratio": er / max_rank,
+                         "cumulative": cumulative_spectrum(w_RC).tolist()})
+    return rows
+
+
+def ff_rank_by_depth(models: Mapping[int, object]) -> list[dict]:
+    """Rows of ff_rank_table for several models, each tagged with its ``depth``."""
+    return [{"depth": depth, **row}
+            for depth in sorted(models) for row in ff_rank_table(models[depth])]
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def _csv_row(row: Mapping) -> dict:
+    rows, cols = row["shape"]
+    return {"layer": row["layer"], "matrix": row["matrix"], "rows": rows, "cols": cols,
+            "erank": row["erank"], "max_rank": row["max_rank"], "erank_ratio": row["erank_ratio"]}
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def write_rank_outputs(rows: Sequence[Mapping], out_dir, label: str = "") -> dict[str, Path]:
+    """ff_rank.csv (no curves), ff_rank.json (everything) and ff_rank.png; returns the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": out_dir / "ff_rank.csv", "json": out_dir / "ff_rank.json",
+             "png": out_dir / "ff_rank.png"}
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(_csv_row(r) for r in rows)
+    paths["json"].write_text(json.dumps({"label": label, "rows": list(rows)}, indent=1) + "\n")
+
+    plt = _pyplot()
+    layers = sorted({r["layer"] for r in rows})
+    fig, axes = plt.subplots(1, len(FF_MATRICES) + 1, figsize=(4 * (len(FF_MATRICES) + 1), 3.6))
+    cmap = plt.get_cmap("viridis")
+    for ax, name in zip(axes, FF_MATRICES):
+        for r in (r for r in rows if r["matrix"] == name):
+            curve_K = np.asarray(r["cumulative"])
+            x_K = np.arange(1, len(curve_K) + 1) / r["max_rank"]
+            color = cmap(r["layer"] / max(1, len(layers) - 1))
+            ax.plot(x_K, curve_K, color=color, lw=1, label=f"layer {r['layer']}")
+        ax.set_title(name)
+        ax.set_xlabel("index / max rank")
+        ax.set_ylim(0, 1.02)
+    axes[0].set_ylabel("cumulative normalised singular value")
+    if len(layers) <= 12:
+        axes[0].legend(fontsize=7)
+    ax = axes[-1]
+    for name in FF_MATRICES:
+        by_layer = sorted((r["layer"], r["erank_ratio"]) for r in rows if r["matrix"] == name)
+        ax.plot([l for l, _ in by_layer], [v for _, v in by_layer], marker="o", label=name)
+    ax.set_title("erank / max rank")
+    ax.set_xlabel("layer")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=7)
+    if label:
+        fig.suptitle(label)
+    fig.tight_layout()
+    fig.savefig(paths["png"], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def rank_vs_depth(rows: Sequence[Mapping]) -> list[dict]:
+    """Mean erank_ratio (and erank) over layers, per (depth, matrix): the points of Fig. 11."""
+    out = []
+    for depth in sorted({r["depth"] for r in rows}):
+        for name in FF_MATRICES:
+            sel = [r for r in rows if r["depth"] == depth and r["matrix"] == name]
+            if sel:
+                out.append({"depth": depth, "matrix": name, "layers": len(sel),
+                            "mean_erank": float(np.mean([r["erank"] for r in sel])),
+                            "mean_erank_ratio": float(np.mean([r["erank_ratio"] for r in sel]))})
+    return out
+
+
+def write_rank_vs_depth(rows: Sequence[Mapping], out_dir) -> dict[str, Path]:
+    """ff_rank_by_depth.csv and .png from rows carrying a ``depth`` field; returns the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    points = rank_vs_depth(rows)
+    paths = {"csv": out_dir / "ff_rank_by_depth.csv", "png": out_dir / "ff_rank_by_depth.png"}
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=("depth", "matrix", "layers", "mean_erank",
+                                               "mean_erank_ratio"))
+        writer.writeheader()
+        writer.writerows(points)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4.5, 3.6))
+    for name in FF_MATRICES:
+        pts = [p for p in points if p["matrix"] == name]
+        ax.plot([p["depth"] for p in pts], [p["mean_erank_ratio"] for p in pts], marker="o",
+                label=name)
+    ax.set_xlabel("layers")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("mean erank / max rank")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(paths["png"], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def load_model(run_dir, step: int | None = None):
+    """(DecoderLM, Config, step) restored from a run's checkpoint; latest step by default.
+
+    Same steps as eval.py's evaluate_checkpoint, on a one-device mesh: the analysis only
+    needs the weights on the host.
+    """
+    from jaxdepth.config import Config, MeshConfig
+    from jaxdepth.train import checkpoint as ckpt
+    from jaxdepth.train.optim import make_optimizer
+    from jaxdepth.train.sharding import make_mesh
+    from jaxdepth.train.state import state_shardings
+
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"no run directory {run}")
+    if not (run / "checkpoints").is_dir():
+        raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
+    mngr = ckpt.open_manager(run, read_only=True)
+    try:
+        steps = sorted(mngr.all_steps())
+        if not steps:
+            raise FileNotFoundError(f"no complete checkpoint in {run / 'checkpoints'}")
+        step = steps[-1] if step is None else step
+        if step not in steps:
+            raise ValueError(f"step {step}: not in {run / 'checkpoints'} (available: {steps})")
+        cfg = Config.from_dict(ckpt.saved_config(mngr, step))
+        mesh = make_mesh(MeshConfig(data=1))
+        tx = make_optimizer(cfg.optim, cfg.run.steps)
+        state = ckpt.restore(mngr, step, *state_shardings(cfg, tx, mesh))
+    finally:
+        mngr.close()
+    return state.model, cfg, step
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="run directory written by train.py")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--out", default="", help="output directory (default: <run>/analysis/rank_step<N>)")
+    return p.parse_args(argv)
+
+
+def main(argv) -> int:
+    args = parse(argv)
+    from jaxdepth.config import ConfigError
+    try:
+        model, cfg, step = load_model(args.run, args.step)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    rows = ff_rank_table(model)
+    out = Path(args.out) if args.out else Path(args.run) / "analysis" / f"rank_step{step}"
+    label = f"{Path(args.run).name} step {step} (L={cfg.model.n_layers}, d_ff={cfg.model.d_ff})"
+    paths = write_rank_outputs(rows, out, label=label)
+    for r in rows:
+        print(f"layer {r['layer']:3d} {r['matrix']:5s} erank {r['erank']:9.2f} "
+              f"/ {r['max_rank']:5d} = {r['erank_ratio']:.3f}")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

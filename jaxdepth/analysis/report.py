@@ -1,0 +1,429 @@
+"""Turn the depth sweep's `results.jsonl` into Table 3 and Figures 2-7 (Petty et al.).
+
+A sweep appends one JSON object per line to `results.jsonl`:
+
+  * ``kind="pretrain"``: one per (size_class, depth, seed): ``d_model``, ``d_ff``, ``params``,
+    ``valid_ppl``, ``valid_loss``, ``step``.
+  * ``kind="finetune"``: one per (size_class, depth, seed, task, init) with ``init`` in
+    {"final", "matched"}: ``id_accuracy``, ``gen_accuracy``, ``lexical``, ``structural`` (the
+    last two may be None, e.g. GeoQuery).
+  * ``kind="equal_loss"``: generalization at the fine-tuning evaluation point where the
+    in-distribution loss first reached ``threshold``; ``step`` is None when it never did (those
+    rows are skipped in the aggregates and counted in ``not_reached``).
+
+Runs are resumable and append, so the same run can appear twice; `dedupe` keeps the later row.
+Extra keys are ignored throughout. Confidence intervals are the 95% Student-t intervals of the
+mean over seeds (`exact_match.mean_ci95`); with a single seed the CI is None (blank in tables).
+
+CLI: ``python -m jaxdepth.analysis.report RESULTS.jsonl --out DIR``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from jaxdepth.analysis.exact_match import mean_ci95
+
+KINDS = ("pretrain", "finetune", "equal_loss")
+# Identity of a run: a later row with the same identity replaces an earlier one. equal_loss rows
+# are additionally keyed by `threshold`, so a sweep that logs several thresholds keeps them all.
+RUN_KEY = ("kind", "size_class", "depth", "seed", "task", "init")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """Rows of a JSONL results file, in file order.
+
+    Blank lines are skipped. A final line that does not parse (torn by an interrupted append) is
+    ignored with a warning; a bad line anywhere else raises ValueError naming ``file:line``.
+    A missing file raises FileNotFoundError naming it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"results file not found: {path}")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    rows: list[dict] = []
+    for k, (lineno, line) in enumerate(numbered):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if k == len(numbered) - 1:
+                warnings.warn(f"{path}:{lineno}: ignoring torn final line", stacklevel=2)
+                break
+            raise ValueError(f"{path}:{lineno}: invalid JSON: {e}") from e
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
+
+def _run_key(row: Mapping[str, Any]) -> tuple:
+    key = tuple(row.get(k) for k in RUN_KEY)
+    if row.get("kind") == "equal_loss":
+        key += (row.get("threshold"),)
+    return key
+
+
+def dedupe(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """Keep, for each (kind, size_class, depth, seed, task, init) [+ threshold for equal_loss],
+    only the last row; the survivors stay at the position of their key's first appearance."""
+    latest: dict[tuple, dict] = {}
+    for row in rows:
+        latest[_run_key(row)] = dict(row)
+    return list(latest.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Aggregation
+
+
+def _sort_key(values: Sequence[Any]) -> tuple:
+    # None sorts last; numbers before strings so mixed keys never raise.
+    return tuple(
+        (v is None, isinstance(v, str), v if v is not None else 0) for v in values
+    )
+
+
+def _matches(row: Mapping[str, Any], where: Optional[Mapping[str, Any]]) -> bool:
+    return not where or all(row.get(k) == v for k, v in where.items())
+
+
+def _summary(values: Sequence[float]) -> tuple[Optional[float], Optional[float]]:
+    if not values:
+        return None, None
+    if len(values) == 1:
+        return float(values[0]), None
+    return mean_ci95(values)
+
+
+def aggregate(
+    rows: Iterable[Mapping[str, Any]],
+    kind: str,
+    value_key: str,
+    by: Sequence[str] = ("depth",),
+    where: Optional[Mapping[str, Any]] = None,
+) -> list[dict]:
+    """Mean and 95% CI over seeds of `value_key` for the rows of `kind`, grouped by `by`.
+
+    Rows are filtered by `where` (equality on each key, e.g. {"task": "cogs", "init": "final"}).
+    Each group gives ``{**keys, "n", "mean", "ci95", "values"}``: None values are excluded,
+    ``n`` counts the remaining values, ``ci95`` is the half-width (None when n == 1), ``values``
+    are ordered by seed. Groups without any value are left out; groups are sorted by their keys.
+    Rows are not deduplicated here: pass `dedupe(rows)`.
+    """
+    groups: dict[tuple, list[tuple[Any, float]]] = {}
+    for row in rows:
+        if row.get("kind") != kind or not _matches(row, where):
+            continue
+        value = row.get(value_key)
+        if value is None:
+            continue
+        groups.setdefault(tuple(row.get(k) for k in by), []).append((row.get("seed"), float(value)))
+    out = []
+    for keys in sorted(groups, key=_sort_key):
+        seeded = sorted(groups[keys], key=lambda sv: _sort_key([sv[0]]))
+        values = [v for _, v in seeded]
+        mean, ci = _summary(values)
+        out.append({**dict(zip(by, keys)), "n": len(values), "mean": mean, "ci95": ci,
+                    "values": values})
+    return out
+
+
+def _index(aggregates: Iterable[dict], by: Sequence[str]) -> dict[tuple, dict]:
+    return {tuple(a[k] for k in by): a for a in aggregates}
+
+
+def _first(rows: Iterable[Mapping[str, Any]], key: str) -> Any:
+    return next((r[key] for r in rows if r.get(key) is not None), None)
+
+
+def size_classes(rows: Iterable[Mapping[str, Any]]) -> list:
+    return sorted({r.get("size_class") for r in rows}, key=lambda v: _sort_key([v]))
+
+
+def tasks(rows: Iterable[Mapping[str, Any]], kind: str = "finetune",
+          where: Optional[Mapping[str, Any]] = None) -> list:
+    return sorted({r.get("task") for r in rows if r.get("kind") == kind and _matches(r, where)
+                   and r.get("task") is not None}, key=str)
+
+
+def architecture(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, dict]:
+    """{(size_class, depth): {"d_model", "d_ff", "params", "ratio"}} from the pretrain rows
+    (the first non-None value over seeds; ratio = d_model / d_ff)."""
+    by_model: dict[tuple, list] = {}
+    for r in rows:
+        if r.get("kind") == "pretrain":
+            by_model.setdefault((r.get("size_class"), r.get("depth")), []).append(r)
+    out = {}
+    for key, rs in by_model.items():
+        d_model, d_ff = _first(rs, "d_model"), _first(rs, "d_ff")
+        ratio = d_model / d_ff if d_model is not None and d_ff else None
+        out[key] = {"d_model": d_model, "d_ff": d_ff, "params": _first(rs, "params"),
+                    "ratio": ratio}
+    return out
+
+
+def relative_perplexity(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """Data of Fig. 3: per (size_class, depth), mean validation perplexity divided by the mean
+    validation perplexity of the *shallowest depth of the same size class* that has one.
+
+    Returns dicts ``{"size_class", "depth", "d_model", "d_ff", "ratio" (d_model / d_ff),
+    "mean_ppl", "reference_depth", "reference_ppl", "relative_ppl"}`` sorted by size class, depth.
+    """
+    rows = list(rows)
+    ppl = aggregate(rows, "pretrain", "valid_ppl", by=("size_class", "depth"))
+    arch = architecture(rows)
+    out = []
+    for sc in size_classes(rows):
+        group = [a for a in ppl if a["size_class"] == sc]
+        if not group:
+            continue
+        ref = group[0]  # sorted by depth: the shallowest
+        for a in group:
+            info = arch.get((sc, a["depth"]), {})
+            out.append({
+                "size_class": sc, "depth": a["depth"], "d_model": info.get("d_model"),
+                "d_ff": info.get("d_ff"), "ratio": info.get("ratio"), "mean_ppl": a["mean"],
+                "reference_depth": ref["depth"], "reference_ppl": ref["mean"],
+                "relative_ppl": a["mean"] / ref["mean"],
+            })
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting
+
+
+def _fmt(mean: Optional[float], ci: Optional[float], scale: float = 1.0, digits: int = 1) -> str:
+    if mean is None:
+        return ""
+    text = f"{mean * scale:.{digits}f}"
+    return text if ci is None else f"{text} ± {ci * scale:.{digits}f}"
+
+
+def _fmt_int(v: Any) -> str:
+    if v is None:
+        return ""
+    return f"{int(v):,}" if isinstance(v, (int, float)) and float(v).is_integer() else str(v)
+
+
+def _csv_value(v: Any) -> Any:
+    return "" if v is None else v
+
+
+def _markdown(header: Sequence[str], lines: Sequence[Sequence[str]], caption: str = "") -> str:
+    def row(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    align = [":---" if h in ("size class", "task") else "---:" for h in header]
+    parts = ([caption, ""] if caption else []) + [row(header), "|" + "|".join(align) + "|"]
+    parts += [row(cells) for cells in lines]
+    return "\n".join(parts) + "\n"
+
+
+def _csv(header: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    for cells in lines:
+        writer.writerow([_csv_value(c) for c in cells])
+    return buf.getvalue()
+
+
+def _stat_cells(a: Optional[dict]) -> list:
+    return [None, None, 0] if a is None else [a["mean"], a["ci95"], a["n"]]
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+
+
+def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str, str]:
+    """Markdown and CSV of Table 3: one line per (size_class, depth).
+
+    Columns: size class, depth, d_model, d_ff, params, d_model/d_ff, validation perplexity
+    (mean ± 95% CI over seeds, of the final pretraining checkpoint), then for each task (sorted)
+    generalization accuracy, then for each task in-distribution accuracy, both of models
+    fine-tuned from the `init` checkpoint ("final" or "matched"), in percent with one decimal.
+    The CSV holds unformatted numbers (accuracies as fractions), with mean, ci95 and n in
+    separate columns; a missing CI (single seed) is blank.
+    """
+    rows = list(rows)
+    by = ("size_class", "depth")
+    where = {"init": init}
+    task_list = tasks(rows, "finetune", where)
+    ppl = _index(aggregate(rows, "pretrain", "valid_ppl", by), by)
+    gen = {t: _index(aggregate(rows, "finetune", "gen_accuracy", by, {**where, "task": t}), by)
+           for t in task_list}
+    idacc = {t: _index(aggregate(rows, "finetune", "id_accuracy", by, {**where, "task": t}), by)
+             for t in task_list}
+    arch = architecture(rows)
+    models = sorted({(r.get("size_class"), r.get("depth")) for r in rows
+                     if r.get("kind") == "pretrain"
+                     or (r.get("kind") == "finetune" and r.get("init") == init)},
+                    key=_sort_key)
+
+    md_header = ["size class", "depth", "d_model", "d_ff", "params", "d_model/d_ff",
+                 "seeds", "valid ppl"]
+    md_header += [f"{t} gen acc (%)" for t in task_list]
+    md_header += [f"{t} ID acc (%)" for t in task_list]
+    csv_header = ["size_class", "depth", "d_model", "d_ff", "params", "ratio",
+                  "valid_ppl_mean", "valid_ppl_ci95", "valid_ppl_n"]
+    for t in task_list:
+        csv_header += [f"{t}_gen_mean", f"{t}_gen_ci95", f"{t}_gen_n"]
+    for t in task_list:
+        csv_header += [f"{t}_id_mean", f"{t}_id_ci95", f"{t}_id_n"]
+
+    md_lines, csv_lines = [], []
+    for key in models:
+        info = arch.get(key, {})
+        p = ppl.get(key)
+        ratio = info.get("ratio")
+        md = [key[0], key[1], _fmt_int(info.get("d_model")), _fmt_int(info.get("d_ff")),
+              _fmt_int(info.get("params")), "" if ratio is None else f"{ratio:.3f}",
+              "" if p is None else p["n"], "" if p is None else _fmt(p["mean"], p["ci95"], 1, 2)]
+        cs = [key[0], key[1], info.get("d_model"), info.get("d_ff"), info.get("params"), ratio]
+        cs += _stat_cells(p)
+        for table in (gen, idacc):
+            for t in task_list:
+                a = table[t].get(key)
+                md.append("" if a is None else _fmt(a["mean"], a["ci95"], 100.0, 1))
+                cs += _stat_cells(a)
+        md_lines.append(md)
+        csv_lines.append(cs)
+    caption = (f"Table 3 (fine-tuned from the {init} checkpoint): mean ± 95% CI over seeds; "
+               "perplexity of the final pretraining checkpoint; accuracies in %.")
+    return _markdown(md_header, md_lines, caption), _csv(csv_header, csv_lines)
+
+
+def equal_loss_table(rows: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
+    """Markdown and CSV of generalization at equal in-distribution loss (Fig. 7b's data): one
+    line per (size_class, task, threshold, depth) with gen / lexical / structural accuracy over
+    the seeds that reached the threshold, and `not_reached` = seeds that never did."""
+    rows = [r for r in rows if r.get("kind") == "equal_loss"]
+    by = ("size_class", "task", "threshold", "depth")
+    reached = [r for r in rows if r.get("step") is not None]
+    stats = {k: _index(aggregate(reached, "equal_loss", k, by), by)
+             for k in ("gen_accuracy", "lexical", "structural", "step")}
+    keys = sorted({tuple(r.get(k) for k in by) for r in rows}, key=_sort_key)
+    md_header = ["size class", "task", "loss threshold", "depth", "reached", "not reached",
+                 "gen acc (%)", "lexical (%)", "structural (%)", "step"]
+    csv_header = ["size_class", "task", "threshold", "depth", "reached", "not_reached"]
+    for k in ("gen_accuracy", "lexical", "structural", "step"):
+        csv_header += [f"{k}_mean", f"{k}_ci95", f"{k}_n"]
+    md_lines, csv_lines = [], []
+    for key in keys:
+        group = [r for r in rows if tuple(r.get(k) for k in by) == key]
+        n_reached = sum(r.get("step") is not None for r in group)
+        not_reached = len(group) - n_reached
+        md = list(key) + [n_reached, not_reached]
+        cs = list(key) + [n_reached, not_reached]
+        for k in ("gen_accuracy", "lexical", "structural"):
+            a = stats[k].get(key)
+            md.append("" if a is None else _fmt(a["mean"], a["ci95"], 100.0, 1))
+            cs += _stat_cells(a)
+        s = stats["step"].get(key)
+        md.append("" if s is None else _fmt(s["mean"], s["ci95"], 1.0, 0))
+        cs += _stat_cells(s)
+        md_lines.append(md)
+        csv_lines.append(cs)
+    caption = ("Generalization at equal in-distribution loss: accuracy at the first fine-tuning "
+               "evaluation whose in-distribution loss reached the threshold (mean ± 95% CI over "
+               "the seeds that reached it).")
+    return _markdown(md_header, md_lines, caption), _csv(csv_header, csv_lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def write_report(results_path: str | Path, out_dir: str | Path) -> dict[str, Path]:
+    """Read, dedupe and write every table and figure of the sweep into `out_dir`.
+
+    Writes ``table3.md/.csv`` (init="final"), ``table3_matched.md/.csv`` if matched rows exist,
+    ``equal_loss.md/.csv`` if equal_loss rows exist, ``relative_perplexity.csv``, and per size
+    class the PNG figures of `plots` (``fig2_perplexity_vs_depth_<size>.png``, ``fig3_...``,
+    ``fig4_...``, ``fig5_...`` when lexical/structural data exist, ``fig6_...`` when matched rows
+    exist, ``fig7b_...`` when equal_loss rows exist). Returns {file name: path}.
+    """
+    from jaxdepth.analysis import plots
+
+    rows = dedupe(load_rows(results_path))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+
+    def save(name: str, text: str) -> None:
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        written[name] = path
+
+    kinds = {r.get("kind") for r in rows}
+    has = lambda kind, **where: any(r.get("kind") == kind and _matches(r, where) for r in rows)
+
+    md, cs = table3(rows, "final")
+    save("table3.md", md)
+    save("table3.csv", cs)
+    if has("finetune", init="matched"):
+        md, cs = table3(rows, "matched")
+        save("table3_matched.md", md)
+        save("table3_matched.csv", cs)
+    if "equal_loss" in kinds:
+        md, cs = equal_loss_table(rows)
+        save("equal_loss.md", md)
+        save("equal_loss.csv", cs)
+    rel = relative_perplexity(rows)
+    if rel:
+        cols = ["size_class", "depth", "d_model", "d_ff", "ratio", "mean_ppl",
+                "reference_depth", "reference_ppl", "relative_ppl"]
+        save("relative_perplexity.csv", _csv(cols, [[r[c] for c in cols] for r in rel]))
+
+    for sc in size_classes(rows):
+        sc_rows = [r for r in rows if r.get("size_class") == sc]
+        tag = str(sc)
+        figures = []
+        if has("pretrain", size_class=sc):
+            figures += [("fig2_perplexity_vs_depth", plots.perplexity_vs_depth, {}),
+                        ("fig3_relative_perplexity", plots.relative_perplexity, {})]
+        if has("finetune", size_class=sc, init="final"):
+            figures.append(("fig4_generalization_vs_depth", plots.generalization_vs_depth, {}))
+            if any(r.get("kind") == "finetune" and r.get("init") == "final"
+                   and (r.get("lexical") is not None or r.get("structural") is not None)
+                   for r in sc_rows):
+                figures.append(("fig5_lexical_vs_structural", plots.lexical_vs_structural, {}))
+        if has("finetune", size_class=sc, init="matched"):
+            figures.append(("fig6_matched_generalization", plots.matched_generalization, {}))
+        if has("equal_loss", size_class=sc):
+            figures.append(("fig7b_equal_loss_generalization",
+                            plots.equal_loss_generalization, {}))
+        for stem, fn, kwargs in figures:
+            name = f"{stem}_{tag}.png"
+            path, _ = fn(sc_rows, out / name, size_class=sc, **kwargs)
+            written[name] = Path(path)
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxdepth.analysis.report",
+        description="Tables (Markdown, CSV) and figures (PNG) of a depth sweep's results.jsonl.")
+    parser.add_argument("results", help="results.jsonl written by the sweep")
+    parser.add_argument("--out", required=True, help="output directory")
+    args = parser.parse_args(argv)
+    written = write_report(args.results, args.out)
+    for name in sorted(written):
+        print(written[name])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

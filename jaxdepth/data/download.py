@@ -1,0 +1,318 @@
+"""Fetch the published benchmark files into a local cache, verifying each against a sha256.
+
+Why: the datasets are never copied into this repository (their licenses differ, and several are
+large), yet experiments must run on exactly the bytes the papers used. So every file is pinned
+twice: by a raw.githubusercontent.com URL at a fixed upstream commit, and by the sha256 of its
+content. A file is only moved into place once its hash matches, so the cache never holds a
+truncated or silently changed file, and a file already there with the right hash costs no
+network at all.
+
+Layout: ``<cache>/<dataset>/<filename>``, the layout of ``shared/data`` and the file names the
+readers in ``jaxdepth.data.tasks`` / ``jaxdepth.data.ner`` expect, e.g.
+``read_cogs(download("cogs", cache), "train")``. The cache is ``$JAXDEPTH_DATA`` if set, else
+``~/.cache/jaxdepth``.
+
+Provenance (repositories, commits, licenses) is recorded in shared/data/SOURCES.md. The hashes
+below are of the copies in shared/data that SOURCES.md records as taken from (or verified
+byte-identical to, by git blob hash) the upstream file at the pinned commit; a wrong hash can
+only make a download fail loudly, never accept different bytes.
+
+What is not a plain download:
+  * ``geoquery``: the NQG-format ``train.tsv`` / ``test.tsv`` that ``read_geoquery`` reads are
+    not published anywhere. What is registered are their upstream inputs: the GeoQuery-880
+    corpus (``raw/corpus.xml``, GPL-2.0), ``raw/geobase``, and the standard split
+    (``splits/standard.json``). SOURCES.md describes the conversion only in outline, so it is
+    not re-implemented here. Build the TSVs with google-research/language (commit 13fd14e1)::
+
+        python -m language.compgen.nqg.tasks.geoquery.write_dataset \\
+            --corpus raw/corpus.xml --geobase raw/geobase --output all.tsv
+        python -m language.compgen.nqg.tasks.split_dataset \\
+            --input all.tsv --split splits/standard.json --output_dir .
+
+    ``GEOQUERY_REBUILT_SHA256`` holds the hashes of the copies rebuilt that way in
+    shared/data, for comparison; they are not checked against any official output (none is
+    public).
+  * ``cogs``: ``train_100.tsv`` is not registered (SOURCES.md could not obtain or hash it).
+  * ``wikiann``: only English; the upstream repository states no license.
+
+CLI::
+
+    python -m jaxdepth.data.download cogs cogs_vf passivization_en wikitext-2 [--cache DIR]
+    python -m jaxdepth.data.download --list
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import NamedTuple, Optional
+
+GITHUB_RAW = "https://raw.githubusercontent.com"
+
+
+class Remote(NamedTuple):
+    """One file: `url` is relative to its dataset's base, `filename` is relative to the
+    dataset's cache directory (it may contain a subdirectory, e.g. ``raw/geobase``)."""
+
+    url: str
+    filename: str
+    sha256: str
+    size: Optional[int] = None
+
+
+class Dataset(NamedTuple):
+    base: str
+    files: tuple[Remote, ...]
+    note: str = ""
+
+
+class DownloadError(RuntimeError):
+    """A file could not be fetched (HTTP error, unreachable host, timeout, disk error)."""
+
+
+class ChecksumError(DownloadError):
+    """A fetched file does not have the registered sha256."""
+
+
+def _github(repo: str, commit: str, path: str = "") -> str:
+    return "/".join(p for p in (GITHUB_RAW, repo, commit, path) if p)
+
+
+REGISTRY: dict[str, Dataset] = {
+    "cogs": Dataset(
+        _github("najoungkim/COGS", "165a7b669eade971fa47bf568a2e51925360fed8", "data"),
+        (
+            Remote("train.tsv", "train.tsv",
+                   "220b3804b562c0156ee986eff1bdd15c27e52142549362a64f57baf86e304c78", 4146574),
+            Remote("dev.tsv", "dev.tsv",
+                   "ab66388a309c7ac1ad210c781a6a0ce12281a9ef24619a12422a752cef61bc21", 522121),
+            Remote("test.tsv", "test.tsv",
+                   "68f8e51e9f6d9cd22d64efe68dd21d7ea5ba327e9a2359481030161aea757035", 521111),
+            # The fixed gen set (2022-09); the pre-fix blobs differ in obj_pp_to_subj_pp lines.
+            Remote("gen.tsv", "gen.tsv",
+                   "d013d9eee0bafc153f8decc85f42814ac97260f84964d980e1e2b84577b82361", 5532102),
+            Remote("gen_cases_to_paper_sections.json", "gen_cases_to_paper_sections.json",
+                   "d41606ea764176682c26012a98ab73f143b042a57ce4159de8120d69f60921f5", 2428),
+        ),
+        "MIT. train_100.tsv is not registered.",
+    ),
+    "cogs_vf": Dataset(
+        _github("frankaging/ReCOGS", "1b6eca8ff4dca5fd2fb284a7d470998af5083beb",
+                "variable_free"),
+        (
+            Remote("train.tsv", "train.tsv",
+                   "0d8429b2db4c9fd216ce2a80ca6ee20861f331f9d4ce6086b565dcbde7c2791d", 2476525),
+            Remote("dev.tsv", "dev.tsv",
+                   "8fe6a76e2a3b0ebf26aff1e899076956c16f87396374a729dad439669b05b429", 310419),
+            Remote("test.tsv", "test.tsv",
+                   "b312353b6f40fcd870dc2c75b70da8ea25bf32134884e9da2c9c98306e17b9d1", 310329),
+            Remote("gen.tsv", "gen.tsv",
+                   "ce0be5c1e70139301b7cc77e6b94e7b23af0ae3db921ce935d2524fe68070159", 3203248),
+        ),
+        "MIT. Primitive lines keep the COGS LAMBDA target (Qiu et al. use target := source).",
+    ),
+    # Inputs from two repositories, so the base is the raw host and each url names its repo.
+    "geoquery": Dataset(
+        GITHUB_RAW,
+        (
+            Remote("tomsherborne/geoquery-src/0f1602984bd1f2183d201d101563d49df5d2d802/"
+                   "data/geoquery_multilingual.xml", "raw/corpus.xml",
+                   "38f90017a242236f6711dede9dda4ec9daa07b46206490cc4f82887566d67db1", 1250259),
+            Remote("tomsherborne/geoquery-src/0f1602984bd1f2183d201d101563d49df5d2d802/"
+                   "data/geobase", "raw/geobase",
+                   "cfe1d62b6254ac8cae79a4c206c7e41b19e94852351caa0a17f5f335acf7086d", 38013),
+            Remote("google-research/language/13fd14e1b285002412252097586f8fe405ba8a24/"
+                   "language/compgen/nqg/tasks/geoquery/splits/standard.json",
+                   "splits/standard.json",
+                   "e05d48357694bfa7ce9b9257cc05aa413dc843b483af8b1a462f30cbebe8fbc8", 7846),
+        ),
+        "Raw inputs only (corpus GPL-2.0, split Apache-2.0): build train.tsv/test.tsv with "
+        "NQG's write_dataset + split_dataset (see the module docstring).",
+    ),
+    "passivization_en": Dataset(
+        _github("sebschu/multilingual-transformations",
+                "e848833f2df7674022ef02e2b649482d23ade7a7", "data/passiv_en_nps"),
+        tuple(
+            Remote(f"passiv_en_nps.{split}", f"passiv_en_nps.{split}", sha, size)
+            for split, sha, size in (
+                ("train", "45ade8e0bea11b064c709a65bc9f195a9719751e9f7a67e349a75a49d3e9936a",
+                 11255077),
+                ("dev", "e2024b0c6030957df2049329d42e9fc3dce8d8c9d0d7bca22a0940b19c747db7",
+                 113147),
+                ("test", "3d51ce92e274c4745eab84ba4f21391f8a6f88fcf2ab63d14ec765455f5bf4d9",
+                 1126490),
+                ("gen", "f3bae2fa6349038179828515be30eb8778e6de0a93ae443c0b4c220ecd71c902",
+                 1426261),
+            )
+        ),
+        "MIT.",
+    ),
+    "wikitext-2": Dataset(
+        _github("pytorch/examples", "77f55b912142e11fcfdf5b530231fb9c52f181e8",
+                "word_language_model/data/wikitext-2"),
+        (
+            Remote("train.txt", "train.txt",
+                   "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f", 10797148),
+            Remote("valid.txt", "valid.txt",
+                   "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8", 1121681),
+            Remote("test.txt", "test.txt",
+                   "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0", 1256449),
+        ),
+        "Tokenized v1 (not -raw). CC BY-SA 3.0.",
+    ),
+    "wikiann": Dataset(
+        _github("davidsbatista/NER-datasets", "db7ff3ca4ba1df39907f8bdc036a556fed5ecde7",
+                "WikiANN"),
+        (
+            Remote("en/train", "en/train",
+                   "ca569a937f536cfc7e94291fbf631d394ce0c171af4523d96f366a50bd18b388", 1994834),
+            Remote("en/dev", "en/dev",
+                   "e9e42f79be5eba498ac86b7b81612da5ec5ad3d194df25c2e474514434957cf4", 1002261),
+            Remote("en/test", "en/test",
+                   "798706360692e56b9ce72fe37033c581cc9801b18f22091100b8266e0dc7fccb", 1000256),
+        ),
+        "English only (Rahimi et al. splits). Upstream states no license.",
+    ),
+}
+
+# sha256 of shared/data/geoquery/{train,test}.tsv, rebuilt from the registered inputs.
+GEOQUERY_REBUILT_SHA256 = {
+    "train.tsv": "5877e93652d70b33239cc162487784c391ba173386b66e1e03be0f6222b8d24d",
+    "test.tsv": "8f6d65fdcde86ec10125e321dffbbe3eea975b9484a93f9cfa0ab5e71753238e",
+}
+
+_CHUNK = 1 << 20
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("JAXDEPTH_DATA")
+    return Path(env) if env else Path.home() / ".cache" / "jaxdepth"
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _target(directory: Path, filename: str) -> Path:
+    # A registry may be supplied by the caller: never let a filename escape the dataset dir.
+    rel = PurePosixPath(filename)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise ValueError(f"bad filename in registry: {filename!r}")
+    return directory.joinpath(*rel.parts)
+
+
+def _fetch(url: str, dest: Path, sha256: str, timeout: float) -> None:
+    """Stream `url` into a temporary file next to `dest`, then rename it over `dest` only if
+    the hash matches: a crash or a bad download never leaves a half-written `dest`."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        h = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as r:
+                while chunk := r.read(_CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+        except urllib.error.HTTPError as e:
+            raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from e
+        except urllib.error.URLError as e:
+            raise DownloadError(f"{url}: {e.reason}") from e
+        except OSError as e:  # timeouts, connection resets, disk full
+            raise DownloadError(f"{url}: {e}") from e
+        actual = h.hexdigest()
+        if actual != sha256:
+            raise ChecksumError(f"{url}: sha256 mismatch, expected {sha256}, got {actual}")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def download(
+    name: str,
+    cache_dir: str | Path | None = None,
+    *,
+    base_url: Optional[str] = None,
+    force: bool = False,
+    timeout: float = 60,
+    registry: Optional[Mapping[str, Dataset]] = None,
+    log: Optional[Callable[[str], None]] = None,
+) -> Path:
+    """Make `<cache_dir>/<name>/` hold every registered file of `name`; return that directory.
+
+    A file already present with the right sha256 is kept without touching the network (unless
+    `force`). `base_url` replaces the dataset's default URL prefix (a mirror, or a test server).
+    Raises ChecksumError (bad content; any valid file already there is left alone),
+    DownloadError (fetch failed) or ValueError (unknown dataset).
+    """
+    registry = REGISTRY if registry is None else registry
+    if name not in registry:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(registry))}")
+    dataset = registry[name]
+    directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / name
+    base = (base_url or dataset.base).rstrip("/")
+    for remote in dataset.files:
+        dest = _target(directory, remote.filename)
+        if not force and dest.is_file() and sha256_file(dest) == remote.sha256:
+            if log:
+                log(f"ok      {dest}")
+            continue
+        url = f"{base}/{remote.url.lstrip('/')}"
+        if log:
+            log(f"fetch   {url}")
+        _fetch(url, dest, remote.sha256, timeout)
+        if log:
+            log(f"saved   {dest}")
+    return directory
+
+
+def _describe(name: str, dataset: Dataset) -> str:
+    total = sum(r.size or 0 for r in dataset.files)
+    files = " ".join(r.filename for r in dataset.files)
+    return f"{name:18s} {len(dataset.files)} files, {total / 1e6:6.1f} MB: {files}\n" + (
+        f"{'':18s} {dataset.note}" if dataset.note else "")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxdepth.data.download",
+        description="Download benchmark files into a cache, verifying sha256 checksums.")
+    parser.add_argument("names", nargs="*", help="datasets to fetch (see --list)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="cache directory (default: $JAXDEPTH_DATA or ~/.cache/jaxdepth)")
+    parser.add_argument("--list", action="store_true", help="list the registered datasets")
+    parser.add_argument("--force", action="store_true", help="re-download even valid files")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds per request")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, dataset in REGISTRY.items():
+            print(_describe(name, dataset).rstrip())
+        return 0
+    if not args.names:
+        parser.error("name at least one dataset, or use --list")
+    cache = args.cache if args.cache is not None else default_cache_dir()
+    try:
+        for name in args.names:
+            path = download(name, cache, force=args.force, timeout=args.timeout,
+                            log=lambda msg: print(msg, file=sys.stderr))
+            print(f"{name}: {path}")
+    except (DownloadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

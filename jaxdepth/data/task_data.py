@@ -1,0 +1,105 @@
+"""Fine-tuning data: a task's splits, the tokenizer it shares with pretraining, prefix-LM features.
+
+The tokenizer of a fine-tuning run is, in order of preference: the one already in the run
+directory (a resumed run), the pretrained run's (`task.init_from`), `data.tokenizer`, or, for a
+model trained from scratch, one trained on the task's training text. It is copied to
+``<run>/data/tokenizer.model`` so that eval.py finds it next to the checkpoints. Pieces the
+tokenizer does not know are counted and reported (``<run>/data/unk_report.json``), never
+silently dropped.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..config import ConfigError, TaskConfig
+from .grammar_tasks import make_task
+from .prefix_lm import UnkReport, batch_features, count_unk
+from .tasks import Example, load_task, split_validation
+from .tokenizer import Tokenizer, train_tokenizer
+
+
+@dataclass
+class TaskData:
+    tokenizer: Tokenizer
+    train: dict[str, np.ndarray]  # prefix-LM features of the training split, [N, seq_len]
+    dev: dict[str, np.ndarray]  # the same for the in-distribution dev split (loss)
+    splits: dict[str, list[Example]]  # every split, by name
+    eval_splits: tuple[str, ...]  # decoded and scored at each evaluation
+    dev_split: str
+    gen_splits: tuple[str, ...]  # pooled into the generalization accuracy
+    unk: UnkReport
+
+
+def task_splits(cfg: TaskConfig) -> tuple[dict[str, list[Example]], str, tuple[str, ...]]:
+    """(splits by name, the in-distribution dev split, the generalization splits)."""
+    if cfg.grammar:
+        return (make_task(cfg.name, cfg.n_train, cfg.n_eval, cfg.seed), "dev",
+                ("gen_lexical", "gen_structural"))
+    if cfg.name == "geoquery":
+        # No dev split is published: hold out a seeded share of train (DESIGN section 5).
+        train, dev = split_validation(load_task("geoquery", cfg.dir, "train"),
+                                      cfg.dev_fraction, cfg.seed)
+        return {"train": train, "dev": dev, "test": load_task("geoquery", cfg.dir, "test")}, \
+            "dev", ("test",)
+    reader = "passivization" if cfg.name == "passivization" else cfg.name
+    return ({s: load_task(reader, cfg.dir, s) for s in ("train", "dev", "test", "gen")},
+            "dev", ("gen",))
+
+
+def resolve_eval_splits(cfg: TaskConfig, splits: dict, dev: str, gen: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in cfg.eval_splits.split(",") if s.strip()) or (dev, *gen)
+    unknown = [s for s in names if s not in splits]
+    if unknown:
+        raise ConfigError(f"task.eval_splits: unknown split(s) {unknown} of task {cfg.name!r}; "
+                          f"it has {sorted(splits)}")
+    return names
+
+
+def _tokenizer_source(cfg_task: TaskConfig, tokenizer_path: str) -> str | None:
+    if cfg_task.init_from:
+        path = Path(cfg_task.init_from) / "data" / "tokenizer.model"
+        if not path.is_file():
+            raise FileNotFoundError(f"task.init_from: no tokenizer at {path}")
+        return str(path)
+    return tokenizer_path or None
+
+
+def prepare_task_data(task: TaskConfig, tokenizer_path: str, vocab_size: int, seq_len: int,
+                      run_dir: Path, is_primary: bool, barrier=lambda: None) -> TaskData:
+    splits, dev, gen = task_splits(task)
+    eval_splits = resolve_eval_splits(task, splits, dev, gen)
+    data_dir = run_dir / "data"
+    tok_path = data_dir / "tokenizer.model"
+    if is_primary and not tok_path.is_file():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        source = _tokenizer_source(task, tokenizer_path)
+        if source is not None:
+            shutil.copyfile(source, tok_path.with_suffix(".tmp"))
+        else:
+            texts = [t for e in splits["train"] for t in (e.source, e.target)]
+            train_tokenizer(texts, vocab_size).save(tok_path.with_suffix(".tmp"))
+        tok_path.with_suffix(".tmp").replace(tok_path)  # never leave half a tokenizer
+    barrier()
+    tok = Tokenizer.load(tok_path)
+    if tok.vocab_size != vocab_size:
+        raise ConfigError(f"model.vocab_size: {vocab_size} does not match the tokenizer "
+                          f"{tok_path} with {tok.vocab_size} pieces")
+    unk = count_unk([e for s in ("train", *eval_splits) for e in splits[s]], tok)
+    if is_primary:
+        (data_dir / "unk_report.json").write_text(json.dumps(unk_summary(unk), indent=2))
+    features = {s: batch_features(splits[s], tok, seq_len, truncate=task.truncate)
+                for s in ("train", dev)}
+    keep = ("inputs", "targets", "weights")
+    return TaskData(tok, {k: features["train"][k] for k in keep},
+                    {k: features[dev][k] for k in keep}, splits, eval_splits, dev, gen, unk)
+
+
+def unk_summary(r: UnkReport) -> dict:
+    return {"examples": r.n_examples, "examples_with_unk": r.examples_with_unk,
+            "source_unk_tokens": r.source_unk_tokens, "target_unk_tokens": r.target_unk_tokens,
+            "unknown_words": dict(r.unknown_words.most_common(20))}
