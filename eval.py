@@ -1,8 +1,16 @@
-"""Evaluate a checkpoint: perplexity on a text set, as JSON.
+"""Evaluate a checkpoint, as JSON.
+
+A language-model run: perplexity on its validation set or any text files.
 
     python eval.py --run runs/default                       # the run's own validation set
     python eval.py --run runs/default --data a.txt,b.jsonl  # any text / JSONL files
     python eval.py --run runs/default --step 200 --out ppl.json
+
+A fine-tuned (prefix-LM) run: exact match of greedy decoding on any split of its task (whole
+splits), predictions (input, gold, prediction, correct, type) as JSONL next to a summary JSON.
+
+    python eval.py --run runs/ft --splits gen               # -> runs/ft/eval/step<N>/gen.jsonl
+    python eval.py --run runs/ft --splits dev,test,gen --task-dir other/copy/of/cogs
 """
 from __future__ import annotations
 
@@ -19,43 +27,45 @@ def parse(argv):
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--data", default="", help="comma-separated text/JSONL files (default: the run's validation set)")
     p.add_argument("--batch", type=int, default=0, help="sequences per batch (default: the run's batch size)")
-    p.add_argument("--out", default="", help="JSON output path (default: <run>/eval_step<N>.json)")
+    p.add_argument("--out", default="", help="LM: JSON output path (default: <run>/eval_step<N>.json); "
+                   "task: output directory (default: <run>/eval/step<N>)")
+    p.add_argument("--splits", default="", help="task runs: comma-separated splits (default: the run's)")
+    p.add_argument("--task-dir", default="", help="task runs: read the task from here instead")
+    p.add_argument("--max", type=int, default=0, help="task runs: at most this many examples per split")
     return p.parse_args(argv)
 
 
-def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batch: int = 0) -> dict:
+def load_checkpoint(run: Path, step: int | None, batch: int):
+    """(config, model, step, tokenizer, mesh) of a checkpoint, opened read-only."""
     import jax
 
-    from jaxdepth.config import Config, MeshConfig
-    from jaxdepth.data.pipeline import eval_batches, load_tokens, tokenize_documents
+    from jaxdepth.config import MeshConfig
     from jaxdepth.data.prepare import check_vocab
-    from jaxdepth.data.readers import read_corpus
     from jaxdepth.data.tokenizer import Tokenizer
-    from jaxdepth.train import checkpoint as ckpt
-    from jaxdepth.train.jobs import evaluate
-    from jaxdepth.train.optim import make_optimizer
-    from jaxdepth.train.sharding import batch_sharding, make_mesh
-    from jaxdepth.train.state import state_shardings
+    from jaxdepth.train.checkpoint import load_model
+    from jaxdepth.train.sharding import make_mesh
 
     if not (run / "checkpoints").is_dir():
         raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
-    mngr = ckpt.open_manager(run, read_only=True)
-    steps = mngr.all_steps()
-    if not steps:
-        raise FileNotFoundError(f"no complete checkpoint in {run / 'checkpoints'}")
-    step = max(steps) if step is None else step
-    if step not in steps:
-        raise ValueError(f"--step {step}: not in {run / 'checkpoints'} (available: {sorted(steps)})")
-    cfg = Config.from_dict(ckpt.saved_config(mngr, step))
     tok = Tokenizer.load(run / "data" / "tokenizer.model")
+    # Data parallel only, over as many devices as divide the batch.
+    cfg_batch = json.loads((run / "config.json").read_text())["data"]["batch_size"] \
+        if (run / "config.json").is_file() else 1
+    mesh = make_mesh(MeshConfig(data=math.gcd(batch or cfg_batch, jax.device_count())))
+    model, cfg, step = load_model(run, step, mesh, label="--step")
     check_vocab(tok, cfg.model.vocab_size, str(run / "data" / "tokenizer.model"))
+    return cfg, model, step, tok, mesh
 
+
+def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batch: int = 0) -> dict:
+    """Perplexity of an LM checkpoint."""
+    from jaxdepth.data.pipeline import eval_batches, load_tokens, tokenize_documents
+    from jaxdepth.data.readers import read_corpus
+    from jaxdepth.train.jobs import evaluate
+    from jaxdepth.train.sharding import batch_sharding
+
+    cfg, model, step, tok, mesh = load_checkpoint(run, step, batch)
     batch = batch or cfg.data.batch_size
-    mesh = make_mesh(MeshConfig(data=math.gcd(batch, jax.device_count())))  # data parallel only
-    tx = make_optimizer(cfg.optim, cfg.run.steps)
-    state = ckpt.restore(mngr, step, *state_shardings(cfg, tx, mesh))
-    mngr.close()
-
     if data:
         paths = [p.strip() for p in data.split(",") if p.strip()]
         tokens = tokenize_documents(read_corpus(paths), tok)
@@ -64,10 +74,36 @@ def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batc
         tokens = load_tokens(run / "data" / "valid.npy")
         source = "validation set of the run"
     batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
-    result = evaluate(state.model, batches, batch_sharding(mesh))
+    result = evaluate(model, batches, batch_sharding(mesh))
     return {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
             "tokens": result["valid_tokens"], "loss": result["valid_loss"],
             "perplexity": result["valid_ppl"]}
+
+
+def evaluate_task_checkpoint(run: Path, step: int | None = None, splits: str = "",
+                             task_dir: str = "", batch: int = 0, max_examples: int = 0,
+                             out: str = "") -> dict:
+    """Exact match of a fine-tuned checkpoint on whole splits; writes predictions + summary."""
+    import dataclasses
+
+    from jaxdepth.data.task_data import resolve_eval_splits, task_splits
+    from jaxdepth.train.jobs import _subset
+    from jaxdepth.train.task_eval import Geometry, evaluate_splits, summarize, write_predictions
+
+    cfg, model, step, tok, _ = load_checkpoint(run, step, batch)
+    task = dataclasses.replace(cfg.task, dir=task_dir or cfg.task.dir, eval_splits=splits,
+                               eval_max=max_examples)
+    all_splits, dev, gen = task_splits(task)
+    names = resolve_eval_splits(task, all_splits, dev, gen)
+    chosen = {s: _subset(all_splits[s], max_examples, task.seed) for s in names}
+    geo = Geometry.fit([e for ex in chosen.values() for e in ex], tok,
+                       batch or cfg.task.eval_batch or cfg.data.batch_size)
+    records = evaluate_splits(model, tok, chosen, geo)
+    summary = {"run": str(run), "step": step, "task": task.name, "task_dir": task.dir,
+               **summarize(records, dev, gen)}
+    directory = Path(out) if out else run / "eval" / f"step{step}"
+    summary["files"] = write_predictions(directory, records, summary)
+    return summary
 
 
 def main(argv) -> int:
@@ -76,15 +112,28 @@ def main(argv) -> int:
 
     tune_malloc()
     from jaxdepth.config import ConfigError
+    run = Path(args.run)
     try:
-        out = evaluate_checkpoint(Path(args.run), args.step, args.data, args.batch)
+        if _is_task_run(run):
+            out = evaluate_task_checkpoint(run, args.step, args.splits, args.task_dir, args.batch,
+                                           args.max, args.out)
+            print(json.dumps({k: out[k] for k in ("step", "task", "id_accuracy", "gen_accuracy",
+                                                  "lexical", "structural", "files") if k in out},
+                             indent=2))
+            return 0
+        out = evaluate_checkpoint(run, args.step, args.data, args.batch)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     text = json.dumps(out, indent=2)
     print(text)
-    Path(args.out or Path(args.run) / f"eval_step{out['step']}.json").write_text(text + "\n")
+    Path(args.out or run / f"eval_step{out['step']}.json").write_text(text + "\n")
     return 0
+
+
+def _is_task_run(run: Path) -> bool:
+    config = run / "config.json"
+    return config.is_file() and bool(json.loads(config.read_text()).get("task", {}).get("name"))
 
 
 if __name__ == "__main__":

@@ -212,6 +212,40 @@ def print_table(rows: list[dict]) -> None:
               f"{r['peak_memory_bytes'] / 2**20:>9.0f}")
 
 
+def latency_table(rows: list[dict]) -> str:
+    """Petty et al. Fig. 9 as Markdown: seconds per training step across the family."""
+    lines = ["| layers | d_ff | params | s/step (median) | s/step (mean) | relative to shallowest |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    base = rows[0]["step_s_median"]
+    for r in rows:
+        lines.append(f"| {r['n_layers']} | {r['d_ff']} | {r['params'] / 1e6:.2f}M | "
+                     f"{r['step_s_median']:.4f} | {r['step_s_mean']:.4f} | "
+                     f"{r['step_s_median'] / base:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_latency(rows: list[dict], path: Path, title: str) -> Path:
+    """Fig. 9: seconds per training step against depth (min-max over timed steps as bars)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    depth = [r["n_layers"] for r in rows]
+    med = [r["step_s_median"] for r in rows]
+    lo = [m - min(r["step_s_all"]) for m, r in zip(med, rows)]
+    hi = [max(r["step_s_all"]) - m for m, r in zip(med, rows)]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.errorbar(depth, med, yerr=[lo, hi], marker="o", capsize=3)
+    ax.set_xlabel("layers (equal parameters)")
+    ax.set_ylabel("seconds per training step")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,7 +310,12 @@ def main(argv: list[str] | None = None) -> dict:
         "members": rows,
     }
     Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
+    stem = Path(args.out).with_suffix("")
+    Path(f"{stem}_latency.md").write_text(latency_table(rows))
+    plot_latency(rows, Path(f"{stem}_latency.png"),
+                 f"{args.family} family, T={args.seq_len}, B={args.batch}, {args.dtype}, "
+                 f"{jax.devices()[0].device_kind}")
+    print(f"wrote {args.out}, {stem}_latency.md and {stem}_latency.png (Fig. 9)")
     return out
 
 

@@ -173,7 +173,7 @@ class TaskConfig:
     seed: int = 0  # embedded grammar splits; GeoQuery's held-out dev; periodic eval subsets
     dev_fraction: float = 0.1  # GeoQuery (no dev split): share of train held out as dev
     eval_splits: str = ""  # comma-separated; empty: dev + the task's generalization splits
-    eval_max: int = 0  # periodic evaluations score at most this many examples per split
+    eval_max: int = 0  # evaluations in training score at most this many examples per split
     eval_batch: int = 0  # sequences per decoding batch; 0: data.batch_size
     truncate: bool = False  # cut over-long examples (seqio style) instead of refusing them
 

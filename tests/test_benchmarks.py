@@ -59,6 +59,13 @@ def test_bench_step_main_writes_json(tmp_path):
         res["members"][-1]["compile_s"] / res["members"][0]["compile_s"])
     assert [r["n_layers"] for r in disk["members"]] == [1, 4]
     assert disk["peak_source"] and disk["peak_flops_per_device"] > 0
+    # Fig. 9: the latency table holds each member's median seconds per step
+    table = (tmp_path / "r_latency.md").read_text().splitlines()[2:]
+    for line, rec in zip(table, disk["members"]):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert int(cells[0]) == rec["n_layers"]
+        assert float(cells[3]) == pytest.approx(rec["step_s_median"], abs=5e-5)
+    assert (tmp_path / "r_latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ----------------------------------------------------------------------------- torch reference

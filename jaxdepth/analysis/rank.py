@@ -196,37 +196,10 @@ def write_rank_vs_depth(rows: Sequence[Mapping], out_dir) -> dict[str, Path]:
 # ----------------------------------------------------------------------------- checkpoints
 
 def load_model(run_dir, step: int | None = None):
-    """(DecoderLM, Config, step) restored from a run's checkpoint; latest step by default.
+    """(DecoderLM, Config, step) restored from a run's checkpoint on one device."""
+    from jaxdepth.train.checkpoint import load_model as load
 
-    Same steps as eval.py's evaluate_checkpoint, on a one-device mesh: the analysis only
-    needs the weights on the host.
-    """
-    from jaxdepth.config import Config, MeshConfig
-    from jaxdepth.train import checkpoint as ckpt
-    from jaxdepth.train.optim import make_optimizer
-    from jaxdepth.train.sharding import make_mesh
-    from jaxdepth.train.state import state_shardings
-
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise FileNotFoundError(f"no run directory {run}")
-    if not (run / "checkpoints").is_dir():
-        raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
-    mngr = ckpt.open_manager(run, read_only=True)
-    try:
-        steps = sorted(mngr.all_steps())
-        if not steps:
-            raise FileNotFoundError(f"no complete checkpoint in {run / 'checkpoints'}")
-        step = steps[-1] if step is None else step
-        if step not in steps:
-            raise ValueError(f"step {step}: not in {run / 'checkpoints'} (available: {steps})")
-        cfg = Config.from_dict(ckpt.saved_config(mngr, step))
-        mesh = make_mesh(MeshConfig(data=1))
-        tx = make_optimizer(cfg.optim, cfg.run.steps)
-        state = ckpt.restore(mngr, step, *state_shardings(cfg, tx, mesh))
-    finally:
-        mngr.close()
-    return state.model, cfg, step
+    return load(run_dir, step)
 
 
 def parse(argv):

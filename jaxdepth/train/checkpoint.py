@@ -5,6 +5,7 @@ commit), so a run killed at any moment leaves the previous checkpoints intact.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -73,3 +74,38 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, d
 
 def write_config(run_dir: Path, cfg: Config) -> None:
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+
+
+def load_model(run_dir, step: int | None = None, mesh=None, mesh_cfg=None, label: str = "step"):
+    """(model, saved Config, step) of a run's checkpoint (latest by default), opened read-only.
+
+    The state is restored on `mesh` (default: one device) in the layout `mesh_cfg` describes
+    (default: data parallel), and only its model is returned. `label` names the setting that
+    chose the step in error messages (e.g. "task.init_step").
+    """
+    from ..config import MeshConfig
+    from .optim import make_optimizer
+    from .sharding import make_mesh
+    from .state import state_shardings
+
+    run = Path(run_dir)
+    if not (run / "checkpoints").is_dir():
+        raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
+    mngr = open_manager(run, read_only=True)
+    try:
+        steps = sorted(mngr.all_steps())
+        if not steps:
+            raise FileNotFoundError(f"no complete checkpoint in {run / 'checkpoints'}")
+        step = steps[-1] if step is None else step
+        if step not in steps:
+            raise ValueError(f"{label} {step}: not a checkpoint in {run / 'checkpoints'} "
+                             f"(available: {steps})")
+        cfg = Config.from_dict(saved_config(mngr, step))
+        mesh = mesh if mesh is not None else make_mesh(MeshConfig(data=1))
+        placed = dataclasses.replace(cfg, mesh=mesh_cfg or MeshConfig(data=mesh.shape["data"],
+                                                                     model=mesh.shape["model"]))
+        tx = make_optimizer(cfg.optim, cfg.run.steps)
+        state = restore(mngr, step, *state_shardings(placed, tx, mesh))
+    finally:
+        mngr.close()
+    return state.model, cfg, step

@@ -4,7 +4,6 @@ pretrained weights, the evaluation at each evaluation point and the final summar
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -21,8 +20,7 @@ from ..data.prepare import LMData, prepare_lm_data
 from ..data.task_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM, greedy_generate
 from . import checkpoint as ckpt
-from .optim import make_optimizer
-from .state import eval_step, state_shardings
+from .state import eval_step
 from .task_eval import Geometry, evaluate_splits, summarize, write_predictions
 
 
@@ -104,30 +102,18 @@ def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
     """The model of checkpoint task.init_step (0: latest) of run task.init_from, placed like
     the fine-tuning model, and its step."""
     src = Path(cfg.task.init_from)
-    if not (src / "checkpoints").is_dir():
-        raise FileNotFoundError(f"task.init_from: no checkpoints in {src}")
-    mngr = ckpt.open_manager(src, read_only=True)
     try:
-        steps = mngr.all_steps()
-        if not steps:
-            raise FileNotFoundError(f"task.init_from: no complete checkpoint in {src / 'checkpoints'}")
-        step = cfg.task.init_step or max(steps)
-        if step not in steps:
-            raise ConfigError(f"task.init_step: {step} is not a checkpoint of {src} "
-                              f"(available: {sorted(steps)})")
-        pre = Config.from_dict(ckpt.saved_config(mngr, step))
-        for f in SHAPE_FIELDS:
-            mine, theirs = getattr(cfg.model, f), getattr(pre.model, f)
-            if mine != theirs:
-                raise ConfigError(
-                    f"model.{f}: {mine} here but {theirs} in the pretrained checkpoint {src} "
-                    f"(step {step}); start from its config: --config {src / 'config.json'}")
-        pre = dataclasses.replace(pre, mesh=cfg.mesh)  # lay it out on this run's mesh
-        tx = make_optimizer(pre.optim, pre.run.steps)
-        state = ckpt.restore(mngr, step, *state_shardings(pre, tx, mesh))
-    finally:
-        mngr.close()
-    return state.model, step
+        model, pre, step = ckpt.load_model(src, cfg.task.init_step or None, mesh, cfg.mesh,
+                                           label="task.init_step")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"task.init_from: {e}") from None
+    for f in SHAPE_FIELDS:
+        mine, theirs = getattr(cfg.model, f), getattr(pre.model, f)
+        if mine != theirs:
+            raise ConfigError(
+                f"model.{f}: {mine} here but {theirs} in the pretrained checkpoint {src} "
+                f"(step {step}); start from its config: --config {src / 'config.json'}")
+    return model, step
 
 
 class TaskJob:
@@ -142,10 +128,13 @@ class TaskJob:
         b = cfg.data.batch_size
         dev = _pad_rows(d.dev, b)
         self.dev = [{k: v[i:i + b] for k, v in dev.items()} for i in range(0, len(dev["inputs"]), b)]
-        self.full = full = {s: d.splits[s] for s in d.eval_splits}
-        self.periodic = {s: _subset(ex, cfg.task.eval_max, cfg.task.seed) for s, ex in full.items()}
+        # The same seeded subset at every evaluation point, the last one included; eval.py
+        # scores whole splits.
+        self.scored = {s: _subset(d.splits[s], cfg.task.eval_max, cfg.task.seed)
+                       for s in d.eval_splits}
         batch = cfg.task.eval_batch or cfg.data.batch_size
-        self.geometry = Geometry.fit([e for ex in full.values() for e in ex], d.tokenizer, batch)
+        self.geometry = Geometry.fit([e for ex in self.scored.values() for e in ex],
+                                     d.tokenizer, batch)
         self.init_step = None
 
     def dataset(self) -> grain.MapDataset:
@@ -162,8 +151,7 @@ class TaskJob:
     def evaluate(self, model: DecoderLM, step: int, sharding, final: bool) -> tuple[dict, str]:
         loss, _ = mean_loss(model, self.dev, sharding)
         d = self.data
-        records = evaluate_splits(model, d.tokenizer, self.full if final else self.periodic,
-                                  self.geometry)
+        records = evaluate_splits(model, d.tokenizer, self.scored, self.geometry)
         res = {"dev_loss": loss, **summarize(records, d.dev_split, d.gen_splits)}
         if self.primary:
             with open(self.run_dir / "evals.jsonl", "a") as f:
