@@ -313,7 +313,7 @@ _PAPER_TRAINING = {  # Petty et al. pretraining (t5x): Adafactor, 1/sqrt(max(ste
 
 # t5x fine-tuning defaults used by Petty et al. (DESIGN.md section 2). Combine with a model
 # preset: --preset 134M-L4+finetune. Only the fields fine-tuning changes are set.
-_PAPER_FINETUNING = {
+PAPER_FINETUNING = {
     "model": {"dropout": 0.1},
     "data": {"batch_size": 128},
     "optim": {"name": "adafactor", "lr": 1e-3, "schedule": "constant", "warmup_steps": 0,
@@ -333,7 +333,7 @@ def presets() -> dict[str, dict]:
                 for sec, vals in _PAPER_TRAINING.items():
                     over[sec] = dict(vals)
             out[f"{cname}-L{n}"] = over
-    out["finetune"] = _PAPER_FINETUNING
+    out["finetune"] = PAPER_FINETUNING
     return out
 
 

@@ -125,6 +125,9 @@ def train_tokenizer(
             bos_id=-1,
             user_defined_symbols=list(SPECIAL_SYMBOLS),
             required_chars=required_chars,
+            # Every character of the corpus: the 0.9995 default drops rare ones (COGS's capital
+            # P, Q, Z...), and exact match cannot survive an unk in a name.
+            character_coverage=1.0,
             hard_vocab_limit=True,
             num_threads=1,
             input_sentence_size=0,

@@ -1,6 +1,7 @@
 """The LM training loop: restore-or-init, jitted steps, periodic eval/checkpoint, metrics."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -40,9 +41,8 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, job):
         return ckpt.restore(mngr, step, abstract, shardings, data_iter), shardings
     state = sharded_init(cfg, tx, mesh, shardings)
     pretrained, _ = job.pretrained(mesh)
-    if pretrained is not None:  # its weights, this run's static options (dropout, dtype...)
-        static = eqx.partition(state.model, eqx.is_array)[1]
-        model = eqx.combine(eqx.filter(pretrained, eqx.is_array), static)
+    if pretrained is not None:  # its weights, this run's run-time options (dropout, dtype...)
+        model = pretrained.with_options(**dataclasses.asdict(cfg.model))
         state = eqx.tree_at(lambda s: s.model, state, model)
     return state, shardings
 

@@ -1,0 +1,367 @@
+"""Petty et al., end to end: depth sweep, perplexity-matched and equal-loss comparisons,
+feed-forward rank, and the paper's tables and figures. One command per step:
+
+    python -m jaxdepth.experiments.depth_sweep run        --out DIR [plan options]
+    python -m jaxdepth.experiments.depth_sweep matched    --out DIR
+    python -m jaxdepth.experiments.depth_sweep equal-loss --out DIR [--threshold X]
+    python -m jaxdepth.experiments.depth_sweep rank       --out DIR
+    python -m jaxdepth.experiments.depth_sweep report     --out DIR
+    python -m jaxdepth.experiments.depth_sweep all        --out DIR [plan options]
+
+`run` pretrains every depth of a size class for every seed, then fine-tunes each final
+checkpoint on every task. The plan is written to DIR/sweep.json by the first command; later
+commands read it, and a different plan for the same DIR is refused. Every finished unit
+appends one row to DIR/results.jsonl and is skipped when the command runs again; an
+interrupted unit resumes from its own checkpoints. Runs live in DIR/pretrain/L<d>-s<seed>
+and DIR/finetune/<task>/L<d>-s<seed>[-matched].
+
+Pretraining evaluates validation perplexity at every checkpoint and keeps every checkpoint,
+since the perplexity-matched comparison picks intermediate ones.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import (PAPER_FINETUNING, SIZE_CLASSES, TASKS, Config, ConfigError, apply_overrides,
+                      from_preset)
+
+
+@dataclass(frozen=True)
+class Plan:
+    size: str = "tiny"
+    depths: tuple[int, ...] = ()  # empty: every depth of the size class
+    seeds: tuple[int, ...] = (0, 1)
+    tasks: tuple[str, ...] = ("semantic_parsing", "passivization")
+    task_dirs: dict = field(default_factory=dict)  # task -> directory of its published files
+    pretrain: dict = field(default_factory=dict)  # "section.field" -> value
+    finetune: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.size not in SIZE_CLASSES:
+            raise ConfigError(f"size: unknown size class {self.size!r}; known: {sorted(SIZE_CLASSES)}")
+        bad = [d for d in self.depths if d not in SIZE_CLASSES[self.size].depths]
+        if bad:
+            raise ConfigError(f"depths: {bad} not in the {self.size} family "
+                              f"{SIZE_CLASSES[self.size].depths}")
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ConfigError(f"tasks: unknown {unknown}; known: {list(TASKS)}")
+        if not self.seeds:
+            raise ConfigError("seeds: at least one seed")
+
+    @property
+    def family(self) -> tuple[int, ...]:
+        return self.depths or SIZE_CLASSES[self.size].depths
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Plan":
+        return cls(**{**d, "depths": tuple(d["depths"]), "seeds": tuple(d["seeds"]),
+                      "tasks": tuple(d["tasks"])})
+
+
+# The miniature sweep: CPU-scale "tiny" family on the embedded grammar, 3 depths x 2 seeds x
+# 2 tasks; about 25 minutes on 2 CPU cores (README). Learning rates were chosen on a separate
+# seed, once, for every depth alike.
+MINIATURE = Plan(
+    size="tiny", depths=(1, 2, 4), seeds=(0, 1),
+    tasks=("semantic_parsing", "passivization"),
+    pretrain={"run.steps": 400, "run.save_every": 50, "data.batch_size": 32,
+              "data.seq_len": 128, "optim.lr": 1e-2, "optim.warmup_steps": 40},
+    finetune={"run.steps": 300, "run.eval_every": 50, "run.save_every": 300,
+              "data.batch_size": 32, "data.seq_len": 128, "model.dropout": 0.1,
+              "optim.name": "adamw", "optim.lr": 3e-3, "optim.schedule": "constant",
+              "optim.warmup_steps": 0, "optim.weight_decay": 0.0,
+              "task.n_train": 2000, "task.n_eval": 60},
+)
+# Fine-tuning defaults of the paper (t5x); a plan's `finetune` entries override them.
+PAPER_FINETUNE = {f"{sec}.{k}": v for sec, vals in PAPER_FINETUNING.items() for k, v in vals.items()}
+PLANS = {"miniature": MINIATURE}
+
+
+def _nested(flat: dict) -> dict:
+    out: dict = {}
+    for key, value in flat.items():
+        sec, _, name = key.partition(".")
+        out.setdefault(sec, {})[name] = value
+    return out
+
+
+class Sweep:
+    def __init__(self, out: Path, plan: Plan):
+        self.out, self.plan = out, plan
+        self.results = out / "results.jsonl"
+
+    # ------------------------------------------------------------------ plan and results
+
+    @classmethod
+    def open(cls, out: Path, plan: Plan | None) -> "Sweep":
+        path = out / "sweep.json"
+        if path.is_file():
+            saved = Plan.from_json(json.loads(path.read_text()))
+            if plan is not None and plan != saved:
+                diff = [k for k, v in plan.to_json().items() if saved.to_json()[k] != v]
+                raise ConfigError(f"{diff[0]}: {out} holds a sweep with another plan "
+                                  f"(differs in {', '.join(diff)}); use another --out")
+            return cls(out, saved)
+        if plan is None:
+            raise FileNotFoundError(f"no sweep in {out} (expected {path}); start it with `run`")
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(plan.to_json(), indent=2))
+        return cls(out, plan)
+
+    def rows(self) -> list[dict]:
+        from ..analysis.report import dedupe, load_rows
+        return dedupe(load_rows(self.results)) if self.results.is_file() else []
+
+    def done(self, **key) -> dict | None:
+        for r in self.rows():
+            if all(r.get(k) == v for k, v in key.items()):
+                return r
+        return None
+
+    def append(self, row: dict) -> None:
+        with open(self.results, "a") as f:
+            f.write(json.dumps({"size_class": self.plan.size, **row}) + "\n")
+
+    # ------------------------------------------------------------------ configs
+
+    def pretrain_dir(self, depth: int, seed: int) -> Path:
+        return self.out / "pretrain" / f"L{depth}-s{seed}"
+
+    def finetune_dir(self, task: str, depth: int, seed: int, init: str) -> Path:
+        suffix = "" if init == "final" else f"-{init}"
+        return self.out / "finetune" / task / f"L{depth}-s{seed}{suffix}"
+
+    def pretrain_config(self, depth: int, seed: int) -> Config:
+        cfg = apply_overrides(from_preset(f"{self.plan.size}-L{depth}"), _nested(self.plan.pretrain))
+        every = cfg.run.save_every
+        return apply_overrides(cfg, {"run": {
+            "dir": str(self.pretrain_dir(depth, seed)), "seed": seed, "progress": False,
+            "samples": 0, "eval_every": every, "keep": cfg.run.steps // every + 1}})
+
+    def finetune_config(self, task: str, depth: int, seed: int, init: str, init_step: int) -> Config:
+        base = self.pretrain_config(depth, seed)
+        cfg = apply_overrides(base, _nested({**PAPER_FINETUNE, **self.plan.finetune}))
+        return apply_overrides(cfg, {
+            "task": {"name": task, "dir": self.plan.task_dirs.get(task, ""),
+                     "init_from": str(self.pretrain_dir(depth, seed)), "init_step": init_step},
+            "run": {"dir": str(self.finetune_dir(task, depth, seed, init)), "seed": seed,
+                    "progress": False, "samples": 0, "keep": 1}})
+
+    # ------------------------------------------------------------------ steps
+
+    def run(self) -> None:
+        from ..config import param_count
+        from ..train.loop import train
+
+        p = self.plan
+        for seed in p.seeds:
+            for depth in p.family:
+                if self.done(kind="pretrain", depth=depth, seed=seed):
+                    continue
+                cfg = self.pretrain_config(depth, seed)
+                s = _timed(f"pretrain L{depth} seed {seed}", train, cfg)
+                self.append({"kind": "pretrain", "depth": depth, "seed": seed,
+                             "d_model": cfg.model.d_model, "d_ff": cfg.model.d_ff,
+                             "params": param_count(cfg.model), "valid_ppl": s["valid_ppl"],
+                             "valid_loss": s["valid_loss"], "step": s["step"],
+                             "run_dir": str(cfg.run.dir)})
+        for seed in p.seeds:
+            for depth in p.family:
+                for task in p.tasks:
+                    self.finetune(task, depth, seed, "final", 0)
+
+    def finetune(self, task: str, depth: int, seed: int, init: str, init_step: int) -> dict:
+        from ..train.loop import train
+
+        key = dict(kind="finetune", task=task, depth=depth, seed=seed, init=init)
+        row = self.done(**key)
+        if row:
+            return row
+        cfg = self.finetune_config(task, depth, seed, init, init_step)
+        s = _timed(f"fine-tune L{depth} seed {seed} on {task} ({init})", train, cfg)
+        row = {**key, "init_step": s["init_step"], "dev_loss": s["dev_loss"],
+               **{k: s.get(k) for k in ("id_accuracy", "gen_accuracy", "lexical", "structural",
+                                        "by_type")},
+               "unk_examples": s["unk"]["examples_with_unk"], "run_dir": str(cfg.run.dir)}
+        self.append(row)
+        return row
+
+    def matched(self) -> None:
+        """Fig. 6: per seed, reference = the shallowest depth's final validation perplexity;
+        each deeper model is fine-tuned from its first checkpoint at or below it."""
+        from ..analysis.matched import perplexity_matched, read_jsonl
+        from ..train.checkpoint import open_manager
+
+        p = self.plan
+        for seed in p.seeds:
+            runs = {}
+            for depth in p.family:
+                d = self.pretrain_dir(depth, seed)
+                mngr = open_manager(d, read_only=True)
+                runs[depth] = {"metrics_rows": read_jsonl(d / "metrics.jsonl"),
+                               "saved_steps": sorted(mngr.all_steps())}
+                mngr.close()
+            m = perplexity_matched(runs)
+            print(f"seed {seed}: reference L{m['reference_depth']} perplexity "
+                  f"{m['reference_ppl']:.3f}; matched steps {m['steps']}", flush=True)
+            for depth, step in m["steps"].items():
+                if step is None:
+                    print(f"  L{depth} never reaches it: no matched checkpoint", flush=True)
+                    continue
+                for task in p.tasks:
+                    if step == runs[depth]["saved_steps"][-1]:  # the final checkpoint itself
+                        if not self.done(kind="finetune", task=task, depth=depth, seed=seed,
+                                         init="matched"):
+                            final = self.finetune(task, depth, seed, "final", 0)
+                            self.append({**final, "init": "matched", "size_class": p.size})
+                    else:
+                        self.finetune(task, depth, seed, "matched", step)
+
+    def equal_loss(self, threshold: float | None = None) -> None:
+        """Fig. 7b: generalization at the first fine-tuning evaluation whose in-distribution
+        loss reaches a threshold every run of the task reaches (or the one given)."""
+        from ..analysis.matched import equal_loss_points, read_jsonl
+
+        p = self.plan
+        for task in p.tasks:
+            logs = {(d, s): read_jsonl(self.finetune_dir(task, d, s, "final") / "evals.jsonl")
+                    for d in p.family for s in p.seeds}
+            points = equal_loss_points(logs, threshold)
+            for (depth, seed), pt in points.items():
+                row = pt["row"] or {}
+                self.append({"kind": "equal_loss", "task": task, "depth": depth, "seed": seed,
+                             "threshold": pt["threshold"], "step": pt["step"],
+                             **{k: row.get(k) for k in ("dev_loss", "gen_accuracy", "lexical",
+                                                        "structural", "id_accuracy")}})
+            print(f"{task}: common dev-loss threshold {pt['threshold']:.4f}", flush=True)
+
+    def rank(self) -> dict:
+        """Figs. 10-11: spectra and effective rank of every feed-forward matrix of every
+        final pretrained model; per-model outputs and the depth summary under analysis/."""
+        from ..analysis.rank import ff_rank_table, write_rank_outputs, write_rank_vs_depth
+        from ..train.checkpoint import load_model
+
+        rows = []
+        for seed in self.plan.seeds:
+            for depth in self.plan.family:
+                model, _, step = load_model(self.pretrain_dir(depth, seed))
+                table = ff_rank_table(model)
+                write_rank_outputs(table, self.out / "analysis" / "rank" / f"L{depth}-s{seed}",
+                                   label=f"{self.plan.size} L{depth} seed {seed} step {step}")
+                rows += [{"depth": depth, "seed": seed, **r} for r in table]
+        return write_rank_vs_depth(rows, self.out / "analysis")
+
+    def report(self) -> dict:
+        from ..analysis.report import write_report
+        return write_report(self.results, self.out / "report")
+
+
+def _timed(what: str, fn, *args):
+    t0 = time.perf_counter()
+    print(f"{what} ...", flush=True)
+    out = fn(*args)
+    if not out.get("done"):
+        raise RuntimeError(f"{what} stopped at step {out['step']} before the end; "
+                           f"run the command again to resume")
+    print(f"{what}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def _overrides(items: list[str], flag: str) -> dict:
+    from ..cli import _parse_value
+    from ..config import SECTIONS
+
+    out = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        sec, _, name = key.partition(".")
+        if not eq or sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
+            raise ConfigError(f"{flag} {item!r}: expected section.field=value with a known field")
+        out[key] = _parse_value(sec, name, raw)
+    return out
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m jaxdepth.experiments.depth_sweep",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["run", "matched", "equal-loss", "rank", "report", "all"])
+    p.add_argument("--out", required=True, help="sweep directory")
+    p.add_argument("--preset", choices=sorted(PLANS), help="a ready-made plan")
+    p.add_argument("--size", help="size class (41M, 134M, 374M, tiny, small)")
+    p.add_argument("--depths", help="comma-separated depths (default: the whole family)")
+    p.add_argument("--seeds", help="comma-separated seeds")
+    p.add_argument("--tasks", help="comma-separated tasks")
+    p.add_argument("--task-dir", action="append", default=[], metavar="TASK=DIR",
+                   help="where a published task's files are (cogs=..., geoquery=...)")
+    p.add_argument("--pretrain", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    p.add_argument("--finetune", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    p.add_argument("--threshold", type=float, default=None, help="equal-loss: dev-loss threshold")
+    return p.parse_args(argv)
+
+
+def plan_from_args(args) -> Plan | None:
+    given = any([args.preset, args.size, args.depths, args.seeds, args.tasks, args.task_dir,
+                 args.pretrain, args.finetune])
+    if not given:
+        return None
+    base = PLANS[args.preset] if args.preset else Plan()
+    changes: dict = {}
+    if args.size:
+        changes["size"] = args.size
+    if args.depths:
+        changes["depths"] = tuple(int(x) for x in args.depths.split(","))
+    if args.seeds:
+        changes["seeds"] = tuple(int(x) for x in args.seeds.split(","))
+    if args.tasks:
+        changes["tasks"] = tuple(x.strip() for x in args.tasks.split(","))
+    if args.task_dir:
+        changes["task_dirs"] = dict(item.split("=", 1) for item in args.task_dir)
+    if args.pretrain:
+        changes["pretrain"] = {**base.pretrain, **_overrides(args.pretrain, "--pretrain")}
+    if args.finetune:
+        changes["finetune"] = {**base.finetune, **_overrides(args.finetune, "--finetune")}
+    return dataclasses.replace(base, **changes)
+
+
+def main(argv=None) -> int:
+    from ..runtime import tune_malloc
+    tune_malloc()
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = plan_from_args(args)
+        if args.command != "run" and args.command != "all" and plan is not None:
+            raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "
+                              f"this command reads {args.out}/sweep.json")
+        sweep = Sweep.open(Path(args.out), plan)
+        cmd = args.command
+        if cmd in ("run", "all"):
+            sweep.run()
+        if cmd in ("matched", "all"):
+            sweep.matched()
+        if cmd in ("equal-loss", "all"):
+            sweep.equal_loss(args.threshold)
+        if cmd in ("rank", "all"):
+            for name, path in sweep.rank().items():
+                print(f"rank vs depth: {path}")
+        if cmd in ("report", "all"):
+            for name, path in sweep.report().items():
+                print(f"{name}: {path}")
+    except (ConfigError, FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The depth sweep end to end on a two-depth tiny plan: rows agree with the runs' own files,
+matched checkpoints and equal-loss points agree with an independent reading of the logs,
+reruns add nothing, and another plan for the same directory is refused."""
+import json
+
+import pytest
+
+from jaxdepth.config import ConfigError, depth_family, param_count
+from jaxdepth.experiments.depth_sweep import Plan, Sweep, main
+from jaxdepth.train.checkpoint import open_manager
+
+PLAN = Plan(
+    size="tiny", depths=(1, 2), seeds=(0,), tasks=("passivization",),
+    pretrain={"run.steps": 12, "run.save_every": 4, "data.batch_size": 8, "data.seq_len": 32,
+              "data.grammar_docs": 1500, "optim.warmup_steps": 2},
+    finetune={"run.steps": 6, "run.eval_every": 2, "run.save_every": 6, "data.batch_size": 8,
+              "data.seq_len": 128, "optim.name": "adamw", "optim.lr": 3e-3,
+              "task.n_train": 32, "task.n_eval": 4},
+)
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_sweep_end_to_end(tmp_path):
+    out = tmp_path / "sweep"
+    sweep = Sweep.open(out, PLAN)
+    sweep.run()
+    rows = _jsonl(out / "results.jsonl")
+    family = depth_family("tiny")
+    pre = {r["depth"]: r for r in rows if r["kind"] == "pretrain"}
+    assert sorted(pre) == [1, 2]
+    for d, r in pre.items():
+        summary = json.loads((out / "pretrain" / f"L{d}-s0" / "summary.json").read_text())
+        assert r["valid_ppl"] == summary["valid_ppl"] and r["step"] == 12
+        assert r["d_ff"] == family[d].d_ff and r["params"] == param_count(family[d])
+    ft = {r["depth"]: r for r in rows if r["kind"] == "finetune"}
+    for d, r in ft.items():
+        summary = json.loads((out / "finetune" / "passivization" / f"L{d}-s0" / "summary.json").read_text())
+        assert r["gen_accuracy"] == summary["gen_accuracy"] and r["init_step"] == 12
+        assert r["dev_loss"] == summary["dev_loss"]
+
+    # matched: first saved checkpoint whose logged perplexity is <= L1's final one
+    sweep.matched()
+    ref = pre[1]["valid_ppl"]
+    logged = {r["step"]: r["valid_ppl"] for r in _jsonl(out / "pretrain" / "L2-s0" / "metrics.jsonl")
+              if "valid_ppl" in r}
+    mngr = open_manager(out / "pretrain" / "L2-s0", read_only=True)
+    saved = sorted(mngr.all_steps())
+    mngr.close()
+    assert saved == [4, 8, 12]  # every checkpoint kept, each with a validation perplexity
+    want = next((s for s in saved if logged[s] <= ref), None)
+    matched = {r["depth"]: r for r in _jsonl(out / "results.jsonl")
+               if r["kind"] == "finetune" and r["init"] == "matched"}
+    assert matched[1]["init_step"] == 12
+    if want is None:
+        assert 2 not in matched
+    else:
+        assert matched[2]["init_step"] == want
+
+    # equal loss: the common threshold is the lowest dev loss both runs reach
+    sweep.equal_loss()
+    curves = {d: [(e["step"], e["dev_loss"]) for e in
+                  _jsonl(out / "finetune" / "passivization" / f"L{d}-s0" / "evals.jsonl")]
+              for d in (1, 2)}
+    threshold = max(min(v for _, v in c) for c in curves.values())
+    eq = {r["depth"]: r for r in _jsonl(out / "results.jsonl") if r["kind"] == "equal_loss"}
+    for d, c in curves.items():
+        assert eq[d]["threshold"] == pytest.approx(threshold)
+        assert eq[d]["step"] == next(s for s, v in c if v <= threshold)
+
+    paths = sweep.rank()
+    by_depth = (out / "analysis" / "ff_rank_by_depth.csv").read_text().splitlines()
+    assert len(by_depth) == 1 + 2 * 3 and str(paths["csv"]).endswith("ff_rank_by_depth.csv")
+    report = sweep.report()
+    table = (out / "report" / "table3.md").read_text()
+    for d in (1, 2):  # one line per depth: Eq. 1 width, parameters and the pretrain perplexity
+        assert (f"| tiny | {d} | 64 | {family[d].d_ff} | {param_count(family[d]):,} |" in table
+                and f"| {pre[d]['valid_ppl']:.2f} |" in table)
+    assert any(str(p).endswith(".png") for p in report.values())
+
+    # reruns are no-ops; another plan for the same directory is refused
+    n = len(_jsonl(out / "results.jsonl"))
+    assert main(["run", "--out", str(out)]) == 0
+    assert len(_jsonl(out / "results.jsonl")) == n
+    with pytest.raises(ConfigError, match="seeds"):
+        Sweep.open(out, Plan(**{**PLAN.to_json(), "seeds": (0, 1)}))
+
+
+def test_plan_validation():
+    with pytest.raises(ConfigError, match="depths"):
+        Plan(size="tiny", depths=(5,))
+    with pytest.raises(ConfigError, match="tasks"):
+        Plan(tasks=("scan",))
+    with pytest.raises(FileNotFoundError, match="sweep.json"):
+        Sweep.open(__import__("pathlib").Path("/nonexistent-sweep"), None)

@@ -1,0 +1,174 @@
+"""Prefix-LM fine-tuning through the trainer: decoding prompts agree with the training features,
+a tiny model memorises a tiny task to 100% exact match, pretrained weights are loaded, every
+evaluation point is recorded, predictions are scored as written, and real COGS runs end to end.
+"""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdepth.config import Config, ConfigError, apply_overrides, from_preset
+from jaxdepth.data.grammar import corpus_texts
+from jaxdepth.data.prefix_lm import prefix_lm_features
+from jaxdepth.data.tasks import Example
+from jaxdepth.data.tokenizer import EOS_ID, train_tokenizer
+from jaxdepth.models.decoder import DecoderLM
+from jaxdepth.train.task_eval import Geometry, predict, prompts
+
+TINY = {"vocab_size": 96, "d_model": 32, "n_layers": 2, "d_ff": 64, "n_heads": 2}
+
+
+def _cfg(run_dir, **sections) -> Config:
+    base = {"model": TINY, "data": {"batch_size": 8, "seq_len": 128},
+            "optim": {"lr": 3e-3, "schedule": "constant", "warmup_steps": 0, "weight_decay": 0.0},
+            "run": {"dir": str(run_dir), "steps": 20, "eval_every": 10, "save_every": 10,
+                    "log_every": 5, "progress": False, "samples": 0},
+            "task": {"name": "passivization", "n_train": 8, "n_eval": 4}}
+    for sec, vals in sections.items():
+        base[sec] = {**base.get(sec, {}), **vals}
+    return Config.from_dict(base)
+
+
+def naive_argmax(model, prompt: list[int], max_new: int) -> list[int]:
+    """Greedy decoding by re-running the whole sequence each step: no cache, no padding."""
+    seq = list(prompt)
+    out = []
+    for _ in range(max_new):
+        logits = model(jnp.asarray([seq], jnp.int32))
+        tok = int(jnp.argmax(logits[0, -1]))
+        out.append(tok)
+        if tok == EOS_ID:
+            break
+        seq.append(tok)
+    return out
+
+
+def test_prompts_are_the_training_inputs_up_to_the_source_eos():
+    tok = train_tokenizer(corpus_texts(100, seed=0), 96)
+    ex = [Example("the cat saw a dog . passiv", "a dog was seen by the cat .", "passiv"),
+          Example("a dog saw . decl", "a dog saw .", "decl")]
+    arr, lengths = prompts(ex, tok, width=32)
+    for row, n, e in zip(arr, lengths, ex):
+        f = prefix_lm_features(tok.encode(e.source), tok.encode(e.target), 64)
+        np.testing.assert_array_equal(row[:n], f["inputs"][:f["prefix_len"] + 1])
+        assert np.all(row[n:] == 0)
+
+
+def test_batched_cached_predictions_equal_uncached_argmax(getkey):
+    texts = ["the cat saw a dog .", "a dog saw the big cat .", "some cats see my dogs ."]
+    tok = train_tokenizer(corpus_texts(100, seed=0), 96)
+    model = DecoderLM(Config.from_dict({"model": TINY}).model, key=getkey())
+    ex = [Example(t, "x", "in_distribution") for t in texts[:3]]
+    geo = Geometry(batch=2, width=32, max_new=7)  # 3 examples: the last batch is padded
+    got = predict(model, tok, ex, geo)
+    for e, text in zip(ex, got):
+        p = [0, *tok.encode(e.source), EOS_ID]
+        ids = naive_argmax(model, p, geo.max_new)
+        ids = ids[:ids.index(EOS_ID)] if EOS_ID in ids else ids
+        assert text == tok.decode(ids)
+
+
+def test_memorises_a_tiny_task_and_records_every_evaluation(tmp_path):
+    from jaxdepth.train.loop import train
+
+    run = tmp_path / "ft"
+    train_tokenizer(corpus_texts(1000, seed=0), 384).save(tmp_path / "tok.model")
+    cfg = _cfg(run, run={"steps": 300, "eval_every": 100, "save_every": 300},
+               task={"eval_splits": "train,dev"},
+               model={"vocab_size": 384, "d_model": 64, "d_ff": 128},
+               data={"tokenizer": str(tmp_path / "tok.model"), "seq_len": 128})
+    s = train(cfg)
+    assert s["done"] and s["task"] == "passivization"
+    assert s["accuracy"]["train"]["overall"] == 1.0  # 8 examples learnt by heart
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [100, 200, 300] and evals[-1]["final"]
+    assert s["train_loss"] < 0.01
+    # predictions are scored as written: correct == whole-sequence match, summary == mean
+    for split in ("train", "dev"):
+        rows = [json.loads(line) for line in (run / "predictions" / f"{split}.jsonl").read_text().splitlines()]
+        assert len(rows) == {"train": 8, "dev": 4}[split]
+        assert set(rows[0]) == {"input", "gold", "prediction", "correct", "type"}
+        for r in rows:
+            assert r["correct"] == (r["prediction"].split() == r["gold"].split())
+        assert s["accuracy"][split]["overall"] == pytest.approx(np.mean([r["correct"] for r in rows]))
+    summary = json.loads((run / "predictions" / "summary.json").read_text())
+    assert summary["step"] == 300 and summary["accuracy"]["train"]["overall"] == 1.0
+
+
+def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
+    from jaxdepth.train import checkpoint as ckpt
+    from jaxdepth.train.jobs import make_job
+    from jaxdepth.train.loop import restore_or_init
+    from jaxdepth.train.optim import make_optimizer
+    from jaxdepth.train.sharding import make_mesh
+    from jaxdepth.train.loop import train
+
+    pre = tmp_path / "pre"
+    train(Config.from_dict({"model": TINY, "data": {"batch_size": 8, "seq_len": 32, "grammar_docs": 300},
+                            "run": {"dir": str(pre), "steps": 4, "save_every": 2, "eval_every": 4,
+                                    "progress": False, "samples": 0}}))
+    cfg = _cfg(tmp_path / "ft", task={"init_from": str(pre), "init_step": 2},
+               model={"dropout": 0.1})
+    mesh = make_mesh(cfg.mesh)
+    job = make_job(cfg, tmp_path / "ft", True, lambda: None)
+    tx = make_optimizer(cfg.optim, cfg.run.steps)
+    mngr = ckpt.open_manager(tmp_path / "ft", 1)
+    from jaxdepth.data.pipeline import lm_iterator
+    state, _ = restore_or_init(cfg, tx, mesh, mngr, lm_iterator(job.dataset()), job)
+    want, _, _ = ckpt.load_model(pre, 2)
+    for a, b in zip(jax.tree.leaves(state.model), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert state.model.cfg.dropout == 0.1 and int(state.step) == 0  # this run's options, fresh optimizer
+    assert (tmp_path / "ft" / "data" / "tokenizer.model").read_bytes() == \
+        (pre / "data" / "tokenizer.model").read_bytes()  # one tokenizer for both
+    with pytest.raises(ConfigError, match="model.d_ff: 80 here but 64"):
+        make_job(_cfg(tmp_path / "x", model={"d_ff": 80}, task={"init_from": str(pre)}),
+                 tmp_path / "x", True, lambda: None).pretrained(mesh)
+    with pytest.raises(ValueError, match="task.init_step 3: not a checkpoint"):
+        make_job(_cfg(tmp_path / "y", task={"init_from": str(pre), "init_step": 3}),
+                 tmp_path / "y", True, lambda: None).pretrained(mesh)
+    with pytest.raises(FileNotFoundError, match="task.init_from"):
+        make_job(_cfg(tmp_path / "z", task={"init_from": str(tmp_path / "nowhere")}),
+                 tmp_path / "z", True, lambda: None)
+
+
+def test_task_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="task.dir"):
+        Config.from_dict({"task": {"name": "cogs"}})
+    with pytest.raises(ConfigError, match="task.name"):
+        Config.from_dict({"task": {"name": "scan"}})
+    with pytest.raises(ConfigError, match="task.eval_splits"):
+        from jaxdepth.data.task_data import resolve_eval_splits, task_splits
+        task = Config.from_dict({"task": {"name": "passivization", "n_train": 4, "n_eval": 2,
+                                          "eval_splits": "dev,gen"}}).task
+        resolve_eval_splits(task, *task_splits(task))
+    cfg = from_preset("tiny-L2+finetune")  # model preset, then the paper's fine-tuning recipe
+    assert cfg.model.n_layers == 2 and cfg.model.dropout == 0.1
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.schedule) == ("adafactor", 1e-3, "constant")
+    assert (cfg.data.batch_size, cfg.run.steps, cfg.run.eval_every) == (128, 10_000, 250)
+
+
+@pytest.mark.slow
+def test_real_cogs_fine_tunes_and_scores_a_slice_of_gen(tmp_path, shared_data):
+    from jaxdepth.train.loop import train
+
+    run = tmp_path / "cogs"
+    cfg = apply_overrides(_cfg(run), {
+        "model": {"vocab_size": 512}, "data": {"seq_len": 160},
+        "task": {"name": "cogs", "dir": str(shared_data / "cogs"), "eval_splits": "gen",
+                 "eval_max": 24, "truncate": True},
+        "run": {"steps": 4, "eval_every": 4, "save_every": 4}})
+    s = train(cfg)
+    rows = [json.loads(line) for line in (run / "predictions" / "gen.jsonl").read_text().splitlines()]
+    assert len(rows) == 24 and s["train_examples"] == 24155
+    gen = {e.source: e for e in __import__("jaxdepth.data.tasks", fromlist=["x"]).read_cogs(
+        shared_data / "cogs", "gen")}
+    for r in rows:  # each row is a real gen line with its published type and target
+        assert gen[r["input"]].target == r["gold"] and gen[r["input"]].type == r["type"]
+        assert r["correct"] == (r["prediction"].split() == r["gold"].split())
+    assert s["gen_accuracy"] == pytest.approx(np.mean([r["correct"] for r in rows]))
+    assert set(s["by_type"]) == {r["type"] for r in rows}
+    # COGS has capitals the tokenizer trained on its own train text knows: nothing unknown
+    assert s["unk"]["target_unk_tokens"] == 0
