@@ -148,6 +148,12 @@ def test_task_config_errors_name_the_field():
     assert cfg.model.n_layers == 2 and cfg.model.dropout == 0.1
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.schedule) == ("adafactor", 1e-3, "constant")
     assert (cfg.data.batch_size, cfg.run.steps, cfg.run.eval_every) == (128, 10_000, 250)
+    # naming a task on a pretraining config starts from the same defaults; explicit fields win
+    from jaxdepth.cli import parse_args
+    ft = parse_args(["--preset", "tiny-L2", "--task.name", "passivization", "--run.steps", "50"])
+    assert (ft.optim.name, ft.optim.lr, ft.model.dropout, ft.run.eval_every, ft.run.steps) == \
+        ("adafactor", 1e-3, 0.1, 250, 50)
+    assert parse_args(["--preset", "tiny-L2"]).optim.name == "adamw"  # pretraining untouched
 
 
 @pytest.mark.slow

@@ -148,6 +148,8 @@ def test_table3_markdown_and_csv():
     assert float(d2["cogs_gen_mean"]) == pytest.approx(0.32)
     assert float(table[1]["geoquery_gen_mean"]) == pytest.approx(0.30)
     assert float(table[2]["cogs_id_mean"]) == pytest.approx(0.955)
+    assert float(d2["cogs_id_loss_mean"]) == pytest.approx(0.1)  # the rerun's 0.1, not 9.0
+    assert "cogs ID loss" in md and "0.100 ± 0.000" in md
     assert int(d2["d_ff"]) == 512 and int(d2["params"]) == 400_000
     assert float(d2["ratio"]) == pytest.approx(0.25)
     # Matched table: only cogs.

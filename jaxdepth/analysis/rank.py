@@ -160,7 +160,7 @@ def rank_vs_depth(rows: Sequence[Mapping]) -> list[dict]:
         for name in FF_MATRICES:
             sel = [r for r in rows if r["depth"] == depth and r["matrix"] == name]
             if sel:
-                out.append({"depth": depth, "matrix": name, "layers": len(sel),
+                out.append({"depth": depth, "matrix": name, "n": len(sel),
                             "mean_erank": float(np.mean([r["erank"] for r in sel])),
                             "mean_erank_ratio": float(np.mean([r["erank_ratio"] for r in sel]))})
     return out
@@ -173,7 +173,7 @@ def write_rank_vs_depth(rows: Sequence[Mapping], out_dir) -> dict[str, Path]:
     points = rank_vs_depth(rows)
     paths = {"csv": out_dir / "ff_rank_by_depth.csv", "png": out_dir / "ff_rank_by_depth.png"}
     with paths["csv"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=("depth", "matrix", "layers", "mean_erank",
+        writer = csv.DictWriter(f, fieldnames=("depth", "matrix", "n", "mean_erank",
                                                "mean_erank_ratio"))
         writer.writeheader()
         writer.writerows(points)

@@ -252,7 +252,8 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
 
     Columns: size class, depth, d_model, d_ff, params, d_model/d_ff, validation perplexity
     (mean ± 95% CI over seeds, of the final pretraining checkpoint), then for each task (sorted)
-    generalization accuracy, then for each task in-distribution accuracy, both of models
+    generalization accuracy, then for each task in-distribution accuracy, then for each task
+    the final in-distribution (dev) loss, all of models
     fine-tuned from the `init` checkpoint ("final" or "matched"), in percent with one decimal.
     The CSV holds unformatted numbers (accuracies as fractions), with mean, ci95 and n in
     separate columns; a missing CI (single seed) is blank.
@@ -266,6 +267,8 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
            for t in task_list}
     idacc = {t: _index(aggregate(rows, "finetune", "id_accuracy", by, {**where, "task": t}), by)
              for t in task_list}
+    idloss = {t: _index(aggregate(rows, "finetune", "dev_loss", by, {**where, "task": t}), by)
+              for t in task_list}
     arch = architecture(rows)
     models = sorted({(r.get("size_class"), r.get("depth")) for r in rows
                      if r.get("kind") == "pretrain"
@@ -276,12 +279,15 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
                  "seeds", "valid ppl"]
     md_header += [f"{t} gen acc (%)" for t in task_list]
     md_header += [f"{t} ID acc (%)" for t in task_list]
+    md_header += [f"{t} ID loss" for t in task_list]
     csv_header = ["size_class", "depth", "d_model", "d_ff", "params", "ratio",
                   "valid_ppl_mean", "valid_ppl_ci95", "valid_ppl_n"]
     for t in task_list:
         csv_header += [f"{t}_gen_mean", f"{t}_gen_ci95", f"{t}_gen_n"]
     for t in task_list:
         csv_header += [f"{t}_id_mean", f"{t}_id_ci95", f"{t}_id_n"]
+    for t in task_list:
+        csv_header += [f"{t}_id_loss_mean", f"{t}_id_loss_ci95", f"{t}_id_loss_n"]
 
     md_lines, csv_lines = [], []
     for key in models:
@@ -293,15 +299,16 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
               "" if p is None else p["n"], "" if p is None else _fmt(p["mean"], p["ci95"], 1, 2)]
         cs = [key[0], key[1], info.get("d_model"), info.get("d_ff"), info.get("params"), ratio]
         cs += _stat_cells(p)
-        for table in (gen, idacc):
+        for table, scale, digits in ((gen, 100.0, 1), (idacc, 100.0, 1), (idloss, 1.0, 3)):
             for t in task_list:
                 a = table[t].get(key)
-                md.append("" if a is None else _fmt(a["mean"], a["ci95"], 100.0, 1))
+                md.append("" if a is None else _fmt(a["mean"], a["ci95"], scale, digits))
                 cs += _stat_cells(a)
         md_lines.append(md)
         csv_lines.append(cs)
     caption = (f"Table 3 (fine-tuned from the {init} checkpoint): mean ± 95% CI over seeds; "
-               "perplexity of the final pretraining checkpoint; accuracies in %.")
+               "perplexity of the final pretraining checkpoint; accuracies in %; ID loss = "
+               "final in-distribution (dev) loss per target token.")
     return _markdown(md_header, md_lines, caption), _csv(csv_header, csv_lines)
 
 
