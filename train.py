@@ -43,7 +43,13 @@ def print_summary(s: dict) -> None:
         print(f"stopped at step {s['step']}; resume with the same command.")
     else:
         train_loss = f"train loss {s['train_loss']:.4f}, " if "train_loss" in s else ""
-        if "task" in s:
+        if "arch" in s:
+            t1 = s["table1"]
+            it = ", ".join(f"{g} {v:.2f}" for g, v in t1["iterations"].items() if v is not None)
+            print(f"\nfinished step {s['step']}: {train_loss}MLM accuracy "
+                  f"{100 * t1['mlm_accuracy']:.1f}%, SOP accuracy {100 * t1['sop_accuracy']:.1f}%\n"
+                  f"mean iterations: {it}\nTable 1 and Fig. 2: {s['analysis']}")
+        elif "task" in s:
             scores = ", ".join(f"{k} {s[k]:.3f}" for k in ("id_accuracy", "gen_accuracy", "lexical",
                                                             "structural") if s.get(k) is not None)
             print(f"\nfinished step {s['step']}: {train_loss}dev loss {s['dev_loss']:.4f}; "

@@ -27,6 +27,9 @@ def _positive(obj: Any, section: str, *names: str) -> None:
         _require(v > 0, f"{section}.{n}", f"must be positive, got {v}")
 
 
+ARCHS = ("decoder", "act", "albert", "bert")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 512
@@ -43,6 +46,7 @@ class ModelConfig:
     scan_layers: bool = True  # False runs a Python loop over layers (tests, debugging)
     scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to 2 layers, else 1
     xent_chunk: int = 2048  # tokens per chunk of the fused output-projection + loss; 0: unfused
+    arch: str = "decoder"  # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied)
 
     def __post_init__(self):
         _positive(self, "model", "vocab_size", "d_model", "n_layers", "d_ff",
@@ -58,6 +62,7 @@ class ModelConfig:
                  f"must be none, full or dots, got {self.remat!r}")
         _require(self.scan_unroll >= 0, "model.scan_unroll", "must be >= 0")
         _require(self.xent_chunk >= 0, "model.xent_chunk", "must be >= 0")
+        _require(self.arch in ARCHS, "model.arch", f"must be one of {', '.join(ARCHS)}, got {self.arch!r}")
 
     @property
     def heads(self) -> int:
@@ -78,9 +83,14 @@ class DataConfig:
     tokenizer: str = ""  # an existing SentencePiece .model; empty -> train one into the run dir
     seq_len: int = 128
     batch_size: int = 32  # global batch, in sequences, per optimizer step
+    mask_rate: float = 0.15  # encoders (MLM): share of tokens to predict
+    max_predictions: int = 20  # encoders (MLM): cap per sequence (ALBERT's)
+    max_ngram: int = 3  # encoders (MLM): longest masked n-gram of words
 
     def __post_init__(self):
-        _positive(self, "data", "seq_len", "batch_size", "grammar_docs")
+        _positive(self, "data", "seq_len", "batch_size", "grammar_docs", "max_predictions",
+                  "max_ngram")
+        _require(0.0 < self.mask_rate <= 1.0, "data.mask_rate", f"must be in (0, 1], got {self.mask_rate}")
         _require(0.0 <= self.valid_fraction < 1.0, "data.valid_fraction",
                  f"must be in [0, 1), got {self.valid_fraction}")
         _require(bool(self.corpus.strip()), "data.corpus", "must be 'grammar' or file paths")
@@ -88,7 +98,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = "adamw"  # adamw | adafactor
+    name: str = "adamw"  # adamw | adafactor | lamb
     lr: float = 1e-2
     schedule: str = "cosine"  # constant | linear | cosine | rsqrt (t5x: lr / sqrt(max(step, warmup)))
     warmup_steps: int = 50
@@ -101,8 +111,8 @@ class OptimConfig:
     accum_steps: int = 1  # micro-batches per optimizer step
 
     def __post_init__(self):
-        _require(self.name in ("adamw", "adafactor"), "optim.name",
-                 f"must be adamw or adafactor, got {self.name!r}")
+        _require(self.name in ("adamw", "adafactor", "lamb"), "optim.name",
+                 f"must be adamw, adafactor or lamb, got {self.name!r}")
         _require(self.schedule in ("constant", "linear", "cosine", "rsqrt"), "optim.schedule",
                  f"must be constant, linear, cosine or rsqrt, got {self.schedule!r}")
         _positive(self, "optim", "lr", "accum_steps")
@@ -150,6 +160,61 @@ class RunConfig:
         _positive(self, "run", "steps", "log_every", "eval_every", "save_every", "keep")
         _require(self.samples >= 0, "run.samples", "must be >= 0")
         _require(self.stop_after >= 0, "run.stop_after", "must be >= 0")
+
+
+def _act_require(cond: bool, name: str, msg: str) -> None:
+    _require(cond, f"act.{name}", msg)
+
+
+@dataclass(frozen=True)
+class ACTConfig:
+    """The adaptive-depth encoder (DESIGN.md section 3), used when model.arch is act, albert
+    or bert; its vocabulary is model.vocab_size (act.vocab_size is overwritten with it)."""
+    vocab_size: int = 512
+    embed_dim: int = 128  # E, ALBERT's factorised embedding size
+    d_model: int = 128
+    n_heads: int = 2
+    d_ff: int = 0  # 0 -> 4 * d_model
+    max_len: int = 128
+    n_segments: int = 2
+    max_iters: int = 6  # M: the cap on iterations (ACT), or the depth (fixed, untied)
+    tau: float = 1e-3  # ponder-cost weight
+    eps: float = 0.01
+    dropout: float = 0.0
+    halting: str = "act"  # "act" | "fixed": exactly M iterations, no halting (weight-tied ALBERT)
+    halting_bias_init: float = 0.0  # b_h at init; tests and benchmarks move it to force depths
+    remat: bool = False  # recompute the shared layer on the backward pass instead of storing it
+
+    def __post_init__(self):
+        for name in ("vocab_size", "embed_dim", "d_model", "n_heads", "max_len", "n_segments",
+                     "max_iters"):
+            v = getattr(self, name)
+            _act_require(isinstance(v, int) and v > 0, name, f"must be a positive integer, got {v!r}")
+        _act_require(self.d_ff >= 0, "d_ff", f"must be >= 0 (0 means 4 * d_model), got {self.d_ff}")
+        _act_require(self.d_model % self.n_heads == 0, "n_heads",
+                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        _act_require(self.tau >= 0.0, "tau", f"must be >= 0, got {self.tau}")
+        _act_require(0.0 < self.eps < 1.0, "eps", f"must be in (0, 1), got {self.eps}")
+        _act_require(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
+        _act_require(self.halting in ("act", "fixed"), "halting",
+                 f"must be 'act' or 'fixed', got {self.halting!r}")
+
+    @property
+    def ff(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "ACTConfig":
+        _act_require(name in ACT_PRESETS, "preset", f"unknown preset {name!r}; known: {sorted(ACT_PRESETS)}")
+        return cls(**{**ACT_PRESETS[name], **overrides})
+
+
+# (tau, M) are the paper's; sizes are small enough for a CPU except base (ALBERT-base width).
+ACT_PRESETS: dict[str, dict] = {
+    "tiny": dict(tau=1e-3, max_iters=6, d_model=128, n_heads=2),
+    "small": dict(tau=5e-4, max_iters=12, d_model=256, n_heads=4),
+    "base": dict(tau=2.5e-4, max_iters=24, d_model=768, n_heads=12),
+}
 
 
 TASKS = ("semantic_parsing", "passivization", "cogs", "cogs_vf", "geoquery")
@@ -202,9 +267,17 @@ class Config:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     run: RunConfig = field(default_factory=RunConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    act: ACTConfig = field(default_factory=ACTConfig)
     preset: str = ""
 
     def __post_init__(self):
+        if self.model.arch != "decoder":
+            _require(self.act.max_len >= self.data.seq_len, "act.max_len",
+                     f"{self.act.max_len} position embeddings cannot hold data.seq_len="
+                     f"{self.data.seq_len}")
+            _require(not self.task.name, "task.name",
+                     f"fine-tuning tasks are for the decoder; model.arch={self.model.arch!r} "
+                     f"pretrains with MLM + SOP")
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
 
@@ -234,7 +307,7 @@ class Config:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
-            "mesh": MeshConfig, "run": RunConfig, "task": TaskConfig}
+            "mesh": MeshConfig, "run": RunConfig, "task": TaskConfig, "act": ACTConfig}
 
 
 # ----------------------------------------------------------------------------- Eq. 1
@@ -322,6 +395,13 @@ PAPER_FINETUNING = {
 }
 
 
+# Simoulin & Crabbe's pretraining recipe (ALBERT's): LAMB, warmup then linear decay to 0,
+# weight decay 0.01 off norms and biases, clipping 1.0. The CPU-scale presets warm up for 100
+# steps instead of 3125.
+ACT_PRETRAINING = {"name": "lamb", "lr": 1.76e-3, "schedule": "linear", "min_lr_ratio": 0.0,
+                   "weight_decay": 0.01, "clip_norm": 1.0, "b1": 0.9, "b2": 0.999, "eps": 1e-6}
+
+
 def presets() -> dict[str, dict]:
     """name -> nested override dict. ``<class>-L<n>`` for every member of every size class."""
     out = {}
@@ -334,6 +414,11 @@ def presets() -> dict[str, dict]:
                     over[sec] = dict(vals)
             out[f"{cname}-L{n}"] = over
     out["finetune"] = PAPER_FINETUNING
+    for size, act in ACT_PRESETS.items():
+        for arch in ("act", "albert", "bert"):
+            out[f"{arch}-{size}"] = {
+                "model": {"arch": arch}, "act": dict(act),
+                "optim": {**ACT_PRETRAINING, "warmup_steps": 3125 if size == "base" else 100}}
     return out
 
 

@@ -28,65 +28,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import ConfigError
+from ..config import ACT_PRESETS as PRESETS
+from ..config import ACTConfig
 from ..layers import Dense, LayerNorm, PostLNEncoderLayer, bert_init, dropout, split_or_none
 from .options import with_options
 
 
-# ------------------------------------------------------------------------------------ config
-
-def _require(cond: bool, name: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"act.{name}: {msg}")
-
-
-@dataclass(frozen=True)
-class ACTConfig:
-    vocab_size: int = 512
-    embed_dim: int = 128  # E, ALBERT's factorised embedding size
-    d_model: int = 128
-    n_heads: int = 2
-    d_ff: int = 0  # 0 -> 4 * d_model
-    max_len: int = 128
-    n_segments: int = 2
-    max_iters: int = 6  # M: the cap on iterations (ACT), or the depth (fixed, untied)
-    tau: float = 1e-3  # ponder-cost weight
-    eps: float = 0.01
-    dropout: float = 0.0
-    halting: str = "act"  # "act" | "fixed": exactly M iterations, no halting (weight-tied ALBERT)
-    halting_bias_init: float = 0.0  # b_h at init; tests and benchmarks move it to force depths
-    remat: bool = False  # recompute the shared layer on the backward pass instead of storing it
-
-    def __post_init__(self):
-        for name in ("vocab_size", "embed_dim", "d_model", "n_heads", "max_len", "n_segments",
-                     "max_iters"):
-            v = getattr(self, name)
-            _require(isinstance(v, int) and v > 0, name, f"must be a positive integer, got {v!r}")
-        _require(self.d_ff >= 0, "d_ff", f"must be >= 0 (0 means 4 * d_model), got {self.d_ff}")
-        _require(self.d_model % self.n_heads == 0, "n_heads",
-                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        _require(self.tau >= 0.0, "tau", f"must be >= 0, got {self.tau}")
-        _require(0.0 < self.eps < 1.0, "eps", f"must be in (0, 1), got {self.eps}")
-        _require(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
-        _require(self.halting in ("act", "fixed"), "halting",
-                 f"must be 'act' or 'fixed', got {self.halting!r}")
-
-    @property
-    def ff(self) -> int:
-        return self.d_ff or 4 * self.d_model
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> "ACTConfig":
-        _require(name in PRESETS, "preset", f"unknown preset {name!r}; known: {sorted(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
-
-
-# (tau, M) are the paper's; sizes are small enough for a CPU except base (ALBERT-base width).
-PRESETS: dict[str, dict] = {
-    "tiny": dict(tau=1e-3, max_iters=6, d_model=128, n_heads=2),
-    "small": dict(tau=5e-4, max_iters=12, d_model=256, n_heads=4),
-    "base": dict(tau=2.5e-4, max_iters=24, d_model=768, n_heads=12),
-}
+# The config (ACTConfig, with the presets) lives in jaxdepth/config.py as the `act` section.
 
 _SHAPE_FIELDS = ("vocab_size", "embed_dim", "d_model", "n_heads", "d_ff", "max_len", "n_segments")
 

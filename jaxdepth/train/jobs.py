@@ -67,6 +67,9 @@ class LMJob:
     def pretrained(self, mesh):
         return None, None
 
+    def objective(self):
+        return None  # the LM objective of train/state.py
+
     def evaluate(self, model: DecoderLM, step: int, sharding, final: bool) -> tuple[dict, str]:
         ev = evaluate(model, self.valid, sharding)
         return ev, f"valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}"
@@ -148,6 +151,9 @@ class TaskJob:
         model, self.init_step = load_pretrained(self.cfg, mesh)
         return model, self.init_step
 
+    def objective(self):
+        return None  # the LM objective, with the prefix-LM weights of the features
+
     def evaluate(self, model: DecoderLM, step: int, sharding, final: bool) -> tuple[dict, str]:
         loss, _ = mean_loss(model, self.dev, sharding)
         d = self.data
@@ -185,4 +191,7 @@ def _subset(examples: list, n: int, seed: int) -> list:
 
 
 def make_job(cfg: Config, run_dir: Path, primary: bool, barrier):
+    if cfg.model.arch != "decoder":
+        from .encoder_job import EncoderJob
+        return EncoderJob(cfg, run_dir, primary, barrier)
     return (TaskJob if cfg.task.name else LMJob)(cfg, run_dir, primary, barrier)

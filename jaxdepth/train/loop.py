@@ -70,11 +70,17 @@ def train(cfg: Config) -> dict:
     if primary:
         ckpt.write_config(run_dir, cfg)
 
-    step_fn = make_train_step(cfg, tx, mesh, shardings)
+    step_fn = make_train_step(cfg, tx, mesh, shardings, job.objective())
     b_sharding = batch_sharding(mesh)
     writer = MetricsWriter(run_dir, enabled=primary)
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
-    flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len)
+    if cfg.model.arch == "decoder":
+        flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len)
+        n_params = param_count(cfg.model)
+    else:
+        from .encoder_job import encoder_flops_per_token, encoder_param_count
+        flops_per_token = encoder_flops_per_token(cfg)
+        n_params = encoder_param_count(state.model)
     peak, peak_source = device_peak_flops(cfg.model.compute_dtype)
     peak_total = peak * mesh.size
 
@@ -114,9 +120,11 @@ def train(cfg: Config) -> dict:
             history.update(tokens_per_s=avg, mfu=avg * flops_per_token / peak_total)
             bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tps:,.0f}")
         if step % cfg.run.log_every == 0 or step == end or step == start + 1:
-            writer.write(step, loss=m["loss"], ppl=math.exp(min(m["loss"], 80.0)),
-                         lr=float(lr_at(step - 1)), grad_norm=m["grad_norm"],
-                         param_norm=m["param_norm"], **rates)
+            extra = {k: v for k, v in m.items()
+                     if k not in ("loss", "grad_norm", "param_norm", "tokens")}
+            ppl = {"ppl": math.exp(min(m["loss"], 80.0))} if cfg.model.arch == "decoder" else {}
+            writer.write(step, loss=m["loss"], **ppl, lr=float(lr_at(step - 1)),
+                         grad_norm=m["grad_norm"], param_norm=m["param_norm"], **extra, **rates)
 
     def run_eval(step: int, final: bool = False) -> None:
         t0 = time.perf_counter()
@@ -155,7 +163,7 @@ def train(cfg: Config) -> dict:
     if final_step >= cfg.run.steps:
         run_eval(final_step, final=True)
         summary.update(history)
-        summary.update(params=param_count(cfg.model), flops_per_token=flops_per_token,
+        summary.update(params=n_params, flops_per_token=flops_per_token,
                        peak_flops=peak, peak_source=peak_source, devices=mesh.size,
                        **job.summary(state.model))
     summary.update(run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"),

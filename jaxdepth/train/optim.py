@@ -33,10 +33,16 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     return lambda step: after(jnp.asarray(step, jnp.float32))
 
 
+_NO_DECAY_LEAVES = ("b", "bias", "bias_V", "halt_b")
+
+
 def decay_mask(params):
-    """Weight decay on weight matrices only: not on norm scales (stacked or not)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: "norm" not in jax.tree_util.keystr(path), params)
+    """Weight decay on weights only: not on norms (scales and biases, stacked or not) nor on
+    biases (BERT / ALBERT practice)."""
+    def decay(path, _) -> bool:
+        names = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
+        return not any("norm" in n for n in names) and (not names or names[-1] not in _NO_DECAY_LEAVES)
+    return jax.tree_util.tree_map_with_path(decay, params)
 
 
 def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -65,6 +71,9 @@ def _make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransfo
     if cfg.name == "adamw":
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           mask=decay_mask)
+    elif cfg.name == "lamb":  # layer-wise trust ratio (You et al.), as ALBERT
+        opt = optax.lamb(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                         mask=decay_mask)
     else:  # t5x defaults: factored second moments, update clipping 1.0, decay 0.8, no momentum
         opt = optax.adafactor(lr, weight_decay_rate=cfg.weight_decay or None,
                               weight_decay_mask=decay_mask)

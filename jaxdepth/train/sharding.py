@@ -38,6 +38,23 @@ PARAM_AXES = {
     "mlp.wo": ("mlp", "embed"),
     "scale": ("norm",),
     "rel_bias.table": ("buckets", "heads"),
+    # encoders (models/act.py): BERT-style dense layers with biases, ALBERT embeddings
+    "attn.q.w": ("embed", "heads"),
+    "attn.k.w": ("embed", "heads"),
+    "attn.v.w": ("embed", "heads"),
+    "attn.o.w": ("heads", "embed"),
+    "ff_in.w": ("embed", "mlp"),
+    "ff_in.b": ("mlp",),
+    "ff_out.w": ("mlp", "embed"),
+    "token_VE": ("vocab", "norm"),
+    "mlm.bias_V": ("vocab",),
+    "halt_b": (),
+    "bias": ("norm",),
+    "b": ("norm",),
+    "w": ("norm", "norm"),  # small projections (embedding, pooler, heads): replicated
+    "position_LE": ("norm", "norm"),
+    "segment_SE": ("norm", "norm"),
+    "halt_w_D": ("norm",),
 }
 
 

@@ -9,6 +9,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 from ..config import Config
+from ..models.build import build_model
 from ..models.decoder import DecoderLM
 from . import sharding as shd
 from .losses import fused_lm_head_loss, lm_loss_sums
@@ -16,14 +17,14 @@ from .losses import fused_lm_head_loss, lm_loss_sums
 
 class TrainState(eqx.Module):
     step: Array  # int32 scalar: optimizer steps taken
-    model: DecoderLM
+    model: eqx.Module  # DecoderLM, or an encoder of models/act.py
     opt_state: optax.OptState
     key: Array  # uint32 raw key data; dropout at step s uses fold_in(key, s)
 
 
 def init_state(cfg: Config, tx: optax.GradientTransformation) -> TrainState:
     key = jax.random.key(cfg.run.seed)
-    model = DecoderLM(cfg.model, key=jax.random.fold_in(key, 0))
+    model = build_model(cfg, key=jax.random.fold_in(key, 0))
     params = eqx.filter(model, eqx.is_array)
     return TrainState(jnp.int32(0), model, tx.init(params),
                       jax.random.key_data(jax.random.fold_in(key, 1)))
@@ -47,29 +48,40 @@ def sharded_init(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh,
     return init()
 
 
-def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, shardings):
-    """One optimizer step over a global batch, split into cfg.optim.accum_steps micro-batches.
-
-    Loss sums are accumulated and divided by the total weight once, so the update does not
-    depend on how the batch is split. The state argument is donated.
-    """
-    accum = cfg.optim.accum_steps
+def lm_objective(cfg: Config):
+    """Causal / prefix LM: weighted NLL (+ z-loss) over the global batch's total weight."""
     z_loss = cfg.model.z_loss
-    micro_sharding = NamedSharding(mesh, P(None, "data"))
 
-    def loss_fn(model, mb, key):
+    def objective(model, mb, key, totals):
+        n = totals["tokens"]
         if not cfg.model.xent_chunk:
             logits = model(mb["inputs"], key=key)
-            obj, nll, n = lm_loss_sums(logits, mb["targets"], mb["weights"], z_loss)
-            return obj, (nll, n)
-        x_BTD, _ = model.hidden(mb["inputs"], key=key)
-        head = model.lm_head.astype(model.compute_dtype)
-        obj, nll = fused_lm_head_loss(x_BTD.reshape(-1, x_BTD.shape[-1]), head,
-                                      mb["targets"].reshape(-1), mb["weights"].reshape(-1),
-                                      z_loss, cfg.model.xent_chunk)
-        return obj, (nll, jnp.sum(mb["weights"]))
+            obj, nll, _ = lm_loss_sums(logits, mb["targets"], mb["weights"], z_loss)
+        else:
+            x_BTD, _ = model.hidden(mb["inputs"], key=key)
+            head = model.lm_head.astype(model.compute_dtype)
+            obj, nll = fused_lm_head_loss(x_BTD.reshape(-1, x_BTD.shape[-1]), head,
+                                          mb["targets"].reshape(-1), mb["weights"].reshape(-1),
+                                          z_loss, cfg.model.xent_chunk)
+        return obj / n, {"loss": nll / n, "tokens": jnp.sum(mb["weights"])}
 
-    grad_fn = eqx.filter_value_and_grad(loss_fn, has_aux=True)
+    return objective, lambda batch: {"tokens": jnp.sum(batch["weights"])}
+
+
+def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, shardings,
+                    objective=None):
+    """One optimizer step over a global batch, split into cfg.optim.accum_steps micro-batches.
+
+    `objective` = (fn, totals): totals(batch) gives the normalisers of the whole batch (e.g.
+    its target-token count) and fn(model, micro_batch, key, totals) -> (value, metrics) the
+    micro-batch's share of the batch objective and metrics. Shares add up to the batch value,
+    so the update does not depend on how the batch is split (default: lm_objective). The
+    state argument is donated.
+    """
+    accum = cfg.optim.accum_steps
+    objective_fn, total_fn = objective or lm_objective(cfg)
+    micro_sharding = NamedSharding(mesh, P(None, "data"))
+    grad_fn = eqx.filter_value_and_grad(objective_fn, has_aux=True)
 
     def split(x):  # row b goes to micro-batch b % accum, so every device feeds every micro-batch
         x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
@@ -78,34 +90,42 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
     @eqx.filter_jit(donate="all-except-first")
     def step(batch, state: TrainState):
         key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
-        use_dropout = cfg.model.dropout > 0
+        use_dropout = _uses_dropout(cfg)
+        totals = total_fn(batch)
         micro = jax.tree.map(split, batch)
         params, static = eqx.partition(state.model, eqx.is_array)
 
         def body(carry, xs):
-            g_acc, nll_acc, n_acc = carry
+            g_acc, m_acc = carry
             mb, i = xs
             model = eqx.combine(params, static)
             k = jax.random.fold_in(key, i) if use_dropout else None
-            (_, (nll, n)), g = grad_fn(model, mb, k)
+            (_, metrics), g = grad_fn(model, mb, k, totals)
             g_acc = jax.tree.map(jnp.add, g_acc, eqx.filter(g, eqx.is_array))
-            return (g_acc, nll_acc + nll, n_acc + n), None
+            return (g_acc, jax.tree.map(jnp.add, m_acc, metrics)), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        (grads, nll, n), _ = jax.lax.scan(body, (zeros, jnp.float32(0), jnp.float32(0)),
-                                          (micro, jnp.arange(accum)))
-        grads = jax.tree.map(lambda g: g / n, grads)
+        m_zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                               jax.eval_shape(lambda: grad_fn(eqx.combine(params, static),
+                                                              jax.tree.map(lambda x: x[0], micro),
+                                                              None, totals)[0][1]))
+        (grads, sums), _ = jax.lax.scan(body, (zeros, m_zeros), (micro, jnp.arange(accum)))
         updates, opt_state = tx.update(grads, state.opt_state, params)
         model = eqx.apply_updates(state.model, updates)
         new = TrainState(state.step + 1, model, opt_state, state.key)
         new = eqx.filter_shard(new, shardings)
         # param_norm lets the loop refuse to checkpoint parameters the update made non-finite
         # (the loss of this step was computed before the update, so it cannot tell).
-        metrics = {"loss": nll / n, "grad_norm": optax.tree.norm(grads), "tokens": n,
-                   "param_norm": optax.tree.norm(eqx.filter(model, eqx.is_array))}
+        metrics = dict(sums)
+        metrics.update(grad_norm=optax.tree.norm(grads),
+                       param_norm=optax.tree.norm(eqx.filter(model, eqx.is_array)))
         return new, metrics
 
     return lambda state, batch: step(batch, state)
+
+
+def _uses_dropout(cfg: Config) -> bool:
+    return (cfg.model.dropout if cfg.model.arch == "decoder" else cfg.act.dropout) > 0
 
 
 @eqx.filter_jit

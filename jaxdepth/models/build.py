@@ -1,0 +1,26 @@
+"""The model a Config describes: the decoder LM, or one of the encoders of models/act.py."""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxtyping import Array
+
+from ..config import ACTConfig, Config
+
+
+def encoder_config(cfg: Config) -> ACTConfig:
+    """cfg.act with the run's vocabulary, and the halting mode model.arch asks for."""
+    halting = "fixed" if cfg.model.arch == "albert" else cfg.act.halting
+    return dataclasses.replace(cfg.act, vocab_size=cfg.model.vocab_size, halting=halting)
+
+
+def build_model(cfg: Config, *, key: Array):
+    from .act import ACTEncoder, UntiedEncoder
+    from .decoder import DecoderLM
+
+    arch = cfg.model.arch
+    if arch == "decoder":
+        return DecoderLM(cfg.model, key=key)
+    if arch == "bert":
+        return UntiedEncoder(encoder_config(cfg), key=key)
+    return ACTEncoder(encoder_config(cfg), key=key)

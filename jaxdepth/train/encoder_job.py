@@ -1,0 +1,152 @@
+"""MLM + SOP pretraining of the encoders of models/act.py (ACT, weight-tied ALBERT, untied
+BERT) through the same loop, checkpoints and sharding as the decoder (DESIGN.md section 3).
+
+Objective (ALBERT, plus Graves' ponder cost for ACT): the MLM cross-entropy averaged over the
+global batch's prediction slots, the SOP cross-entropy averaged over its rows, and
+tau * mean over rows of sum_t mask_t (N_t + R_t). Evaluation at each evaluation point: the
+paper's Table 1 statistics (MLM / SOP accuracy, mean iterations per token group) and the
+cosine similarity between consecutive iteration states (Fig. 2) on fixed validation batches;
+the last one is also written to ``<run>/analysis/``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..analysis.act_stats import evaluate_act, plot_cosine, write_cosine_table, write_table1
+from ..config import Config, ConfigError
+from ..data import grammar
+from ..data.mlm import (MLMConfig, eval_mlm_batches, grammar_documents, mlm_dataset,
+                        text_documents, tokenize_mlm_documents)
+from ..data.pipeline import split_documents
+from ..data.tokenizer import Tokenizer, train_tokenizer
+from ..layers import split_or_none
+from ..models.act import _xent
+
+EVAL_BATCHES = 4  # validation batches when run.eval_batches is 0
+
+
+def encoder_objective(cfg: Config):
+    def objective(model, mb, key, totals):
+        k_enc, k_sop = split_or_none(key, 2)
+        out = model(mb["tokens"], mb["segments"], mb["mask"], key=k_enc)
+        w_BP = mb["mlm_weights"].astype(jnp.float32)
+        mlm_ce = _xent(model.mlm_logits(out.h_BTD, mb["mlm_positions"]), mb["mlm_ids"])
+        mlm = jnp.sum(w_BP * mlm_ce) / totals["predictions"]
+        sop = jnp.sum(_xent(model.sop_logits(out.h_BTD, key=k_sop), mb["sop_labels"])) / totals["rows"]
+        real = mb["mask"].astype(jnp.float32)
+        ponder = jnp.sum(real * (out.N_BT + out.R_BT)) / totals["rows"]
+        value = mlm + sop + model.ponder_weight * ponder
+        return value, {"loss": value, "mlm": mlm, "sop": sop, "ponder": ponder,
+                       "iterations": jnp.sum(real * out.N_BT) / totals["tokens"],
+                       "tokens": jnp.sum(real)}
+
+    def totals(batch):
+        return {"predictions": jnp.maximum(jnp.sum(batch["mlm_weights"].astype(jnp.float32)), 1.0),
+                "rows": jnp.float32(batch["tokens"].shape[0]),
+                "tokens": jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)}
+
+    return objective, totals
+
+
+def mlm_config(cfg: Config) -> MLMConfig:
+    d = cfg.data
+    try:
+        return MLMConfig(seq_len=d.seq_len, mask_rate=d.mask_rate, max_predictions=d.max_predictions,
+                         max_ngram=d.max_ngram)
+    except ValueError as e:  # name the config field, not the internal dataclass
+        raise ConfigError(f"data: {e}") from None
+
+
+def _documents(cfg: Config) -> tuple[list[list[str]], list[list[str]]]:
+    d = cfg.data
+    if d.corpus == "grammar":
+        docs = grammar_documents(d.grammar_docs, seed=d.grammar_seed)
+    else:
+        docs = text_documents([p.strip() for p in d.corpus.split(",") if p.strip()])
+    if d.valid:
+        return docs, text_documents([p.strip() for p in d.valid.split(",") if p.strip()])
+    return split_documents(docs, d.valid_fraction, seed=d.grammar_seed)
+
+
+class EncoderJob:
+    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
+        self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
+        self.mlm = mlm_config(cfg)
+        train_docs, valid_docs = _documents(cfg)
+        if not valid_docs:
+            raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give data.valid)")
+        tok_path = run_dir / "data" / "tokenizer.model"
+        if primary and not tok_path.is_file():
+            tok_path.parent.mkdir(parents=True, exist_ok=True)
+            if cfg.data.tokenizer:
+                tok = Tokenizer.load(cfg.data.tokenizer)
+            else:
+                chars = grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else ""
+                tok = train_tokenizer([" ".join(doc) for doc in train_docs], cfg.model.vocab_size,
+                                      required_chars=chars)
+            tok.save(tok_path.with_suffix(".tmp"))
+            tok_path.with_suffix(".tmp").replace(tok_path)
+        barrier()
+        self.tokenizer = Tokenizer.load(tok_path)
+        if self.tokenizer.vocab_size != cfg.model.vocab_size:
+            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} does not match the tokenizer "
+                              f"{cfg.data.tokenizer or tok_path} with {self.tokenizer.vocab_size} pieces")
+        self.train = tokenize_mlm_documents(train_docs, self.tokenizer)
+        valid = tokenize_mlm_documents(valid_docs, self.tokenizer)
+        # Fixed validation batches: seeded apart from the training stream.
+        self.valid = eval_mlm_batches(valid, self.mlm, cfg.model.vocab_size,
+                                      n_batches=cfg.run.eval_batches or EVAL_BATCHES,
+                                      batch_size=cfg.data.batch_size, seed=cfg.run.seed + 1_000_003)
+
+    def dataset(self) -> grain.MapDataset:
+        return mlm_dataset(self.train, self.mlm, self.cfg.model.vocab_size,
+                           global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
+                           process_index=jax.process_index(), process_count=jax.process_count())
+
+    def pretrained(self, mesh):
+        return None, None
+
+    def objective(self):
+        return encoder_objective(self.cfg)
+
+    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+        res = evaluate_act(model, self.valid, use_while=self.cfg.model.arch == "act")
+        t1 = res["table1"]
+        scalars = {"mlm_accuracy": t1["mlm_accuracy"], "sop_accuracy": t1["sop_accuracy"],
+                   "mean_iterations": t1["iterations"]["all"]}
+        if final and self.primary:
+            out = self.run_dir / "analysis"
+            out.mkdir(parents=True, exist_ok=True)
+            label = f"{self.cfg.model.arch} step {step}"
+            write_table1(res, out / "table1.md", out / "table1.json", label=label)
+            write_cosine_table(res["cosine"], out / "cosine.csv")
+            plot_cosine(res["cosine"], out / "cosine.png", title=f"{label}: consecutive-state cosine")
+        msg = ", ".join(f"{k} {v:.4f}" for k, v in scalars.items() if v is not None)
+        return {**scalars, "table1": t1, "cosine": _finite(res["cosine"]["overall"])}, msg
+
+    def summary(self, model) -> dict:
+        return {"arch": self.cfg.model.arch, "analysis": str(self.run_dir / "analysis")}
+
+
+def _finite(xs) -> list:
+    return [None if (x is None or (isinstance(x, float) and math.isnan(x))) else float(x) for x in xs]
+
+
+def encoder_flops_per_token(cfg: Config) -> int:
+    """Training FLOPs per token (PaLM convention, as the decoder): 6 x matmul parameters each
+    iteration + 12 x T x d attention, times the M iterations the training scan always runs,
+    plus the embedding projection; the MLM head (on <= max_predictions tokens) is left out."""
+    a, T = cfg.act, cfg.data.seq_len
+    per_iter = 6 * (4 * a.d_model * a.d_model + 2 * a.d_model * a.ff) + 12 * T * a.d_model
+    return a.max_iters * per_iter + 6 * a.embed_dim * a.d_model
+
+
+def encoder_param_count(model) -> int:
+    import equinox as eqx
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array))))
