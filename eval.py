@@ -6,6 +6,11 @@ A language-model run: perplexity on its validation set or any text files.
     python eval.py --run runs/default --data a.txt,b.jsonl  # any text / JSONL files
     python eval.py --run runs/default --step 200 --out ppl.json
 
+An encoder run (model.arch act / albert / bert): the paper's Table 1 and Fig. 2 statistics.
+
+    python eval.py --run runs/act-tiny                      # -> runs/act-tiny/eval/step<N>/
+    python eval.py --run runs/act-tiny --data wiki.valid.txt
+
 A fine-tuned (prefix-LM) run: exact match of greedy decoding on any split of its task (whole
 splits), predictions (input, gold, prediction, correct, type) as JSONL next to a summary JSON.
 
@@ -114,6 +119,13 @@ def main(argv) -> int:
     from jaxdepth.config import ConfigError
     run = Path(args.run)
     try:
+        if _arch(run) != "decoder" and not _is_task_run(run):
+            out = evaluate_encoder_checkpoint(run, args.step, args.data, args.batch, args.out)
+            print(json.dumps(out, indent=2))
+            return 0
+        if _is_task_run(run) and _arch(run) != "decoder":
+            raise ValueError(f"{run} fine-tunes an encoder on a probing task: its dev/test "
+                             f"results are in {run / 'analysis' / 'probe.json'}")
         if _is_task_run(run):
             out = evaluate_task_checkpoint(run, args.step, args.splits, args.task_dir, args.batch,
                                            args.max, args.out)
@@ -129,6 +141,40 @@ def main(argv) -> int:
     print(text)
     Path(args.out or run / f"eval_step{out['step']}.json").write_text(text + "\n")
     return 0
+
+
+def evaluate_encoder_checkpoint(run: Path, step: int | None = None, data: str = "",
+                                batch: int = 0, out: str = "") -> dict:
+    """Table 1 (MLM / SOP accuracy, mean iterations per token group) and Fig. 2 (cosine of
+    consecutive iteration states) of an encoder checkpoint, on the run's validation batches or
+    on MLM batches built from other text files."""
+    import dataclasses
+
+    from jaxdepth.analysis.act_stats import (evaluate_act, plot_cosine, write_cosine_table,
+                                             write_table1)
+    from jaxdepth.train.encoder_job import EncoderJob
+
+    cfg, model, step, _, _ = load_checkpoint(run, step, batch)
+    if data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=data))
+    if batch:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch))
+    job = EncoderJob(cfg, run, primary=False, barrier=lambda: None)  # reads, never writes
+    res = evaluate_act(model, job.valid, use_while=cfg.model.arch == "act")
+    directory = Path(out) if out else run / "eval" / f"step{step}"
+    directory.mkdir(parents=True, exist_ok=True)
+    label = f"{cfg.model.arch} step {step}"
+    files = [write_table1(res, directory / "table1.md", directory / "table1.json", label=label),
+             write_cosine_table(res["cosine"], directory / "cosine.csv"),
+             plot_cosine(res["cosine"], directory / "cosine.png", title=label)]
+    return {"run": str(run), "step": step, "data": data or "validation batches of the run",
+            "table1": res["table1"], "files": [str(f) for f in files]}
+
+
+def _arch(run: Path) -> str:
+    config = run / "config.json"
+    return json.loads(config.read_text()).get("model", {}).get("arch", "decoder") \
+        if config.is_file() else "decoder"
 
 
 def _is_task_run(run: Path) -> bool:

@@ -43,7 +43,13 @@ def print_summary(s: dict) -> None:
         print(f"stopped at step {s['step']}; resume with the same command.")
     else:
         train_loss = f"train loss {s['train_loss']:.4f}, " if "train_loss" in s else ""
-        if "arch" in s:
+        if "probe" in s:
+            p = s["probe"]
+            print(f"\nfinished step {s['step']}: {train_loss}{p['arch']} on {p['task']}: "
+                  f"test accuracy {100 * p['test']['accuracy']:.1f}% "
+                  f"(dev {100 * p['dev']['accuracy']:.1f}%), mean iterations "
+                  f"{p['test']['mean_iterations']:.2f}\nresults: {s['analysis']}")
+        elif "arch" in s:
             t1 = s["table1"]
             it = ", ".join(f"{g} {v:.2f}" for g, v in t1["iterations"].items() if v is not None)
             print(f"\nfinished step {s['step']}: {train_loss}MLM accuracy "

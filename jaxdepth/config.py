@@ -219,6 +219,8 @@ ACT_PRESETS: dict[str, dict] = {
 
 TASKS = ("semantic_parsing", "passivization", "cogs", "cogs_vf", "geoquery")
 GRAMMAR_TASKS = ("semantic_parsing", "passivization")
+# Encoder fine-tuning / probing tasks from the embedded grammar (data/probing.py).
+PROBE_TASKS = ("tense", "subj_number", "obj_number", "roles")
 
 
 @dataclass(frozen=True)
@@ -243,9 +245,10 @@ class TaskConfig:
     truncate: bool = False  # cut over-long examples (seqio style) instead of refusing them
 
     def __post_init__(self):
-        _require(self.name in ("",) + TASKS, "task.name",
-                 f"must be empty (LM pretraining) or one of {', '.join(TASKS)}; got {self.name!r}")
-        _require(not self.name or bool(self.dir) or self.name in GRAMMAR_TASKS, "task.dir",
+        _require(self.name in ("",) + TASKS + PROBE_TASKS, "task.name",
+                 f"must be empty (pretraining) or one of {', '.join(TASKS + PROBE_TASKS)}; "
+                 f"got {self.name!r}")
+        _require(not self.name or bool(self.dir) or self.name in GRAMMAR_TASKS + PROBE_TASKS, "task.dir",
                  f"task {self.name!r} is read from its published files: set task.dir (the "
                  f"embedded grammar provides only {', '.join(GRAMMAR_TASKS)})")
         _require(self.init_step >= 0, "task.init_step", "must be >= 0")
@@ -275,9 +278,12 @@ class Config:
             _require(self.act.max_len >= self.data.seq_len, "act.max_len",
                      f"{self.act.max_len} position embeddings cannot hold data.seq_len="
                      f"{self.data.seq_len}")
-            _require(not self.task.name, "task.name",
-                     f"fine-tuning tasks are for the decoder; model.arch={self.model.arch!r} "
-                     f"pretrains with MLM + SOP")
+            _require(not self.task.name or self.task.name in PROBE_TASKS, "task.name",
+                     f"{self.task.name!r} is a decoder task; encoders (model.arch="
+                     f"{self.model.arch!r}) fine-tune on {', '.join(PROBE_TASKS)}")
+        elif self.task.name in PROBE_TASKS:
+            _require(False, "task.name", f"{self.task.name!r} fine-tunes an encoder: set "
+                     f"model.arch to act, albert or bert")
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
 

@@ -97,7 +97,9 @@ def test_pretraining_learns_and_tau_sets_the_depth(tmp_path):
 
     runs = {}
     for tau in (0.0, 0.05):
-        cfg = _cfg(tmp_path / f"tau{tau}", act={"tau": tau}, optim={"lr": 2e-2},
+        # b_h = -1 at init: every token starts at the cap (4), so the ponder weight has room
+        cfg = _cfg(tmp_path / f"tau{tau}", act={"tau": tau, "halting_bias_init": -1.0},
+                   optim={"lr": 2e-2},
                    data={"batch_size": 16},
                    run={"steps": 60, "eval_every": 60, "save_every": 60, "log_every": 10})
         s = train(cfg)
@@ -111,3 +113,85 @@ def test_pretraining_learns_and_tau_sets_the_depth(tmp_path):
     assert it[0.05] < it[0.0]
     assert (tmp_path / "tau0.0" / "analysis" / "table1.md").is_file()
     assert (tmp_path / "tau0.0" / "analysis" / "cosine.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path):
+    """Pretrain a tiny ACT encoder, fine-tune it on tense and on roles: the encoder starts from
+    the checkpoint under a fresh head, and the reported accuracy and per-role
+    iterations equal an independent recomputation from the saved model; eval.py reproduces the
+    final Table 1 of the pretraining run."""
+    import subprocess
+    import sys
+
+    from jaxdepth.data.probing import ROLE_NAMES
+    from jaxdepth.data.tokenizer import Tokenizer
+    from jaxdepth.data.probing import make_probe_data
+    from jaxdepth.train import checkpoint as ckpt
+    from jaxdepth.train.loop import train
+
+    pre = tmp_path / "pre"
+    s_pre = train(_cfg(pre, run={"steps": 6, "eval_every": 6, "save_every": 3}))
+    enc, _, _ = ckpt.load_model(pre, 6)
+
+    # eval.py on the pretraining run = the trainer's own final evaluation
+    out = subprocess.run([sys.executable, "eval.py", "--run", str(pre)], capture_output=True,
+                         text=True, cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)["table1"]
+    assert got["mlm_accuracy"] == s_pre["table1"]["mlm_accuracy"]
+    assert got["iterations"]["all"] == pytest.approx(s_pre["table1"]["iterations"]["all"], abs=1e-9)
+
+    for task, steps in (("tense", 20), ("roles", 6)):
+        run = tmp_path / task
+        cfg = _cfg(run, task={"name": task, "init_from": str(pre), "n_train": 512, "n_eval": 128},
+                   data={"batch_size": 16},
+                   optim={"name": "adamw", "lr": 3e-3, "weight_decay": 0.0},
+                   run={"steps": steps, "eval_every": steps, "save_every": steps})
+        if task == "roles":  # the encoder starts from the pretrained checkpoint, the head fresh
+            from jaxdepth.data.pipeline import lm_iterator
+            from jaxdepth.train.jobs import make_job
+            from jaxdepth.train.loop import restore_or_init
+            from jaxdepth.train.optim import make_optimizer
+            from jaxdepth.train.sharding import make_mesh
+            from jaxdepth.train.state import init_state
+
+            job = make_job(cfg, run, True, lambda: None)
+            tx = make_optimizer(cfg.optim, cfg.run.steps)
+            state, _ = restore_or_init(cfg, tx, make_mesh(cfg.mesh), ckpt.open_manager(run, 1),
+                                       lm_iterator(job.dataset()), job)
+            for a, b in zip(jax.tree.leaves(eqx.filter(state.model.encoder, eqx.is_array)),
+                            jax.tree.leaves(eqx.filter(enc, eqx.is_array))):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            np.testing.assert_array_equal(np.asarray(state.model.head.w),
+                                          np.asarray(init_state(cfg, tx).model.head.w))
+        s = train(cfg)
+        assert s["init_step"] == 6
+        model, _, _ = ckpt.load_model(run, steps)
+        tok = Tokenizer.load(run / "data" / "tokenizer.model")
+        data = make_probe_data(task, tok, n_train=512, n_eval=128, seed=0, seq_len=32)["test"]
+        logits, o = model(jnp.asarray(data["tokens"]), jnp.asarray(data["segments"]),
+                          jnp.asarray(data["mask"]))  # scan path; the job used the while loop
+        pred, N = np.asarray(jnp.argmax(logits, -1)), np.asarray(o.N_BT)
+        probe = json.loads((run / "analysis" / "probe.json").read_text())["test"]
+        labels = data["labels"]
+        valid = labels >= 0
+        assert probe["accuracy"] == pytest.approx(float((pred == labels)[valid].mean()), abs=1e-9)
+        assert probe["mean_iterations"] == pytest.approx(float(N[data["mask"] > 0].mean()), abs=1e-6)
+        assert 0 < probe["n"] == len(labels)
+        if task == "roles":
+            for i, name in enumerate(ROLE_NAMES):
+                if (data["roles"] == i).any():
+                    assert probe["iterations_by_role"][name]["iterations"] == pytest.approx(
+                        float(N[data["roles"] == i].mean()), abs=1e-6)
+
+
+def test_encoder_task_config_errors():
+    from jaxdepth.config import ConfigError
+
+    with pytest.raises(ConfigError, match="task.name"):
+        _cfg(task={"name": "semantic_parsing"})
+    with pytest.raises(ConfigError, match="task.name"):
+        Config.from_dict({"task": {"name": "tense"}})
+    with pytest.raises(ConfigError, match="act.max_len"):
+        _cfg(data={"seq_len": 64})

@@ -125,10 +125,10 @@ def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
         (pre / "data" / "tokenizer.model").read_bytes()  # one tokenizer for both
     with pytest.raises(ConfigError, match="model.d_ff: 80 here but 64"):
         make_job(_cfg(tmp_path / "x", model={"d_ff": 80}, task={"init_from": str(pre)}),
-                 tmp_path / "x", True, lambda: None).pretrained(mesh)
+                 tmp_path / "x", True, lambda: None).initial_model(mesh, None)
     with pytest.raises(ValueError, match="task.init_step 3: not a checkpoint"):
         make_job(_cfg(tmp_path / "y", task={"init_from": str(pre), "init_step": 3}),
-                 tmp_path / "y", True, lambda: None).pretrained(mesh)
+                 tmp_path / "y", True, lambda: None).initial_model(mesh, None)
     with pytest.raises(FileNotFoundError, match="task.init_from"):
         make_job(_cfg(tmp_path / "z", task={"init_from": str(tmp_path / "nowhere")}),
                  tmp_path / "z", True, lambda: None)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 from jaxtyping import Array
 
-from ..config import ACTConfig, Config
+from ..config import PROBE_TASKS, ACTConfig, Config
 
 
 def encoder_config(cfg: Config) -> ACTConfig:
@@ -21,6 +22,11 @@ def build_model(cfg: Config, *, key: Array):
     arch = cfg.model.arch
     if arch == "decoder":
         return DecoderLM(cfg.model, key=key)
-    if arch == "bert":
-        return UntiedEncoder(encoder_config(cfg), key=key)
-    return ACTEncoder(encoder_config(cfg), key=key)
+    k_enc, k_head = jax.random.split(key)
+    enc = (UntiedEncoder if arch == "bert" else ACTEncoder)(encoder_config(cfg), key=k_enc)
+    if cfg.task.name in PROBE_TASKS:
+        from ..data.probing import label_names
+        from .classifier import EncoderClassifier
+        return EncoderClassifier(enc, len(label_names(cfg.task.name)), cfg.task.name == "roles",
+                                 key=k_head)
+    return enc

@@ -109,8 +109,8 @@ class EncoderJob:
                            global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
                            process_index=jax.process_index(), process_count=jax.process_count())
 
-    def pretrained(self, mesh):
-        return None, None
+    def initial_model(self, mesh, fresh):
+        return None
 
     def objective(self):
         return encoder_objective(self.cfg)

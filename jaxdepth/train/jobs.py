@@ -4,6 +4,7 @@ pretrained weights, the evaluation at each evaluation point and the final summar
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -64,8 +65,8 @@ class LMJob:
                           global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
                           process_index=jax.process_index(), process_count=jax.process_count())
 
-    def pretrained(self, mesh):
-        return None, None
+    def initial_model(self, mesh, fresh):
+        return None
 
     def objective(self):
         return None  # the LM objective of train/state.py
@@ -145,11 +146,12 @@ class TaskJob:
             self.data.train, global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
             process_index=jax.process_index(), process_count=jax.process_count()))
 
-    def pretrained(self, mesh):
+    def initial_model(self, mesh, fresh):
+        """The pretrained decoder (task.init_from), with this run's run-time options."""
         if not self.cfg.task.init_from:
-            return None, None
+            return None
         model, self.init_step = load_pretrained(self.cfg, mesh)
-        return model, self.init_step
+        return model.with_options(**dataclasses.asdict(self.cfg.model))
 
     def objective(self):
         return None  # the LM objective, with the prefix-LM weights of the features
@@ -192,6 +194,9 @@ def _subset(examples: list, n: int, seed: int) -> list:
 
 def make_job(cfg: Config, run_dir: Path, primary: bool, barrier):
     if cfg.model.arch != "decoder":
+        if cfg.task.name:
+            from .probe_job import ProbeJob
+            return ProbeJob(cfg, run_dir, primary, barrier)
         from .encoder_job import EncoderJob
         return EncoderJob(cfg, run_dir, primary, barrier)
     return (TaskJob if cfg.task.name else LMJob)(cfg, run_dir, primary, barrier)

@@ -1,7 +1,6 @@
 """The LM training loop: restore-or-init, jitted steps, periodic eval/checkpoint, metrics."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -40,9 +39,8 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, job):
     if step is not None:
         return ckpt.restore(mngr, step, abstract, shardings, data_iter), shardings
     state = sharded_init(cfg, tx, mesh, shardings)
-    pretrained, _ = job.pretrained(mesh)
-    if pretrained is not None:  # its weights, this run's run-time options (dropout, dtype...)
-        model = pretrained.with_options(**dataclasses.asdict(cfg.model))
+    model = job.initial_model(mesh, state.model)
+    if model is not None:  # pretrained weights, with this run's run-time options
         state = eqx.tree_at(lambda s: s.model, state, model)
     return state, shardings
 

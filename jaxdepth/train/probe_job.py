@@ -1,0 +1,189 @@
+"""Fine-tuning an encoder (ACT, ALBERT, BERT) on the embedded grammar's classification and
+probing tasks: main-verb tense, subject number, object number (sentence level, from [CLS]) and
+the grammatical role of every token (token level). The ponder cost stays in the loss.
+
+Evaluation reports accuracy and mean iterations on dev (and test at the end); for the roles
+task also the mean iterations per role (the paper's Table 3), written to
+``<run>/analysis/probe.{json,md}``. Running the same command on an `albert` or `bert` run
+gives the fixed-depth baseline to compare against.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import equinox as eqx
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..config import Config, ConfigError
+from ..data import grammar
+from ..data.pipeline import ExampleBatchSource
+from ..data.probing import ROLE_NAMES, label_names, make_probe_data
+from ..data.tokenizer import Tokenizer, train_tokenizer
+from ..models.act import _xent
+from ..models.build import encoder_config
+from . import checkpoint as ckpt
+
+SHAPE_FIELDS = ("embed_dim", "d_model", "n_heads", "d_ff", "max_len", "n_segments")
+
+
+def probe_objective(cfg: Config):
+    def objective(model, mb, key, totals):
+        logits, out = model(mb["tokens"], mb["segments"], mb["mask"], key=key)
+        labels = mb["labels"]
+        if model.token_level:
+            valid = (labels >= 0).astype(jnp.float32)
+            ce = jnp.sum(valid * _xent(logits, jnp.maximum(labels, 0))) / totals["labels"]
+        else:
+            ce = jnp.sum(_xent(logits, labels)) / totals["rows"]
+        real = mb["mask"].astype(jnp.float32)
+        ponder = jnp.sum(real * (out.N_BT + out.R_BT)) / totals["rows"]
+        value = ce + model.encoder.ponder_weight * ponder
+        return value, {"loss": value, "ce": ce, "ponder": ponder,
+                       "iterations": jnp.sum(real * out.N_BT) / totals["tokens"],
+                       "tokens": jnp.sum(real)}
+
+    def totals(batch):
+        return {"rows": jnp.float32(batch["tokens"].shape[0]),
+                "labels": jnp.maximum(jnp.sum((batch["labels"] >= 0).astype(jnp.float32)), 1.0),
+                "tokens": jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)}
+
+    return objective, totals
+
+
+@eqx.filter_jit
+def _predict(model, tokens, segments, mask, inference: bool):
+    logits, out = model(tokens, segments, mask, inference=inference)
+    return jnp.argmax(logits, -1), out.N_BT
+
+
+class ProbeJob:
+    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
+        self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
+        self.init_step = None
+        tok_path = run_dir / "data" / "tokenizer.model"
+        if primary and not tok_path.is_file():
+            tok_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = tok_path.with_suffix(".tmp")
+            src = (Path(cfg.task.init_from) / "data" / "tokenizer.model" if cfg.task.init_from
+                   else Path(cfg.data.tokenizer) if cfg.data.tokenizer else None)
+            if src is not None:
+                if not src.is_file():
+                    raise FileNotFoundError(f"task.init_from / data.tokenizer: no tokenizer at {src}")
+                shutil.copyfile(src, tmp)
+            else:
+                train_tokenizer(grammar.corpus_texts(cfg.data.grammar_docs, seed=cfg.data.grammar_seed),
+                                cfg.model.vocab_size).save(tmp)
+            tmp.replace(tok_path)
+        barrier()
+        self.tokenizer = Tokenizer.load(tok_path)
+        if self.tokenizer.vocab_size != cfg.model.vocab_size:
+            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} does not match the "
+                              f"tokenizer {tok_path} with {self.tokenizer.vocab_size} pieces")
+        t = cfg.task
+        self.data = make_probe_data(t.name, self.tokenizer, n_train=t.n_train, n_eval=t.n_eval,
+                                    seed=t.seed, seq_len=cfg.data.seq_len)
+
+    def dataset(self) -> grain.MapDataset:
+        keep = ("tokens", "segments", "mask", "labels")
+        return grain.MapDataset.source(ExampleBatchSource(
+            {k: self.data["train"][k] for k in keep}, global_batch=self.cfg.data.batch_size,
+            seed=self.cfg.run.seed, process_index=jax.process_index(),
+            process_count=jax.process_count()))
+
+    def objective(self):
+        return probe_objective(self.cfg)
+
+    def initial_model(self, mesh, fresh):
+        """The pretrained encoder (task.init_from) under a fresh head, with this run's options."""
+        if not self.cfg.task.init_from:
+            return None
+        src = Path(self.cfg.task.init_from)
+        try:
+            encoder, pre, self.init_step = ckpt.load_model(src, self.cfg.task.init_step or None,
+                                                           mesh, self.cfg.mesh, label="task.init_step")
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"task.init_from: {e}") from None
+        mine, theirs = encoder_config(self.cfg), encoder_config(pre)
+        for f in SHAPE_FIELDS + ("vocab_size",):
+            if getattr(mine, f) != getattr(theirs, f):
+                raise ConfigError(f"act.{f}: {getattr(mine, f)} here but {getattr(theirs, f)} in "
+                                  f"the pretrained checkpoint {src}; use its config: "
+                                  f"--config {src / 'config.json'}")
+        if (pre.model.arch == "bert") != (self.cfg.model.arch == "bert"):
+            raise ConfigError(f"model.arch: {self.cfg.model.arch!r} cannot start from the "
+                              f"{pre.model.arch!r} checkpoint {src}")
+        names = ("dropout", "remat") if self.cfg.model.arch == "bert" else \
+            ("dropout", "tau", "eps", "halting", "remat")
+        encoder = encoder.with_options(**{f: getattr(mine, f) for f in names})
+        return eqx.tree_at(lambda m: m.encoder, fresh, encoder)
+
+    def _score(self, model, split: str) -> dict:
+        d = self.data[split]
+        b = self.cfg.task.eval_batch or self.cfg.data.batch_size
+        inference = self.cfg.model.arch == "act"
+        outs = [_predict(model, d["tokens"][i:i + b], d["segments"][i:i + b], d["mask"][i:i + b],
+                         inference) for i in range(0, len(d["tokens"]), b)]
+        pred = np.concatenate([np.asarray(p) for p, _ in outs])
+        N = np.concatenate([np.asarray(n) for _, n in outs])
+        real = d["mask"] > 0
+        labels = d["labels"]
+        if labels.ndim == 2:
+            valid = labels >= 0
+            acc = float((pred == labels)[valid].mean())
+        else:
+            acc = float((pred == labels).mean())
+        res = {"accuracy": acc, "mean_iterations": float(N[real].mean()), "n": int(len(labels))}
+        if "roles" in d:
+            roles = d["roles"]
+            res["iterations_by_role"] = {
+                name: {"iterations": float(N[roles == i].mean()), "count": int((roles == i).sum())}
+                for i, name in enumerate(ROLE_NAMES) if (roles == i).any()}
+        return res
+
+    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+        model = _no_dropout(model)
+        dev = self._score(model, "dev")
+        res = {"dev_accuracy": dev["accuracy"], "dev_iterations": dev["mean_iterations"]}
+        if final:
+            test = self._score(model, "test")
+            res.update(test_accuracy=test["accuracy"], test_iterations=test["mean_iterations"])
+            detail = {"task": self.cfg.task.name, "arch": self.cfg.model.arch, "step": step,
+                      "labels": list(label_names(self.cfg.task.name)), "dev": dev, "test": test}
+            res["probe"] = detail
+            if self.primary:
+                out = self.run_dir / "analysis"
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "probe.json").write_text(json.dumps(detail, indent=2))
+                (out / "probe.md").write_text(probe_markdown(detail))
+        msg = ", ".join(f"{k} {v:.4f}" for k, v in res.items() if isinstance(v, float))
+        return res, msg
+
+    def summary(self, model) -> dict:
+        return {"task": self.cfg.task.name, "arch": self.cfg.model.arch,
+                "init_from": self.cfg.task.init_from, "init_step": self.init_step,
+                "analysis": str(self.run_dir / "analysis")}
+
+
+def _no_dropout(model):
+    enc = model.encoder
+    return eqx.tree_at(lambda m: m.encoder, model, enc.with_options(dropout=0.0))
+
+
+def probe_markdown(detail: dict) -> str:
+    lines = [f"{detail['arch']} fine-tuned on {detail['task']} (step {detail['step']})", "",
+             "| split | accuracy (%) | mean iterations |", "|---|---:|---:|"]
+    for split in ("dev", "test"):
+        r = detail[split]
+        lines.append(f"| {split} | {100 * r['accuracy']:.1f} | {r['mean_iterations']:.2f} |")
+    roles = detail["test"].get("iterations_by_role")
+    if roles:
+        lines += ["", "Mean iterations per role (test):", "", "| role | tokens | iterations |",
+                  "|---|---:|---:|"]
+        for name, r in sorted(roles.items(), key=lambda kv: -kv[1]["iterations"]):
+            lines.append(f"| {name} | {r['count']} | {r['iterations']:.2f} |")
+    return "\n".join(lines) + "\n"
