@@ -1,8 +1,8 @@
 """One override syntax for every field: ``--section.field value`` (or ``--section.field=value``).
 
 ``--preset NAME`` is applied first, then ``--config FILE.json`` (a saved config), then the
-field overrides in the order given. Setting ``--task.name`` on a pretraining config first
-applies the paper's fine-tuning defaults (the ``finetune`` preset), under the overrides. ``--help`` lists every field with its default.
+field overrides in the order given. Setting a decoder ``--task.name`` on a pretraining config
+first applies Petty et al.'s fine-tuning defaults (the ``finetune`` preset), under the overrides. ``--help`` lists every field with its default.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .config import (PAPER_FINETUNING, SECTIONS, Config, ConfigError, apply_overrides, from_preset,
+from .config import (PAPER_FINETUNING, SECTIONS, TASKS, Config, ConfigError, apply_overrides, from_preset,
                      presets)
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -91,7 +91,8 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
         if sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
             raise ConfigError(f"{k}: unknown field (see --help)")
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
-    if overrides.get("task", {}).get("name") and not cfg.task.name and "finetune" not in cfg.preset.split("+"):
+    if (overrides.get("task", {}).get("name") in TASKS and not cfg.task.name
+            and "finetune" not in cfg.preset.split("+")):
         # Turning a pretraining config into fine-tuning: start from the paper's (t5x)
         # fine-tuning defaults; the overrides given still win.
         cfg = apply_overrides(cfg, PAPER_FINETUNING)
