@@ -195,3 +195,18 @@ def test_encoder_task_config_errors():
         Config.from_dict({"task": {"name": "tense"}})
     with pytest.raises(ConfigError, match="act.max_len"):
         _cfg(data={"seq_len": 64})
+
+
+@pytest.mark.slow
+def test_interrupted_encoder_run_resumes_bit_for_bit(tmp_path):
+    from jaxdepth.train import checkpoint as ckpt
+    from jaxdepth.train.loop import train
+
+    run = {"steps": 6, "save_every": 3, "eval_every": 6}
+    train(_cfg(tmp_path / "straight", run=run))
+    assert not train(_cfg(tmp_path / "resumed", run={**run, "stop_after": 3}))["done"]
+    assert train(_cfg(tmp_path / "resumed", run=run))["done"]
+    a, _, _ = ckpt.load_model(tmp_path / "straight", 6)
+    b, _, _ = ckpt.load_model(tmp_path / "resumed", 6)
+    for x, y in zip(jax.tree.leaves(eqx.filter(a, eqx.is_array)), jax.tree.leaves(eqx.filter(b, eqx.is_array))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
