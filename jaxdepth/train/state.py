@@ -49,23 +49,23 @@ def sharded_init(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh,
 
 
 def lm_objective(cfg: Config):
-    """Causal / prefix LM: weighted NLL (+ z-loss) over the global batch's total weight."""
+    """Causal / prefix LM: sums of weighted NLL (+ z-loss) per micro-batch; the step divides
+    the summed gradient once by the batch's total weight ("divisor")."""
     z_loss = cfg.model.z_loss
 
     def objective(model, mb, key, totals):
-        n = totals["tokens"]
         if not cfg.model.xent_chunk:
             logits = model(mb["inputs"], key=key)
-            obj, nll, _ = lm_loss_sums(logits, mb["targets"], mb["weights"], z_loss)
-        else:
-            x_BTD, _ = model.hidden(mb["inputs"], key=key)
-            head = model.lm_head.astype(model.compute_dtype)
-            obj, nll = fused_lm_head_loss(x_BTD.reshape(-1, x_BTD.shape[-1]), head,
-                                          mb["targets"].reshape(-1), mb["weights"].reshape(-1),
-                                          z_loss, cfg.model.xent_chunk)
-        return obj / n, {"loss": nll / n, "tokens": jnp.sum(mb["weights"])}
+            obj, nll, n = lm_loss_sums(logits, mb["targets"], mb["weights"], z_loss)
+            return obj, {"loss": nll, "tokens": n}
+        x_BTD, _ = model.hidden(mb["inputs"], key=key)
+        head = model.lm_head.astype(model.compute_dtype)
+        obj, nll = fused_lm_head_loss(x_BTD.reshape(-1, x_BTD.shape[-1]), head,
+                                      mb["targets"].reshape(-1), mb["weights"].reshape(-1),
+                                      z_loss, cfg.model.xent_chunk)
+        return obj, {"loss": nll, "tokens": jnp.sum(mb["weights"])}
 
-    return objective, lambda batch: {"tokens": jnp.sum(batch["weights"])}
+    return objective, lambda batch: {"divisor": jnp.sum(batch["weights"])}
 
 
 def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, shardings,
@@ -75,8 +75,9 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
     `objective` = (fn, totals): totals(batch) gives the normalisers of the whole batch (e.g.
     its target-token count) and fn(model, micro_batch, key, totals) -> (value, metrics) the
     micro-batch's share of the batch objective and metrics. Shares add up to the batch value,
-    so the update does not depend on how the batch is split (default: lm_objective). The
-    state argument is donated.
+    so the update does not depend on how the batch is split. If totals has a "divisor", fn
+    returns sums instead and the summed gradient and metrics (except "tokens") are divided by
+    it once (default: lm_objective). The state argument is donated.
     """
     accum = cfg.optim.accum_steps
     objective_fn, total_fn = objective or lm_objective(cfg)
@@ -110,6 +111,10 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
                                                               jax.tree.map(lambda x: x[0], micro),
                                                               None, totals)[0][1]))
         (grads, sums), _ = jax.lax.scan(body, (zeros, m_zeros), (micro, jnp.arange(accum)))
+        if "divisor" in totals:
+            d = totals["divisor"]
+            grads = jax.tree.map(lambda g: g / d, grads)
+            sums = {k: (v if k == "tokens" else v / d) for k, v in sums.items()}
         updates, opt_state = tx.update(grads, state.opt_state, params)
         model = eqx.apply_updates(state.model, updates)
         new = TrainState(state.step + 1, model, opt_state, state.key)
