@@ -4,6 +4,7 @@ evaluation point is recorded, predictions are scored as written, and real COGS r
 """
 import json
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,13 +32,18 @@ def _cfg(run_dir, **sections) -> Config:
     return Config.from_dict(base)
 
 
-def naive_argmax(model, prompt: list[int], max_new: int) -> list[int]:
-    """Greedy decoding by re-running the whole sequence each step: no cache, no padding."""
+def naive_argmax(model, prompt: list[int], max_new: int, width: int = 48) -> list[int]:
+    """Greedy decoding by re-running the whole sequence each step, no cache. The sequence is
+    right-padded to a fixed width (one compile): causal attention keeps the padding out of
+    the logits read at the last real position."""
+    forward = eqx.filter_jit(lambda m, x: m(x))
     seq = list(prompt)
     out = []
     for _ in range(max_new):
-        logits = model(jnp.asarray([seq], jnp.int32))
-        tok = int(jnp.argmax(logits[0, -1]))
+        padded = np.zeros((1, width), np.int32)
+        padded[0, :len(seq)] = seq
+        logits = forward(model, jnp.asarray(padded))
+        tok = int(jnp.argmax(logits[0, len(seq) - 1]))
         out.append(tok)
         if tok == EOS_ID:
             break

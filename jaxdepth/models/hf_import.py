@@ -1,0 +1,320 @@
+"""Load Hugging Face BERT/RoBERTa checkpoints (``config.json`` + ``model.safetensors``) into
+``models.encoder.Encoder``, without torch, transformers or the ``safetensors`` package.
+
+The safetensors format: 8 bytes little-endian u64 N, then N bytes of JSON mapping each tensor
+name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative to the end of the
+header; an optional ``"__metadata__"`` entry holds strings), then the raw little-endian bytes.
+F32/F16/BF16 (and F64, integer types) are decoded with NumPy; BF16 via uint16 -> uint32 << 16.
+
+Tensor names (an optional ``bert.`` / ``roberta.`` prefix is stripped)::
+
+    embeddings.{word,position,token_type}_embeddings.weight, embeddings.LayerNorm.{weight,bias}
+    encoder.layer.{i}.attention.self.{query,key,value}.{weight,bias}
+    encoder.layer.{i}.attention.output.dense.{weight,bias}
+    encoder.layer.{i}.attention.output.LayerNorm.{weight,bias}
+    encoder.layer.{i}.intermediate.dense.{weight,bias}
+    encoder.layer.{i}.output.dense.{weight,bias}
+    encoder.layer.{i}.output.LayerNorm.{weight,bias}
+
+Linear weights are stored [out, in] (torch) and transposed to our [in, out]; old TF-converted
+checkpoints' ``LayerNorm.gamma/beta`` are accepted too. Everything outside ``embeddings.`` /
+``encoder.`` (pooler, MLM ``cls.``/``lm_head.`` heads, classifiers) and the ``position_ids`` buffer
+is ignored and reported. A missing or unexpected encoder tensor, or a wrong shape, raises
+``ValueError`` naming the tensor.
+
+Tokenizer: ``load_hf_encoder`` returns a ``tokenizers.Tokenizer`` when ``tokenizer.json`` exists
+and the ``tokenizers`` package is importable, otherwise ``None`` (the package is optional and not
+a dependency of jaxdepth; tokenise elsewhere and feed ids).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import struct
+from pathlib import Path
+from typing import Mapping
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .encoder import Encoder, EncoderConfig
+
+log = logging.getLogger(__name__)
+
+SAFETENSORS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+SUPPORTED_MODEL_TYPES = ("bert", "roberta")
+
+_NP_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8", "I32": "<i4",
+              "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+# ------------------------------------------------------------------------------ safetensors I/O
+
+def bf16_bits_to_f32(bits_u16: np.ndarray) -> np.ndarray:
+    return (bits_u16.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even (NaNs stay NaN)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(x, np.float32))
+    return np.where(nan, np.uint16(0x7FC0), rounded).astype(np.uint16)
+
+
+def read_safetensors_header(path: str | Path) -> tuple[dict, int]:
+    """(header without __metadata__, byte offset where the data starts)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+        (n,) = struct.unpack("<Q", raw)
+        header = json.loads(f.read(n).decode("utf-8"))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def read_safetensors(path: str | Path, names=None) -> dict[str, np.ndarray]:
+    """Decode tensors (all, or only ``names``) to NumPy; F16/BF16 come back as float32."""
+    header, start = read_safetensors_header(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, info in header.items():
+        if names is not None and name not in names:
+            continue
+        dtype, shape = info["dtype"], tuple(info["shape"])
+        begin, end = info["data_offsets"]
+        buf = data[start + begin:start + end]
+        if dtype == "BF16":
+            arr = bf16_bits_to_f32(np.frombuffer(buf, "<u2"))
+        elif dtype in _NP_DTYPES:
+            arr = np.frombuffer(buf, _NP_DTYPES[dtype])
+            if dtype == "F16":
+                arr = arr.astype(np.float32)
+        else:
+            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
+        if arr.size != int(np.prod(shape)):
+            raise ValueError(f"{path}: tensor {name!r} holds {arr.size} values, shape {shape}")
+        out[name] = np.array(arr.reshape(shape))  # copy out of the memmap
+    return out
+
+
+def write_safetensors(path: str | Path, arrays: Mapping[str, np.ndarray],
+                      dtype: str | None = None, metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``arrays``; ``dtype`` ("F32", "F16", "BF16") converts floating arrays on the way."""
+    if dtype not in (None, "F32", "F16", "BF16"):
+        raise ValueError(f"dtype must be None, 'F32', 'F16' or 'BF16', got {dtype!r}")
+    header, chunks, offset = {}, [], 0
+    inverse = {np.dtype(v): k for k, v in _NP_DTYPES.items()}
+    for name in sorted(arrays):
+        a = np.asarray(arrays[name])
+        if a.dtype.name == "bfloat16":  # an ml_dtypes array
+            tag, raw = "BF16", a.view(np.uint16).astype("<u2").tobytes()
+        elif np.issubdtype(a.dtype, np.floating) and dtype == "BF16":
+            tag, raw = "BF16", f32_to_bf16_bits(a).astype("<u2").tobytes()
+        elif np.issubdtype(a.dtype, np.floating) and dtype in ("F16", "F32"):
+            tag, raw = dtype, a.astype(_NP_DTYPES[dtype]).tobytes()
+        else:
+            a = a.astype(a.dtype.newbyteorder("<")) if a.dtype.byteorder == ">" else a
+            key = np.dtype(a.dtype.str.replace("=", "<").replace("|", ""))
+            tag = inverse.get(np.dtype(a.dtype)) or inverse.get(key)
+            if tag is None:
+                raise ValueError(f"tensor {name!r}: dtype {a.dtype} cannot be written")
+            raw = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": tag, "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for c in chunks:
+            f.write(c)
+
+
+def save_hf_checkpoint(directory: str | Path, arrays: Mapping[str, np.ndarray], config: Mapping,
+                       *, dtype: str | None = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (HF layout) into ``directory``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
+    write_safetensors(d / SAFETENSORS_FILE, arrays, dtype=dtype, metadata={"format": "pt"})
+    return d
+
+
+# ------------------------------------------------------------------------------- config mapping
+
+def config_from_hf(hf: Mapping) -> EncoderConfig:
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        arch = hf.get("architectures")
+        raise ValueError(f"unsupported model_type {model_type!r} (architectures={arch}); "
+                         f"load_hf_encoder supports {SUPPORTED_MODEL_TYPES}")
+    pos_type = hf.get("position_embedding_type", "absolute")
+    if pos_type != "absolute":
+        raise ValueError(f"unsupported position_embedding_type {pos_type!r} (only 'absolute')")
+    pad_id = hf.get("pad_token_id")
+    if pad_id is None:
+        pad_id = 1 if model_type == "roberta" else 0
+    act = hf.get("hidden_act", "gelu")
+    act = {"gelu_pytorch_tanh": "gelu_tanh"}.get(act, act)
+    try:
+        return EncoderConfig(
+            vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+            n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
+            d_ff=hf["intermediate_size"], max_positions=hf["max_position_embeddings"],
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+            position_offset=pad_id + 1 if model_type == "roberta" else 0, pad_id=pad_id,
+            dropout=float(hf.get("hidden_dropout_prob", 0.1)), activation=act)
+    except KeyError as e:
+        raise ValueError(f"config.json lacks {e.args[0]!r}") from None
+
+
+# ------------------------------------------------------------------------------ tensor mapping
+
+_EMBED = {
+    "embeddings.word_embeddings.weight": lambda m: m.word_VD,
+    "embeddings.position_embeddings.weight": lambda m: m.position_PD,
+    "embeddings.token_type_embeddings.weight": lambda m: m.token_type_YD,
+    "embeddings.LayerNorm.weight": lambda m: m.embed_norm.scale,
+    "embeddings.LayerNorm.bias": lambda m: m.embed_norm.bias,
+}
+# per-layer HF suffix -> (getter on the stacked BertLayer, transpose?)
+_LAYER = {
+    "attention.self.query.weight": (lambda l: l.attn.q.w, True),
+    "attention.self.query.bias": (lambda l: l.attn.q.b, False),
+    "attention.self.key.weight": (lambda l: l.attn.k.w, True),
+    "attention.self.key.bias": (lambda l: l.attn.k.b, False),
+    "attention.self.value.weight": (lambda l: l.attn.v.w, True),
+    "attention.self.value.bias": (lambda l: l.attn.v.b, False),
+    "attention.output.dense.weight": (lambda l: l.attn.o.w, True),
+    "attention.output.dense.bias": (lambda l: l.attn.o.b, False),
+    "attention.output.LayerNorm.weight": (lambda l: l.attn_norm.scale, False),
+    "attention.output.LayerNorm.bias": (lambda l: l.attn_norm.bias, False),
+    "intermediate.dense.weight": (lambda l: l.ff_in.w, True),
+    "intermediate.dense.bias": (lambda l: l.ff_in.b, False),
+    "output.dense.weight": (lambda l: l.ff_out.w, True),
+    "output.dense.bias": (lambda l: l.ff_out.b, False),
+    "output.LayerNorm.weight": (lambda l: l.ff_norm.scale, False),
+    "output.LayerNorm.bias": (lambda l: l.ff_norm.bias, False),
+}
+_LAYER_RE = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
+_IGNORED_BUFFERS = ("embeddings.position_ids",)
+
+
+def _canonical(name: str) -> str:
+    for prefix in ("bert.", "roberta."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    if name.endswith(".gamma"):
+        name = name[:-len("gamma")] + "weight"
+    elif name.endswith(".beta"):
+        name = name[:-len("beta")] + "bias"
+    return name
+
+
+def encoder_from_tensors(tensors: Mapping[str, np.ndarray],
+                         cfg: EncoderConfig) -> tuple[Encoder, list[str]]:
+    """Build an ``Encoder`` from HF-named tensors; returns it and the names that were ignored."""
+    abstract = eqx.filter_eval_shape(Encoder, cfg, key=jax.random.key(0))
+    L = cfg.n_layers
+    embed: dict[str, np.ndarray] = {}
+    per_layer: dict[str, list] = {s: [None] * L for s in _LAYER}
+    ignored: list[str] = []
+    for raw_name, arr in tensors.items():
+        name = _canonical(raw_name)
+        if name in _IGNORED_BUFFERS or not name.startswith(("embeddings.", "encoder.")):
+            ignored.append(raw_name)
+            continue
+        if name in _EMBED:
+            embed[name] = (raw_name, np.asarray(arr))
+            continue
+        m = _LAYER_RE.match(name)
+        if m is None or m.group(2) not in _LAYER or int(m.group(1)) >= L:
+            raise ValueError(f"unexpected encoder tensor {raw_name!r} (model has {L} layers)")
+        per_layer[m.group(2)][int(m.group(1))] = (raw_name, np.asarray(arr))
+
+    missing = [n for n in _EMBED if n not in embed]
+    missing += [f"encoder.layer.{i}.{s}" for s, v in per_layer.items() for i in range(L)
+                if v[i] is None]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"missing tensor {missing[0]!r}{more}")
+
+    getters, values = [], []
+    for name, get in _EMBED.items():
+        raw_name, arr = embed[name]
+        _check_shape(raw_name, get(abstract).shape, arr.shape)
+        getters.append(get)
+        values.append(arr)
+    for suffix, (get, transpose) in _LAYER.items():
+        want = get(abstract.layers).shape[1:]
+        stack = []
+        for raw_name, arr in per_layer[suffix]:
+            if transpose and arr.ndim == 2:
+                arr = arr.T
+                _check_shape(raw_name, want[::-1], arr.shape[::-1])
+            else:
+                _check_shape(raw_name, want, arr.shape)
+            stack.append(arr)
+        getters.append(lambda m, g=get: g(m.layers))
+        values.append(np.stack(stack))
+    arrays = [jnp.asarray(v, jnp.float32) for v in values]
+    model = eqx.tree_at(lambda m: [g(m) for g in getters], abstract, arrays)
+    leftover = [x for x in jax.tree.leaves(model) if isinstance(x, jax.ShapeDtypeStruct)]
+    assert not leftover, "internal error: some Encoder parameters were not filled"
+    return model, ignored
+
+
+def _check_shape(name: str, expected, got) -> None:
+    if tuple(expected) != tuple(got):
+        raise ValueError(f"tensor {name!r} has wrong shape: expected {tuple(expected)}, "
+                         f"got {tuple(got)}")
+
+
+def load_hf_encoder(directory: str | Path):
+    """(Encoder, EncoderConfig, tokenizer or None) from an HF model directory.
+
+    The directory needs ``config.json`` (model_type "bert" or "roberta") and a single
+    ``model.safetensors``. Heads and the pooler are ignored (logged at INFO level).
+    """
+    d = Path(directory)
+    cfg_path = d / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"no {CONFIG_FILE} in {d}")
+    hf_cfg = json.loads(cfg_path.read_text())
+    cfg = config_from_hf(hf_cfg)
+    st = d / SAFETENSORS_FILE
+    if not st.is_file():
+        hint = ""
+        if (d / "model.safetensors.index.json").is_file():
+            hint = " (sharded checkpoints are not supported)"
+        elif (d / "pytorch_model.bin").is_file():
+            hint = " (only pytorch_model.bin found: convert it to safetensors first)"
+        raise FileNotFoundError(f"no {SAFETENSORS_FILE} in {d}{hint}")
+    model, ignored = encoder_from_tensors(read_safetensors(st), cfg)
+    if ignored:
+        log.info("load_hf_encoder: ignored %d tensors: %s", len(ignored), ", ".join(ignored))
+    return model, cfg, load_tokenizer(d)
+
+
+def load_tokenizer(directory: str | Path):
+    """A ``tokenizers.Tokenizer`` from ``tokenizer.json`` if both exist, else None."""
+    path = Path(directory) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer  # optional dependency
+    except ImportError:
+        return None
+    return Tokenizer.from_file(str(path))
