@@ -54,8 +54,7 @@ def load_checkpoint(run: Path, step: int | None, batch: int):
         raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
     tok = Tokenizer.load(run / "data" / "tokenizer.model")
     # Data parallel only, over as many devices as divide the batch.
-    cfg_batch = json.loads((run / "config.json").read_text())["data"]["batch_size"] \
-        if (run / "config.json").is_file() else 1
+    cfg_batch = _saved_config(run).get("data", {}).get("batch_size", 1)
     mesh = make_mesh(MeshConfig(data=math.gcd(batch or cfg_batch, jax.device_count())))
     model, cfg, step = load_model(run, step, mesh, label="--step")
     check_vocab(tok, cfg.model.vocab_size, str(run / "data" / "tokenizer.model"))
@@ -92,7 +91,7 @@ def evaluate_task_checkpoint(run: Path, step: int | None = None, splits: str = "
     import dataclasses
 
     from jaxdepth.data.task_data import resolve_eval_splits, task_splits
-    from jaxdepth.train.jobs import _subset
+    from jaxdepth.train.jobs import fixed_subset
     from jaxdepth.train.task_eval import Geometry, evaluate_splits, summarize, write_predictions
 
     cfg, model, step, tok, _ = load_checkpoint(run, step, batch)
@@ -100,7 +99,7 @@ def evaluate_task_checkpoint(run: Path, step: int | None = None, splits: str = "
                                eval_max=max_examples)
     all_splits, dev, gen = task_splits(task)
     names = resolve_eval_splits(task, all_splits, dev, gen)
-    chosen = {s: _subset(all_splits[s], max_examples, task.seed) for s in names}
+    chosen = {s: fixed_subset(all_splits[s], max_examples, task.seed) for s in names}
     geo = Geometry.fit([e for ex in chosen.values() for e in ex], tok,
                        batch or cfg.task.eval_batch or cfg.data.batch_size)
     records = evaluate_splits(model, tok, chosen, geo)
@@ -118,15 +117,18 @@ def main(argv) -> int:
     tune_malloc()
     from jaxdepth.config import ConfigError
     run = Path(args.run)
+    saved = _saved_config(run)
+    arch = saved.get("model", {}).get("arch", "decoder")
+    task = saved.get("task", {}).get("name", "")
     try:
-        if _arch(run) != "decoder" and not _is_task_run(run):
+        if arch != "decoder":
+            if task:
+                raise ValueError(f"{run} fine-tunes an encoder on a probing task: its dev/test "
+                                 f"results are in {run / 'analysis' / 'probe.json'}")
             out = evaluate_encoder_checkpoint(run, args.step, args.data, args.batch, args.out)
             print(json.dumps(out, indent=2))
             return 0
-        if _is_task_run(run) and _arch(run) != "decoder":
-            raise ValueError(f"{run} fine-tunes an encoder on a probing task: its dev/test "
-                             f"results are in {run / 'analysis' / 'probe.json'}")
-        if _is_task_run(run):
+        if task:
             out = evaluate_task_checkpoint(run, args.step, args.splits, args.task_dir, args.batch,
                                            args.max, args.out)
             print(json.dumps({k: out[k] for k in ("step", "task", "id_accuracy", "gen_accuracy",
@@ -171,15 +173,10 @@ def evaluate_encoder_checkpoint(run: Path, step: int | None = None, data: str = 
             "table1": res["table1"], "files": [str(f) for f in files]}
 
 
-def _arch(run: Path) -> str:
+def _saved_config(run: Path) -> dict:
+    """The run's resolved config.json as a dict ({} when absent: load_model names the problem)."""
     config = run / "config.json"
-    return json.loads(config.read_text()).get("model", {}).get("arch", "decoder") \
-        if config.is_file() else "decoder"
-
-
-def _is_task_run(run: Path) -> bool:
-    config = run / "config.json"
-    return config.is_file() and bool(json.loads(config.read_text()).get("task", {}).get("name"))
+    return json.loads(config.read_text()) if config.is_file() else {}
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import equinox as eqx  # noqa: E402
-import optax  # noqa: E402
 
 from jaxdepth.config import (Config, DataConfig, MeshConfig, ModelConfig, OptimConfig,  # noqa: E402
                              RunConfig, from_preset, param_count)

@@ -254,8 +254,8 @@ class TaskConfig:
         _require(self.init_step >= 0, "task.init_step", "must be >= 0")
         _positive(self, "task", "n_train", "n_eval")
         _require(0.0 < self.dev_fraction < 1.0, "task.dev_fraction", "must be in (0, 1)")
-        _require(self.eval_max >= 0 and self.eval_batch >= 0, "task.eval_max",
-                 "eval_max and eval_batch must be >= 0")
+        _require(self.eval_max >= 0, "task.eval_max", f"must be >= 0, got {self.eval_max}")
+        _require(self.eval_batch >= 0, "task.eval_batch", f"must be >= 0, got {self.eval_batch}")
 
     @property
     def grammar(self) -> bool:

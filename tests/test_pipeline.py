@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from jaxdepth.data.pipeline import (
+    ExampleBatchSource,
     LMBatchSource,
     eval_batches,
     lm_dataset,
@@ -242,3 +243,23 @@ def test_split_documents_small_corpus():
     assert split_documents(["a"], 0.5, seed=3) == (["a"], [])
     with pytest.raises(ValueError, match="valid_fraction"):
         split_documents(["a", "b"], 1.0, seed=0)
+
+
+def test_example_batches_follow_the_definition_and_split_over_processes():
+    # 7 examples, batches of 4: batch 1 spans epochs 0 and 1; row k holds example k everywhere
+    arrays = {"x": np.arange(7, dtype=np.int32)[:, None] * np.ones((1, 3), np.int32),
+              "y": np.arange(7, dtype=np.int32)}
+    full = ExampleBatchSource(arrays, global_batch=4, seed=3)
+    for i in range(4):
+        want = reference_windows(3, i, 4, n_windows=7)
+        assert list(full[i]["y"]) == want and list(full[i]["x"][:, 2]) == want
+    halves = [ExampleBatchSource(arrays, global_batch=4, seed=3, process_index=p, process_count=2)
+              for p in range(2)]
+    for i in range(3):
+        np.testing.assert_array_equal(np.concatenate([h[i]["y"] for h in halves]), full[i]["y"])
+    with pytest.raises(ValueError, match="process_index"):
+        ExampleBatchSource(arrays, global_batch=4, seed=3, process_index=2, process_count=2)
+    with pytest.raises(ValueError, match="not divisible"):
+        ExampleBatchSource(arrays, global_batch=4, seed=3, process_count=3)
+    with pytest.raises(ValueError, match="common length"):
+        ExampleBatchSource({"a": np.zeros(3), "b": np.zeros(4)}, global_batch=2, seed=0)

@@ -135,21 +135,23 @@ def _save_checkpoint(run_dir, steps):
 
 
 def test_load_model_and_cli(tmp_path, capsys):
+    from jaxdepth.train.checkpoint import load_model
+
     run = tmp_path / "run"
     state, cfg = _save_checkpoint(run, steps=(3, 5))
 
-    model, got_cfg, step = rank.load_model(run)
+    model, got_cfg, step = load_model(run)
     assert step == 5 and got_cfg == cfg
     for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(state.model)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert rank.load_model(run, step=3)[2] == 3
+    assert load_model(run, step=3)[2] == 3
     with pytest.raises(ValueError, match=r"available: \[3, 5\]"):
-        rank.load_model(run, step=4)
+        load_model(run, step=4)
     with pytest.raises(FileNotFoundError, match="nowhere"):
-        rank.load_model(tmp_path / "nowhere")
+        load_model(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="checkpoints"):
-        rank.load_model(tmp_path / "empty")
+        load_model(tmp_path / "empty")
 
     out = tmp_path / "rank_out"
     assert rank.main(["--run", str(run), "--out", str(out)]) == 0

@@ -60,6 +60,20 @@ def _no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes)
 
 
+def _lines_vs_depth(series: Mapping[str, dict], missing: str):
+    """One accuracy-vs-depth panel, a line with CI bars per labelled series."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, s in series.items():
+        _errorbar(ax, s, label=label)
+    if series:
+        ax.legend(title="task")
+    else:
+        _no_data(ax, missing)
+    _depth_axis(ax, [x for s in series.values() for x in s["x"]])
+    ax.set_ylabel("generalization accuracy")
+    return fig, ax
+
+
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,15 +141,7 @@ def generalization_vs_depth(rows, path, size_class=None, init: str = "final"
     `init` checkpoint). Series: {task: {x, mean, ci95, n}}."""
     rows, sc = _select(rows, size_class)
     series = {t: s for t, s in _gen_by_task(rows, init).items() if s["x"]}
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for t, s in series.items():
-        _errorbar(ax, s, label=t)
-    if series:
-        ax.legend(title="task")
-    else:
-        _no_data(ax, "fine-tuning rows")
-    _depth_axis(ax, [x for s in series.values() for x in s["x"]])
-    ax.set_ylabel("generalization accuracy")
+    fig, ax = _lines_vs_depth(series, "fine-tuning rows")
     ax.set_title(f"Generalization accuracy vs depth\n({sc}, init={init}, "
                  f"{_seeds(rows, 'finetune')}, 95% CI)")
     return _save(fig, path), series
@@ -212,15 +218,7 @@ def equal_loss_generalization(rows, path, size_class=None) -> tuple[Path, dict]:
                                   where={"task": t, "threshold": thr}))
             if s["x"]:
                 series[t if len(thresholds) == 1 else f"{t}@{thr}"] = s
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, s in series.items():
-        _errorbar(ax, s, label=label)
-    if series:
-        ax.legend(title="task")
-    else:
-        _no_data(ax, "equal-loss rows that reached the threshold")
-    _depth_axis(ax, [x for s in series.values() for x in s["x"]])
-    ax.set_ylabel("generalization accuracy")
+    fig, ax = _lines_vs_depth(series, "equal-loss rows that reached the threshold")
     thr_text = ", ".join(str(t) for t in thresholds)
     ax.set_title(f"Generalization at equal ID loss (≤ {thr_text}) vs depth\n({sc}, 95% CI)")
     return _save(fig, path), series

@@ -193,15 +193,6 @@ def write_rank_vs_depth(rows: Sequence[Mapping], out_dir) -> dict[str, Path]:
     return paths
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-def load_model(run_dir, step: int | None = None):
-    """(DecoderLM, Config, step) restored from a run's checkpoint on one device."""
-    from jaxdepth.train.checkpoint import load_model as load
-
-    return load(run_dir, step)
-
-
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -214,6 +205,7 @@ def parse(argv):
 def main(argv) -> int:
     args = parse(argv)
     from jaxdepth.config import ConfigError
+    from jaxdepth.train.checkpoint import load_model
     try:
         model, cfg, step = load_model(args.run, args.step)
     except (ConfigError, FileNotFoundError, ValueError) as e:

@@ -55,7 +55,7 @@ import grain
 import numpy as np
 
 from jaxdepth.data import grammar
-from jaxdepth.data.pipeline import _INFINITE
+from jaxdepth.data.pipeline import _INFINITE, process_rows
 from jaxdepth.data.readers import read_corpus
 from jaxdepth.data.tokenizer import CLS_ID, MASK_ID, SEP_ID, Tokenizer
 
@@ -461,23 +461,14 @@ class MLMBatchSource:
                  seed: int, process_index: int = 0, process_count: int = 1):
         if not isinstance(cfg, MLMConfig):
             raise TypeError(f"cfg must be an MLMConfig, got {type(cfg).__name__}")
-        if global_batch < 1:
-            raise ValueError(f"global_batch must be >= 1, got {global_batch}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        if process_count < 1 or not 0 <= process_index < process_count:
-            raise ValueError(f"bad process_index={process_index} of process_count={process_count}")
-        if global_batch % process_count:
-            raise ValueError(
-                f"global_batch={global_batch} is not divisible by process_count={process_count}")
+        self.local_batch, self.first_row = process_rows(global_batch, seed, process_index,
+                                                        process_count)
         self.docs = _as_documents(docs_tokenized)
         _check_vocab(self.docs, vocab_size)
         self.cfg = cfg
         self.vocab_size = int(vocab_size)
         self.global_batch = global_batch
         self.seed = seed
-        self.local_batch = global_batch // process_count
-        self.first_row = process_index * self.local_batch
         self._starts = _sop_starts(self.docs)
 
     def __len__(self) -> int:

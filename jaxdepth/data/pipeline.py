@@ -82,6 +82,23 @@ def _sample_ids(seed: int, n: int, first: int, count: int) -> np.ndarray:
     return ids
 
 
+def process_rows(global_batch: int, seed: int, process_index: int,
+                 process_count: int) -> tuple[int, int]:
+    """(rows per process, this process's first row) of a global batch split over processes;
+    bad arguments are a ValueError naming them."""
+    if global_batch < 1:
+        raise ValueError(f"global_batch must be >= 1, got {global_batch}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"bad process_index={process_index} of process_count={process_count}")
+    if global_batch % process_count:
+        raise ValueError(
+            f"global_batch={global_batch} is not divisible by process_count={process_count}")
+    local = global_batch // process_count
+    return local, process_index * local
+
+
 def _lm_example(windows: np.ndarray) -> dict[str, np.ndarray]:
     windows = np.asarray(windows, dtype=np.int32)
     return {
@@ -104,16 +121,10 @@ class LMBatchSource:
         process_index: int = 0,
         process_count: int = 1,
     ):
-        if seq_len < 1 or global_batch < 1:
-            raise ValueError(f"seq_len and global_batch must be >= 1, got {seq_len}, {global_batch}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        if process_count < 1 or not 0 <= process_index < process_count:
-            raise ValueError(f"bad process_index={process_index} of process_count={process_count}")
-        if global_batch % process_count:
-            raise ValueError(
-                f"global_batch={global_batch} is not divisible by process_count={process_count}"
-            )
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        self.local_batch, self.first_row = process_rows(global_batch, seed, process_index,
+                                                        process_count)
         if tokens.ndim != 1:
             raise ValueError(f"tokens must be a 1-D stream, got shape {tokens.shape}")
         n_windows = (len(tokens) - 1) // seq_len
@@ -128,8 +139,6 @@ class LMBatchSource:
         self.global_batch = global_batch
         self.seed = seed
         self.n_windows = n_windows
-        self.local_batch = global_batch // process_count
-        self.first_row = process_index * self.local_batch
 
     def __len__(self) -> int:
         return _INFINITE
@@ -158,15 +167,12 @@ class ExampleBatchSource:
         if len(n) != 1 or not n.pop():
             raise ValueError(f"arrays must be non-empty with one common length, got "
                              f"{ {k: len(v) for k, v in arrays.items()} }")
-        if global_batch < 1 or global_batch % process_count or seed < 0:
-            raise ValueError(f"bad global_batch={global_batch} / seed={seed} for "
-                             f"{process_count} processes")
+        self.local_batch, self.first_row = process_rows(global_batch, seed, process_index,
+                                                        process_count)
         self.arrays = arrays
         self.n = len(next(iter(arrays.values())))
         self.seed = seed
         self.global_batch = global_batch
-        self.local_batch = global_batch // process_count
-        self.first_row = process_index * self.local_batch
 
     def __len__(self) -> int:
         return _INFINITE

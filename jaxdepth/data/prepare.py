@@ -6,6 +6,7 @@ prepares; the others wait at a barrier and memory-map the files.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,31 @@ def check_vocab(tok: Tokenizer, vocab_size: int, source: str) -> None:
     if tok.vocab_size != vocab_size:
         raise ConfigError(f"model.vocab_size: {vocab_size} does not match the tokenizer "
                           f"({source}) with {tok.vocab_size} pieces")
+
+
+def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lambda: None, *,
+                  copy_from: tuple[str, str] | None = None, texts=None,
+                  required_chars: str = "") -> Tokenizer:
+    """The run's tokenizer, ``<run>/data/tokenizer.model``: kept if present (a resumed run),
+    else copied from ``copy_from = (path, the setting that named it)`` or trained on
+    ``texts()`` (called only then). Process 0 writes it through a temporary file, so an
+    interrupted run never leaves half a tokenizer; every process checks its size."""
+    path = run_dir / "data" / "tokenizer.model"
+    if is_primary and not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        if copy_from is not None:
+            src, setting = copy_from
+            if not Path(src).is_file():
+                raise FileNotFoundError(f"{setting}: no tokenizer at {src}")
+            shutil.copyfile(src, tmp)
+        else:
+            train_tokenizer(texts(), vocab_size, required_chars=required_chars).save(tmp)
+        tmp.replace(path)
+    barrier()
+    tok = Tokenizer.load(path)
+    check_vocab(tok, vocab_size, str(path))
+    return tok
 
 
 def _source_stamp(cfg: DataConfig, vocab_size: int) -> str:

@@ -10,7 +10,6 @@ silently dropped.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,8 @@ from ..config import ConfigError, TaskConfig
 from .grammar_tasks import make_task
 from .prefix_lm import UnkReport, batch_features, count_unk
 from .tasks import Example, load_task, split_validation
-from .tokenizer import Tokenizer, train_tokenizer
+from .prepare import run_tokenizer
+from .tokenizer import Tokenizer
 
 
 @dataclass
@@ -60,38 +60,22 @@ def resolve_eval_splits(cfg: TaskConfig, splits: dict, dev: str, gen: tuple[str,
     return names
 
 
-def _tokenizer_source(cfg_task: TaskConfig, tokenizer_path: str) -> str | None:
-    if cfg_task.init_from:
-        path = Path(cfg_task.init_from) / "data" / "tokenizer.model"
-        if not path.is_file():
-            raise FileNotFoundError(f"task.init_from: no tokenizer at {path}")
-        return str(path)
-    return tokenizer_path or None
+def _tokenizer_source(task: TaskConfig, tokenizer_path: str) -> tuple[str, str] | None:
+    if task.init_from:
+        return str(Path(task.init_from) / "data" / "tokenizer.model"), "task.init_from"
+    return (tokenizer_path, "data.tokenizer") if tokenizer_path else None
 
 
 def prepare_task_data(task: TaskConfig, tokenizer_path: str, vocab_size: int, seq_len: int,
                       run_dir: Path, is_primary: bool, barrier=lambda: None) -> TaskData:
     splits, dev, gen = task_splits(task)
     eval_splits = resolve_eval_splits(task, splits, dev, gen)
-    data_dir = run_dir / "data"
-    tok_path = data_dir / "tokenizer.model"
-    if is_primary and not tok_path.is_file():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        source = _tokenizer_source(task, tokenizer_path)
-        if source is not None:
-            shutil.copyfile(source, tok_path.with_suffix(".tmp"))
-        else:
-            texts = [t for e in splits["train"] for t in (e.source, e.target)]
-            train_tokenizer(texts, vocab_size).save(tok_path.with_suffix(".tmp"))
-        tok_path.with_suffix(".tmp").replace(tok_path)  # never leave half a tokenizer
-    barrier()
-    tok = Tokenizer.load(tok_path)
-    if tok.vocab_size != vocab_size:
-        raise ConfigError(f"model.vocab_size: {vocab_size} does not match the tokenizer "
-                          f"{tok_path} with {tok.vocab_size} pieces")
+    tok = run_tokenizer(run_dir, vocab_size, is_primary, barrier,
+                        copy_from=_tokenizer_source(task, tokenizer_path),
+                        texts=lambda: [t for e in splits["train"] for t in (e.source, e.target)])
     unk = count_unk([e for s in ("train", *eval_splits) for e in splits[s]], tok)
     if is_primary:
-        (data_dir / "unk_report.json").write_text(json.dumps(unk_summary(unk), indent=2))
+        (run_dir / "data" / "unk_report.json").write_text(json.dumps(unk_summary(unk), indent=2))
     features = {s: batch_features(splits[s], tok, seq_len, truncate=task.truncate)
                 for s in ("train", dev)}
     keep = ("inputs", "targets", "weights")

@@ -20,7 +20,6 @@ heads, for fixed-depth comparisons; ``halting="fixed"`` is the weight-tied one (
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple
 
 import equinox as eqx
@@ -28,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import ACT_PRESETS as PRESETS
+from ..config import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
 from ..config import ACTConfig
 from ..layers import Dense, LayerNorm, PostLNEncoderLayer, bert_init, dropout, split_or_none
 from .options import with_options

@@ -24,7 +24,7 @@ from ..data import grammar
 from ..data.mlm import (MLMConfig, eval_mlm_batches, grammar_documents, mlm_dataset,
                         text_documents, tokenize_mlm_documents)
 from ..data.pipeline import split_documents
-from ..data.tokenizer import Tokenizer, train_tokenizer
+from ..data.prepare import run_tokenizer
 from ..layers import split_or_none
 from ..models.act import _xent
 
@@ -81,23 +81,12 @@ class EncoderJob:
         train_docs, valid_docs = _documents(cfg)
         if not valid_docs:
             raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give data.valid)")
-        tok_path = run_dir / "data" / "tokenizer.model"
-        if primary and not tok_path.is_file():
-            tok_path.parent.mkdir(parents=True, exist_ok=True)
-            if cfg.data.tokenizer:
-                tok = Tokenizer.load(cfg.data.tokenizer)
-            else:
-                chars = grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else ""
-                tok = train_tokenizer([" ".join(doc) for doc in train_docs], cfg.model.vocab_size,
-                                      required_chars=chars)
-            tok.save(tok_path.with_suffix(".tmp"))
-            tok_path.with_suffix(".tmp").replace(tok_path)
-        barrier()
-        self.tokenizer = Tokenizer.load(tok_path)
-        if self.tokenizer.vocab_size != cfg.model.vocab_size:
-            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} does not match the tokenizer "
-                              f"{cfg.data.tokenizer or tok_path} with {self.tokenizer.vocab_size} pieces")
-        self.train = tokenize_mlm_documents(train_docs, self.tokenizer)
+        self.tokenizer = run_tokenizer(
+            run_dir, cfg.model.vocab_size, primary, barrier,
+            copy_from=(cfg.data.tokenizer, "data.tokenizer") if cfg.data.tokenizer else None,
+            texts=lambda: [" ".join(doc) for doc in train_docs],
+            required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "")
+        self._train_docs = train_docs  # tokenized when training asks for them, not by eval.py
         valid = tokenize_mlm_documents(valid_docs, self.tokenizer)
         # Fixed validation batches: seeded apart from the training stream.
         self.valid = eval_mlm_batches(valid, self.mlm, cfg.model.vocab_size,
@@ -105,7 +94,8 @@ class EncoderJob:
                                       batch_size=cfg.data.batch_size, seed=cfg.run.seed + 1_000_003)
 
     def dataset(self) -> grain.MapDataset:
-        return mlm_dataset(self.train, self.mlm, self.cfg.model.vocab_size,
+        train = tokenize_mlm_documents(self._train_docs, self.tokenizer)
+        return mlm_dataset(train, self.mlm, self.cfg.model.vocab_size,
                            global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
                            process_index=jax.process_index(), process_count=jax.process_count())
 

@@ -9,7 +9,6 @@ import json
 import math
 from pathlib import Path
 
-import equinox as eqx
 import grain
 import jax
 import jax.numpy as jnp
@@ -134,7 +133,7 @@ class TaskJob:
         self.dev = [{k: v[i:i + b] for k, v in dev.items()} for i in range(0, len(dev["inputs"]), b)]
         # The same seeded subset at every evaluation point, the last one included; eval.py
         # scores whole splits.
-        self.scored = {s: _subset(d.splits[s], cfg.task.eval_max, cfg.task.seed)
+        self.scored = {s: fixed_subset(d.splits[s], cfg.task.eval_max, cfg.task.seed)
                        for s in d.eval_splits}
         batch = cfg.task.eval_batch or cfg.data.batch_size
         self.geometry = Geometry.fit([e for ex in self.scored.values() for e in ex],
@@ -184,7 +183,7 @@ def _pad_rows(features: dict[str, np.ndarray], multiple: int) -> dict[str, np.nd
     return {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in features.items()}
 
 
-def _subset(examples: list, n: int, seed: int) -> list:
+def fixed_subset(examples: list, n: int, seed: int) -> list:
     """A fixed seeded sample of n examples (in file order) -- the same at every evaluation."""
     if not n or n >= len(examples):
         return examples

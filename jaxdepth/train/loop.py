@@ -18,7 +18,7 @@ from .jobs import make_job, to_global
 from .metrics import MetricsWriter, device_peak_flops, train_flops_per_token
 from .optim import make_optimizer, schedule
 from .sharding import batch_sharding, make_mesh
-from .state import eval_step, make_train_step, sharded_init, state_shardings
+from .state import make_train_step, sharded_init, state_shardings
 
 
 class NonFiniteLossError(RuntimeError):

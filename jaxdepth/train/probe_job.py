@@ -10,7 +10,6 @@ gives the fixed-depth baseline to compare against.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import equinox as eqx
@@ -23,7 +22,7 @@ from ..config import Config, ConfigError
 from ..data import grammar
 from ..data.pipeline import ExampleBatchSource
 from ..data.probing import ROLE_NAMES, label_names, make_probe_data
-from ..data.tokenizer import Tokenizer, train_tokenizer
+from ..data.prepare import run_tokenizer
 from ..models.act import _xent
 from ..models.build import encoder_config
 from . import checkpoint as ckpt
@@ -65,25 +64,12 @@ class ProbeJob:
     def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
         self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
         self.init_step = None
-        tok_path = run_dir / "data" / "tokenizer.model"
-        if primary and not tok_path.is_file():
-            tok_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = tok_path.with_suffix(".tmp")
-            src = (Path(cfg.task.init_from) / "data" / "tokenizer.model" if cfg.task.init_from
-                   else Path(cfg.data.tokenizer) if cfg.data.tokenizer else None)
-            if src is not None:
-                if not src.is_file():
-                    raise FileNotFoundError(f"task.init_from / data.tokenizer: no tokenizer at {src}")
-                shutil.copyfile(src, tmp)
-            else:
-                train_tokenizer(grammar.corpus_texts(cfg.data.grammar_docs, seed=cfg.data.grammar_seed),
-                                cfg.model.vocab_size).save(tmp)
-            tmp.replace(tok_path)
-        barrier()
-        self.tokenizer = Tokenizer.load(tok_path)
-        if self.tokenizer.vocab_size != cfg.model.vocab_size:
-            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} does not match the "
-                              f"tokenizer {tok_path} with {self.tokenizer.vocab_size} pieces")
+        source = ((str(Path(cfg.task.init_from) / "data" / "tokenizer.model"), "task.init_from")
+                  if cfg.task.init_from else
+                  (cfg.data.tokenizer, "data.tokenizer") if cfg.data.tokenizer else None)
+        self.tokenizer = run_tokenizer(
+            run_dir, cfg.model.vocab_size, primary, barrier, copy_from=source,
+            texts=lambda: grammar.corpus_texts(cfg.data.grammar_docs, seed=cfg.data.grammar_seed))
         t = cfg.task
         self.data = make_probe_data(t.name, self.tokenizer, n_train=t.n_train, n_eval=t.n_eval,
                                     seed=t.seed, seq_len=cfg.data.seq_len)
