@@ -43,7 +43,15 @@ def print_summary(s: dict) -> None:
         print(f"stopped at step {s['step']}; resume with the same command.")
     else:
         train_loss = f"train loss {s['train_loss']:.4f}, " if "train_loss" in s else ""
-        if "probe" in s:
+        if s.get("task") == "ner":
+            print(f"\nfinished step {s['step']}: {train_loss}best dev F1 {100 * s['best_dev_f1']:.2f} "
+                  f"at step {s['best_step']} (test F1 there {100 * s['test_f1_at_best']:.2f}; "
+                  f"final test F1 {100 * s['test_f1']:.2f})\nresults: {s['analysis']}")
+        elif "mlm_perplexity" in s:
+            print(f"\nfinished step {s['step']}: {train_loss}held-out MLM perplexity "
+                  f"{s['mlm_perplexity']:.3f} (loss {s['mlm_loss']:.4f}, accuracy "
+                  f"{100 * s['mlm_accuracy']:.1f}%)")
+        elif "probe" in s:
             p = s["probe"]
             print(f"\nfinished step {s['step']}: {train_loss}{p['arch']} on {p['task']}: "
                   f"test accuracy {100 * p['test']['accuracy']:.1f}% "

@@ -27,7 +27,7 @@ def _positive(obj: Any, section: str, *names: str) -> None:
         _require(v > 0, f"{section}.{n}", f"must be positive, got {v}")
 
 
-ARCHS = ("decoder", "act", "albert", "bert")
+ARCHS = ("decoder", "act", "albert", "bert", "encoder")
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,9 @@ class ModelConfig:
     scan_layers: bool = True  # False runs a Python loop over layers (tests, debugging)
     scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to 2 layers, else 1
     xent_chunk: int = 2048  # tokens per chunk of the fused output-projection + loss; 0: unfused
-    arch: str = "decoder"  # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied)
+    # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied, ALBERT
+    # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion backbone)
+    arch: str = "decoder"
 
     def __post_init__(self):
         _positive(self, "model", "vocab_size", "d_model", "n_layers", "d_ff",
@@ -221,6 +223,9 @@ TASKS = ("semantic_parsing", "passivization", "cogs", "cogs_vf", "geoquery")
 GRAMMAR_TASKS = ("semantic_parsing", "passivization")
 # Encoder fine-tuning / probing tasks from the embedded grammar (data/probing.py).
 PROBE_TASKS = ("tense", "subj_number", "obj_number", "roles")
+# Layer fusion over any backbone (DESIGN section 4): NER from task.dir, MLM on data.corpus.
+FUSION_TASKS = ("ner", "mlm")
+FUSION_METHODS = ("base", "base+n", "concat", "dwatt")
 
 
 @dataclass(frozen=True)
@@ -243,12 +248,15 @@ class TaskConfig:
     eval_max: int = 0  # evaluations in training score at most this many examples per split
     eval_batch: int = 0  # sequences per decoding batch; 0: data.batch_size
     truncate: bool = False  # cut over-long examples (seqio style) instead of refusing them
+    n_shot: int = 0  # ner: train on N * C sentences drawn with task.seed (C entity types); 0: all
 
     def __post_init__(self):
-        _require(self.name in ("",) + TASKS + PROBE_TASKS, "task.name",
-                 f"must be empty (pretraining) or one of {', '.join(TASKS + PROBE_TASKS)}; "
-                 f"got {self.name!r}")
-        _require(not self.name or bool(self.dir) or self.name in GRAMMAR_TASKS + PROBE_TASKS, "task.dir",
+        names = TASKS + PROBE_TASKS + FUSION_TASKS
+        _require(self.name in ("",) + names, "task.name",
+                 f"must be empty (pretraining) or one of {', '.join(names)}; got {self.name!r}")
+        _require(self.n_shot >= 0, "task.n_shot", f"must be >= 0, got {self.n_shot}")
+        _require(not self.name or bool(self.dir) or self.name in GRAMMAR_TASKS + PROBE_TASKS + ("mlm",),
+                 "task.dir",
                  f"task {self.name!r} is read from its published files: set task.dir (the "
                  f"embedded grammar provides only {', '.join(GRAMMAR_TASKS)})")
         _require(self.init_step >= 0, "task.init_step", "must be >= 0")
@@ -263,6 +271,25 @@ class TaskConfig:
 
 
 @dataclass(frozen=True)
+class FusionConfig:
+    """What sits between the backbone and the head of a fusion task (task.name ner or mlm).
+
+    The backbone is task.init_from: a Hugging Face BERT/RoBERTa directory, or a run of this
+    project (encoder, act/albert/bert, or decoder); empty: a fresh model.arch backbone."""
+    method: str = "dwatt"  # base (last layer) | base+n (n fresh layers) | concat | dwatt
+    extra_layers: int = 1  # n of base+n
+    mode: str = "fe"  # fe: backbone frozen, only the fusion module and head train | ft: all train
+    dropout: float = 0.1  # on h before the NER head (DESIGN section 4)
+
+    def __post_init__(self):
+        _require(self.method in FUSION_METHODS, "fusion.method",
+                 f"must be one of {', '.join(FUSION_METHODS)}, got {self.method!r}")
+        _require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
+        _require(self.mode in ("fe", "ft"), "fusion.mode", f"must be fe or ft, got {self.mode!r}")
+        _require(0.0 <= self.dropout < 1.0, "fusion.dropout", f"must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -271,10 +298,17 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     act: ACTConfig = field(default_factory=ACTConfig)
+    fusion: FusionConfig = field(default_factory=FusionConfig)
     preset: str = ""
 
     def __post_init__(self):
-        if self.model.arch != "decoder":
+        if self.task.name in FUSION_TASKS:
+            pass  # any backbone: its shape comes from task.init_from or the model/act sections
+        elif self.model.arch == "encoder":
+            _require(not self.task.name, "task.name",
+                     f"model.arch='encoder' pretrains with MLM (empty task.name) or is the "
+                     f"backbone of {', '.join(FUSION_TASKS)}; got {self.task.name!r}")
+        elif self.model.arch != "decoder":
             _require(self.act.max_len >= self.data.seq_len, "act.max_len",
                      f"{self.act.max_len} position embeddings cannot hold data.seq_len="
                      f"{self.data.seq_len}")
@@ -313,7 +347,8 @@ class Config:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
-            "mesh": MeshConfig, "run": RunConfig, "task": TaskConfig, "act": ACTConfig}
+            "mesh": MeshConfig, "run": RunConfig, "task": TaskConfig, "act": ACTConfig,
+            "fusion": FusionConfig}
 
 
 # ----------------------------------------------------------------------------- Eq. 1

@@ -159,3 +159,98 @@ def few_shot_sample(sentences: Sequence, n_per_class: int, n_classes: int,
                          f"from {len(sentences)}")
     idx = np.random.default_rng(seed).choice(len(sentences), size=size, replace=False)
     return [sentences[i] for i in idx]
+
+
+# ----------------------------------------------------------------------------- task directories
+
+CONLL_LABELS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC",
+                                 "B-MISC", "I-MISC")
+# Accepted file names per split, first match wins: WikiAnn (Rahimi et al.), CoNLL-2003 as
+# distributed (eng.*), and the common train/valid/test.txt renaming.
+SPLIT_FILES = {"train": ("train", "eng.train", "train.txt"),
+               "dev": ("dev", "eng.testa", "valid.txt", "dev.txt"),
+               "test": ("test", "eng.testb", "test.txt")}
+
+
+def split_path(task_dir: str | Path, split: str) -> Path:
+    d = Path(task_dir)
+    if not d.is_dir():
+        raise FileNotFoundError(f"task.dir: NER directory not found: {d}")
+    for name in SPLIT_FILES[split]:
+        if (d / name).is_file():
+            return d / name
+    raise FileNotFoundError(f"task.dir: no {split} file in {d} (looked for "
+                            f"{', '.join(SPLIT_FILES[split])})")
+
+
+def detect_format(path: Path) -> str:
+    """'wikiann' (``lang:token<TAB>tag``) or 'conll' (``token POS chunk tag``), from the first line."""
+    with path.open("r", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                fields = line.rstrip("\r\n").split("\t")
+                return "wikiann" if len(fields) == 2 and ":" in fields[0] else "conll"
+    raise ValueError(f"{path}: empty NER file")
+
+
+def ner_labels(task_dir: str | Path) -> tuple[str, ...]:
+    """The dataset's fixed label set (WikiAnn: PER/ORG/LOC; CoNLL-2003: + MISC), IOB2."""
+    return LABELS if detect_format(split_path(task_dir, "train")) == "wikiann" else CONLL_LABELS
+
+
+def read_split(task_dir: str | Path, split: str) -> list[Sentence]:
+    path = split_path(task_dir, split)
+    return (read_wikiann if detect_format(path) == "wikiann" else read_conll2003)(path)
+
+
+def n_classes(labels: Sequence[str]) -> int:
+    """C of few-shot sampling: entity types in a label set."""
+    return len({t[2:] for t in labels if t != "O"})
+
+
+def encode_sentences(sentences: Sequence[Sentence], word_ids, labels: Sequence[str], *,
+                     seq_len: int, max_words: int, cls_id: int, sep_id: int,
+                     pad_id: int) -> tuple[dict[str, np.ndarray], int]:
+    """Arrays for the NER model, and how many words did not fit (scored as predicted O).
+
+    ``[CLS] pieces... [SEP]`` padded to seq_len; ``positions`` [n, max_words] holds the first
+    sub-token of each word that fits, ``labels`` its label id (-1 past the sentence's words).
+    ``word_ids(words)`` gives the piece ids of every word of a sentence.
+    """
+    n = len(sentences)
+    tokens = np.full((n, seq_len), pad_id, np.int32)
+    mask = np.zeros((n, seq_len), np.int32)
+    positions = np.zeros((n, max_words), np.int32)
+    label_ids = np.full((n, max_words), -1, np.int32)
+    dropped = 0
+    for i, s in enumerate(sentences):
+        ids = encode_tags(s.tags, labels)
+        pieces_per_word = [p if p else None for p in word_ids(s.tokens)]
+        seq, kept = [cls_id], 0
+        for w, pieces in enumerate(pieces_per_word):
+            if pieces is None:
+                raise ValueError(f"word {w} ({s.tokens[w]!r}) has no sub-tokens, so its label "
+                                 f"would be lost")
+            if len(seq) + len(pieces) + 1 > seq_len or kept == max_words:
+                break
+            positions[i, kept] = len(seq)
+            label_ids[i, kept] = ids[w]
+            seq.extend(pieces)
+            kept += 1
+        dropped += len(s.tokens) - kept
+        seq.append(sep_id)
+        tokens[i, :len(seq)] = seq
+        mask[i, :len(seq)] = 1
+    return {"tokens": tokens, "mask": mask, "segments": np.zeros_like(tokens),
+            "positions": positions, "labels": label_ids}, dropped
+
+
+def decode_tags(pred_ids: np.ndarray, label_ids: np.ndarray, n_words: Sequence[int],
+                labels: Sequence[str]) -> list[list[str]]:
+    """Predicted tags per sentence from ``encode_sentences``' layout; words that did not fit
+    (label -1 at their slot) get O."""
+    out = []
+    for row, gold, n in zip(pred_ids, label_ids, n_words):
+        kept = [labels[int(j)] for j in row[:int((gold >= 0).sum())]]
+        out.append(kept + ["O"] * (n - len(kept)))
+    return out

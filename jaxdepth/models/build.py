@@ -1,4 +1,5 @@
-"""The model a Config describes: the decoder LM, or one of the encoders of models/act.py."""
+"""The model a Config describes: the decoder LM, an encoder of models/act.py, the BERT encoder
+with its MLM head, or (task.name ner / mlm) a backbone with a fusion module and a head."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +7,7 @@ import dataclasses
 import jax
 from jaxtyping import Array
 
-from ..config import PROBE_TASKS, ACTConfig, Config
+from ..config import FUSION_TASKS, PROBE_TASKS, ACTConfig, Config
 
 
 def encoder_config(cfg: Config) -> ACTConfig:
@@ -20,9 +21,16 @@ def build_model(cfg: Config, *, key: Array):
     from .decoder import DecoderLM
 
     arch = cfg.model.arch
+    if cfg.task.name in FUSION_TASKS:
+        return _fused(cfg, key)
     if arch == "decoder":
         return DecoderLM(cfg.model, key=key)
     k_enc, k_head = jax.random.split(key)
+    if arch == "encoder":
+        from .backbone import bert_config
+        from .encoder import Encoder
+        from .encoder_mlm import EncoderMLM
+        return EncoderMLM(Encoder(bert_config(cfg), key=k_enc), key=k_head)
     enc = (UntiedEncoder if arch == "bert" else ACTEncoder)(encoder_config(cfg), key=k_enc)
     if cfg.task.name in PROBE_TASKS:
         from ..data.probing import label_names
@@ -30,3 +38,15 @@ def build_model(cfg: Config, *, key: Array):
         return EncoderClassifier(enc, len(label_names(cfg.task.name)), cfg.task.name == "roles",
                                  key=k_head)
     return enc
+
+
+def _fused(cfg: Config, key: Array):
+    from ..data.ner import ner_labels
+    from .backbone import build_backbone
+    from .fused import FusedModel
+    k_bb, k_top = jax.random.split(key)
+    f = cfg.fusion
+    mlm = cfg.task.name == "mlm"
+    return FusedModel(build_backbone(cfg, key=k_bb), method=f.method, mode=f.mode,
+                      n_labels=0 if mlm else len(ner_labels(cfg.task.dir)), mlm=mlm,
+                      n_extra=f.extra_layers, rate=f.dropout, key=k_top)

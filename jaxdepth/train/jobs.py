@@ -192,6 +192,12 @@ def fixed_subset(examples: list, n: int, seed: int) -> list:
 
 
 def make_job(cfg: Config, run_dir: Path, primary: bool, barrier):
+    if cfg.task.name == "ner":
+        from .ner_job import NERJob
+        return NERJob(cfg, run_dir, primary, barrier)
+    if cfg.task.name == "mlm" or cfg.model.arch == "encoder":
+        from .mlm_job import MLMJob
+        return MLMJob(cfg, run_dir, primary, barrier)
     if cfg.model.arch != "decoder":
         if cfg.task.name:
             from .probe_job import ProbeJob

@@ -11,14 +11,14 @@ import jax
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from ..config import Config, ConfigError, param_count
+from ..config import FUSION_TASKS, Config, ConfigError, param_count
 from ..data.pipeline import lm_iterator
 from . import checkpoint as ckpt
 from .jobs import make_job, to_global
-from .metrics import MetricsWriter, device_peak_flops, train_flops_per_token
+from .metrics import MetricsWriter, device_peak_flops, module_flops_per_token, train_flops_per_token
 from .optim import make_optimizer, schedule
 from .sharding import batch_sharding, make_mesh
-from .state import make_train_step, sharded_init, state_shardings
+from .state import make_train_step, sharded_init, state_shardings, trainable
 
 
 class NonFiniteLossError(RuntimeError):
@@ -72,7 +72,9 @@ def train(cfg: Config) -> dict:
     b_sharding = batch_sharding(mesh)
     writer = MetricsWriter(run_dir, enabled=primary)
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
-    if cfg.model.arch == "decoder":
+    if cfg.task.name in FUSION_TASKS or cfg.model.arch == "encoder":
+        flops_per_token, n_params = _module_flops(state.model, cfg)
+    elif cfg.model.arch == "decoder":
         flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len)
         n_params = param_count(cfg.model)
     else:
@@ -120,7 +122,8 @@ def train(cfg: Config) -> dict:
         if step % cfg.run.log_every == 0 or step == end or step == start + 1:
             extra = {k: v for k, v in m.items()
                      if k not in ("loss", "grad_norm", "param_norm", "tokens")}
-            ppl = {"ppl": math.exp(min(m["loss"], 80.0))} if cfg.model.arch == "decoder" else {}
+            lm = cfg.model.arch == "decoder" and cfg.task.name not in FUSION_TASKS
+            ppl = {"ppl": math.exp(min(m["loss"], 80.0))} if lm else {}
             writer.write(step, loss=m["loss"], **ppl, lr=float(lr_at(step - 1)),
                          grad_norm=m["grad_norm"], param_norm=m["param_norm"], **extra, **rates)
 
@@ -171,3 +174,12 @@ def train(cfg: Config) -> dict:
     writer.close()
     mngr.close()
     return summary
+
+
+def _module_flops(model, cfg: Config) -> tuple[int, int]:
+    """(training FLOPs per token, parameter count) of a fusion model or the BERT encoder."""
+    from ..models.backbone import depth_and_width, strip_to_backbone
+    L, d = depth_and_width(strip_to_backbone(model))
+    extra = getattr(getattr(model, "fusion", None), "n", 0)  # Base+n's attention layers
+    flops = module_flops_per_token(model, trainable(model), cfg.data.seq_len, L + extra, d)
+    return flops, sum(int(x.size) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))

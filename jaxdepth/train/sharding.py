@@ -55,6 +55,12 @@ PARAM_AXES = {
     "position_LE": ("norm", "norm"),
     "segment_SE": ("norm", "norm"),
     "halt_w_D": ("norm",),
+    # BERT/RoBERTa encoder (models/encoder.py), its MLM head, the fusion modules
+    "word_VD": ("vocab", "norm"),
+    "position_PD": ("norm", "norm"),
+    "token_type_YD": ("norm", "norm"),
+    "bias_V": ("vocab",),
+    "k_pos.value": ("norm", "norm"),  # DWAtt's frozen layer keys
 }
 
 

@@ -8,9 +8,10 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
-from ..config import Config
+from ..config import FUSION_TASKS, Config
 from ..models.build import build_model
 from ..models.decoder import DecoderLM
+from ..models.fusion import fusion_trainable
 from . import sharding as shd
 from .losses import fused_lm_head_loss, lm_loss_sums
 
@@ -22,10 +23,17 @@ class TrainState(eqx.Module):
     key: Array  # uint32 raw key data; dropout at step s uses fold_in(key, s)
 
 
+def trainable(model):
+    """Filter spec of the arrays the optimiser updates. A model may say (a fusion model in FE
+    mode leaves its backbone out); otherwise every float array except ``Frozen`` constants."""
+    spec = getattr(model, "trainable_spec", None)
+    return spec() if spec is not None else fusion_trainable(model)
+
+
 def init_state(cfg: Config, tx: optax.GradientTransformation) -> TrainState:
     key = jax.random.key(cfg.run.seed)
     model = build_model(cfg, key=jax.random.fold_in(key, 0))
-    params = eqx.filter(model, eqx.is_array)
+    params = eqx.filter(model, trainable(model))
     return TrainState(jnp.int32(0), model, tx.init(params),
                       jax.random.key_data(jax.random.fold_in(key, 1)))
 
@@ -34,7 +42,9 @@ def state_shardings(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh):
     """(abstract state, matching pytree of NamedShardings)."""
     abstract = eqx.filter_eval_shape(init_state, cfg, tx)
     p_sh = shd.param_shardings(abstract.model, mesh, cfg.mesh.fsdp)
-    o_sh = shd.opt_state_shardings(tx, abstract.opt_state, abstract.model, p_sh, mesh)
+    spec = trainable(abstract.model)
+    o_sh = shd.opt_state_shardings(tx, abstract.opt_state, eqx.filter(abstract.model, spec),
+                                   eqx.filter(p_sh, spec), mesh)
     rep = shd.replicated(mesh)
     return abstract, TrainState(rep, p_sh, o_sh, rep)
 
@@ -82,7 +92,10 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
     accum = cfg.optim.accum_steps
     objective_fn, total_fn = objective or lm_objective(cfg)
     micro_sharding = NamedSharding(mesh, P(None, "data"))
-    grad_fn = eqx.filter_value_and_grad(objective_fn, has_aux=True)
+    # Differentiates its first argument only: the arrays left in `static` (a frozen backbone)
+    # enter the objective as constants, so no gradient is computed for them at all.
+    grad_fn = eqx.filter_value_and_grad(
+        lambda p, static, *a: objective_fn(eqx.combine(p, static), *a), has_aux=True)
 
     def split(x):  # row b goes to micro-batch b % accum, so every device feeds every micro-batch
         x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
@@ -94,20 +107,19 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
         use_dropout = _uses_dropout(cfg)
         totals = total_fn(batch)
         micro = jax.tree.map(split, batch)
-        params, static = eqx.partition(state.model, eqx.is_array)
+        params, static = eqx.partition(state.model, trainable(state.model))
 
         def body(carry, xs):
             g_acc, m_acc = carry
             mb, i = xs
-            model = eqx.combine(params, static)
             k = jax.random.fold_in(key, i) if use_dropout else None
-            (_, metrics), g = grad_fn(model, mb, k, totals)
+            (_, metrics), g = grad_fn(params, static, mb, k, totals)
             g_acc = jax.tree.map(jnp.add, g_acc, eqx.filter(g, eqx.is_array))
             return (g_acc, jax.tree.map(jnp.add, m_acc, metrics)), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         m_zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
-                               jax.eval_shape(lambda: grad_fn(eqx.combine(params, static),
+                               jax.eval_shape(lambda: grad_fn(params, static,
                                                               jax.tree.map(lambda x: x[0], micro),
                                                               None, totals)[0][1]))
         (grads, sums), _ = jax.lax.scan(body, (zeros, m_zeros), (micro, jnp.arange(accum)))
@@ -130,7 +142,9 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
 
 
 def _uses_dropout(cfg: Config) -> bool:
-    return (cfg.model.dropout if cfg.model.arch == "decoder" else cfg.act.dropout) > 0
+    if cfg.task.name in FUSION_TASKS:
+        return True  # the head's dropout, and a fine-tuned backbone's own
+    return (cfg.act.dropout if cfg.model.arch in ("act", "albert", "bert") else cfg.model.dropout) > 0
 
 
 @eqx.filter_jit

@@ -1,0 +1,117 @@
+"""Masked-LM training of the BERT encoder (``model.arch=encoder``, task empty) and MLM with a
+fusion module over a backbone (``task.name=mlm``, DESIGN section 4), on the MLM data of
+data/mlm.py (the embedded grammar, WikiText-2 or text / JSONL files; ALBERT-style n-gram
+masking; the sentence-order label is not used).
+
+Objective: the cross-entropy over the global batch's masked slots (their mean). Evaluation: on
+fixed held-out batches (seeded apart from training), MLM accuracy and perplexity =
+exp(mean cross-entropy over the masked slots).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import equinox as eqx
+import grain
+import jax
+import jax.numpy as jnp
+
+
+from ..config import Config, ConfigError
+from ..data import grammar
+from ..data.mlm import eval_mlm_batches, mlm_dataset, tokenize_mlm_documents
+from ..data.prepare import run_tokenizer
+from ..models.act import _xent
+from ..models.backbone import is_hf_dir
+from .backbone_init import backbone_vocab, initial_fused_model
+from .encoder_job import EVAL_BATCHES, _documents, mlm_config
+
+
+def mlm_objective():
+    def objective(model, mb, key, totals):
+        logits = model.masked_logits(mb["tokens"], mb["segments"], mb["mask"],
+                                     mb["mlm_positions"], key=key)
+        w = mb["mlm_weights"].astype(jnp.float32)
+        mlm = jnp.sum(w * _xent(logits, mb["mlm_ids"])) / totals["predictions"]
+        return mlm, {"loss": mlm, "tokens": jnp.sum(mb["mask"].astype(jnp.float32))}
+
+    def totals(batch):
+        return {"predictions": jnp.maximum(jnp.sum(batch["mlm_weights"].astype(jnp.float32)), 1.0)}
+
+    return objective, totals
+
+
+@eqx.filter_jit
+def _eval_sums(model, batch):
+    logits = model.masked_logits(batch["tokens"], batch["segments"], batch["mask"],
+                                 batch["mlm_positions"])
+    w = batch["mlm_weights"].astype(jnp.float32)
+    correct = (jnp.argmax(logits, -1) == batch["mlm_ids"]).astype(jnp.float32)
+    return jnp.sum(w * _xent(logits, batch["mlm_ids"])), jnp.sum(w * correct), jnp.sum(w)
+
+
+def mlm_perplexity(model, batches) -> dict:
+    """Held-out MLM loss, accuracy and perplexity over the masked slots of `batches`."""
+    sums = jax.device_get([_eval_sums(model, b) for b in batches])
+    nll, correct, n = (sum(float(s[i]) for s in sums) for i in range(3))
+    loss = nll / max(n, 1.0)
+    return {"mlm_loss": loss, "mlm_accuracy": correct / max(n, 1.0),
+            "mlm_perplexity": math.exp(min(loss, 80.0)), "mlm_predictions": n}
+
+
+class MLMJob:
+    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
+        self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
+        self.fusion = cfg.task.name == "mlm"
+        src = cfg.task.init_from if self.fusion else ""
+        if src and is_hf_dir(src):
+            raise ConfigError("task.init_from: MLM with fusion reads its masking from "
+                              "SentencePiece word boundaries; a Hugging Face backbone is "
+                              "supported for task.name=ner, not mlm")
+        self.mlm = mlm_config(cfg)
+        train_docs, valid_docs = _documents(cfg)
+        if not valid_docs:
+            raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give data.valid)")
+        self.vocab = backbone_vocab(cfg) if self.fusion else cfg.model.vocab_size
+        copy = ((str(Path(src) / "data" / "tokenizer.model"), "task.init_from") if src else
+                (cfg.data.tokenizer, "data.tokenizer") if cfg.data.tokenizer else None)
+        self.tokenizer = run_tokenizer(
+            run_dir, self.vocab, primary, barrier, copy_from=copy,
+            texts=lambda: [" ".join(doc) for doc in train_docs],
+            required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "")
+        self._train_docs = train_docs
+        valid = tokenize_mlm_documents(valid_docs, self.tokenizer)
+        self.valid = eval_mlm_batches(valid, self.mlm, self.vocab,
+                                      n_batches=cfg.run.eval_batches or EVAL_BATCHES,
+                                      batch_size=cfg.data.batch_size, seed=cfg.run.seed + 1_000_003)
+        self.init_step = None
+
+    def dataset(self) -> grain.MapDataset:
+        train = tokenize_mlm_documents(self._train_docs, self.tokenizer)
+        return mlm_dataset(train, self.mlm, self.vocab, global_batch=self.cfg.data.batch_size,
+                           seed=self.cfg.run.seed, process_index=jax.process_index(),
+                           process_count=jax.process_count())
+
+    def objective(self):
+        return mlm_objective()
+
+    def initial_model(self, mesh, fresh):
+        if not self.fusion:
+            return None
+        model, self.init_step = initial_fused_model(self.cfg, mesh, fresh)
+        return model
+
+    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+        res = mlm_perplexity(model, self.valid)
+        return res, (f"MLM loss {res['mlm_loss']:.4f}, accuracy {res['mlm_accuracy']:.4f}, "
+                     f"perplexity {res['mlm_perplexity']:.3f}")
+
+    def summary(self, model) -> dict:
+        out = {"task": "mlm" if self.fusion else "", "arch": self.cfg.model.arch}
+        if self.fusion:
+            out.update(method=self.cfg.fusion.method, mode=self.cfg.fusion.mode,
+                       init_from=self.cfg.task.init_from, init_step=self.init_step)
+        return out
+
+

@@ -1,0 +1,162 @@
+"""Named-entity recognition on a backbone with a fusion module (DESIGN section 4).
+
+Data: a WikiAnn or CoNLL-2003 directory (task.dir), IOB2 throughout; with task.n_shot = N the
+training set is N * C sentences drawn without replacement with task.seed (C entity types).
+Only the first sub-token of a word carries its label; the loss is the mean cross-entropy over
+the batch's labelled words. Every evaluation point scores dev and test with seqeval's micro F1
+(words that did not fit in data.seq_len count as predicted O) and is appended to evals.jsonl;
+the result is the best dev F1 over training and the test F1 at that point, written with the
+whole curve to ``<run>/analysis/ner.json``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import equinox as eqx
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..analysis import seqeval
+from ..config import Config
+from ..data import ner
+from ..data.pipeline import ExampleBatchSource
+from ..models.act import _xent
+from .backbone_init import backbone_words, initial_fused_model
+
+log = logging.getLogger(__name__)
+SPLITS = ("dev", "test")
+
+
+def ner_objective():
+    def objective(model, mb, key, totals):
+        logits = model(mb["tokens"], mb["segments"], mb["mask"], mb["positions"], key=key)
+        labels = mb["labels"]
+        valid = (labels >= 0).astype(jnp.float32)
+        ce = jnp.sum(valid * _xent(logits, jnp.maximum(labels, 0))) / totals["labels"]
+        return ce, {"loss": ce, "tokens": jnp.sum(mb["mask"].astype(jnp.float32))}
+
+    def totals(batch):
+        return {"labels": jnp.maximum(jnp.sum((batch["labels"] >= 0).astype(jnp.float32)), 1.0)}
+
+    return objective, totals
+
+
+@eqx.filter_jit
+def _predict(model, tokens, segments, mask, positions):
+    return jnp.argmax(model(tokens, segments, mask, positions), -1)
+
+
+def predict_tags(model, arrays: dict, n_words, labels, batch: int) -> list[list[str]]:
+    """Greedy tags for every sentence; the last batch is padded so one compile serves all."""
+    n = len(arrays["tokens"])
+    keys = ("tokens", "segments", "mask", "positions")
+    preds = []
+    for i in range(0, n, batch):
+        part = {k: arrays[k][i:i + batch] for k in keys}
+        short = batch - len(part["tokens"])
+        if short:
+            part = {k: np.concatenate([v, np.repeat(v[-1:], short, 0)]) for k, v in part.items()}
+        preds.append(_predict(model, *(part[k] for k in keys)))
+    pred = np.concatenate([np.asarray(p) for p in preds])[:n]
+    return ner.decode_tags(pred, arrays["labels"], n_words, labels)
+
+
+def _max_words(splits, seq_len: int) -> int:
+    longest = max(len(s.tokens) for sents in splits for s in sents)
+    return max(1, min(seq_len - 2, -(-longest // 8) * 8))
+
+
+class NERJob:
+    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
+        self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
+        t = cfg.task
+        self.labels = ner.ner_labels(t.dir)
+        train = ner.read_split(t.dir, "train")
+        if t.n_shot:
+            train = ner.few_shot_sample(train, t.n_shot, ner.n_classes(self.labels), seed=t.seed)
+        self.sentences = {"train": train}
+        for split in SPLITS:
+            sents = ner.read_split(t.dir, split)
+            self.sentences[split] = sents[:t.eval_max] if t.eval_max else sents
+        self.words = backbone_words(cfg, run_dir, primary, barrier,
+                                    texts=lambda: [" ".join(s.tokens) for s in train])
+        P = _max_words(self.sentences.values(), cfg.data.seq_len)
+        self.arrays, dropped = {}, {}
+        for split, sents in self.sentences.items():
+            self.arrays[split], dropped[split] = ner.encode_sentences(
+                sents, self.words.word_ids, self.labels, seq_len=cfg.data.seq_len, max_words=P,
+                cls_id=self.words.cls_id, sep_id=self.words.sep_id, pad_id=self.words.pad_id)
+            if dropped[split]:
+                log.warning("NER %s: %d words do not fit in data.seq_len=%d and are scored as O",
+                            split, dropped[split], cfg.data.seq_len)
+        self.dropped = dropped
+        self.init_step = None
+
+    def dataset(self) -> grain.MapDataset:
+        keep = ("tokens", "segments", "mask", "positions", "labels")
+        return grain.MapDataset.source(ExampleBatchSource(
+            {k: self.arrays["train"][k] for k in keep}, global_batch=self.cfg.data.batch_size,
+            seed=self.cfg.run.seed, process_index=jax.process_index(),
+            process_count=jax.process_count()))
+
+    def objective(self):
+        return ner_objective()
+
+    def initial_model(self, mesh, fresh):
+        model, self.init_step = initial_fused_model(self.cfg, mesh, fresh)
+        return model
+
+    def score(self, model, split: str) -> dict:
+        sents = self.sentences[split]
+        pred = predict_tags(model, self.arrays[split], [len(s.tokens) for s in sents],
+                            self.labels, self.cfg.task.eval_batch or self.cfg.data.batch_size)
+        return seqeval.f1([list(s.tags) for s in sents], pred)
+
+    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+        res = {}
+        for split in SPLITS:
+            for k, v in self.score(model, split).items():
+                res[f"{split}_{k}"] = v
+        if self.primary:
+            with open(self.run_dir / "evals.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, **res}) + "\n")
+        if final:
+            res.update(best_of(self.run_dir / "evals.jsonl"))
+            if self.primary:
+                out = self.run_dir / "analysis"
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "ner.json").write_text(json.dumps(self.report(res), indent=2))
+        return res, f"dev F1 {res['dev_f1']:.4f}, test F1 {res['test_f1']:.4f}"
+
+    def report(self, res: dict) -> dict:
+        c, t = self.cfg, self.cfg.task
+        return {"task": "ner", "dir": t.dir, "n_shot": t.n_shot, "trial_seed": t.seed,
+                "method": c.fusion.method, "mode": c.fusion.mode, "backbone": t.init_from,
+                "train_sentences": len(self.sentences["train"]), "labels": list(self.labels),
+                "words_not_fitting": self.dropped, **res,
+                "curve": _curve(self.run_dir / "evals.jsonl")}
+
+    def summary(self, model) -> dict:
+        return {"task": "ner", "init_from": self.cfg.task.init_from, "init_step": self.init_step,
+                "analysis": str(self.run_dir / "analysis" / "ner.json")}
+
+
+def _curve(path: Path) -> list[dict]:
+    """Evaluation points in step order, the last record of a step winning (resumed runs)."""
+    by_step = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            by_step[r["step"]] = r
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def best_of(path: Path) -> dict:
+    """Best dev F1 over training (earliest step on ties) and the test F1 at that point."""
+    curve = _curve(path)
+    best = max(curve, key=lambda r: (r["dev_f1"], -r["step"]))
+    return {"best_dev_f1": best["dev_f1"], "best_step": best["step"], "test_f1_at_best": best["test_f1"]}
