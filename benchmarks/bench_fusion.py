@@ -1,0 +1,316 @@
+"""Train-step cost of layer fusion: FE and FT with Base, Base+n, Concat and DWAtt (DESIGN §4).
+
+Every configuration is the NER fusion job's real train step, built as ``train.py`` builds it
+(``make_optimizer`` AdamW, ``make_mesh``, ``state_shardings``, ``sharded_init``,
+``make_train_step`` with ``ner_objective()``), on one backbone: a fresh ``model.arch=encoder``
+of the given shape (every configuration is initialised from the same seed, so the backbone
+weights are identical; the JSON records that this was checked), or a Hugging Face BERT/RoBERTa
+directory (``--hf``, loaded with the job's ``initial_fused_model``). The batch is synthetic and
+fixed: random tokens, full rows, ``--labelled`` positions per row in a first-sub-token layout
+(every other position after [CLS]) and random WikiAnn labels.
+
+Also timed: the backbone's own backward pass, ``t(value_and_grad) - t(forward)`` of the scalar
+``mean(h_L ** 2)`` of its last-layer output w.r.t. every backbone array (both jitted, no
+dropout). Every function is compiled once (the first, untimed call), then all of them are timed
+in ``--repeats`` interleaved rounds (rotating order, so machine drift is shared) and the median
+is reported.
+
+Checks of the issue:
+
+- ``dwatt_fe_over_base_fe`` = t(FE dwatt) / t(FE base), target <= 1.10: DWAtt runs on the P
+  gathered positions only, so it should add little to a step whose cost is the backbone forward;
+- per method, ``ft_minus_fe`` = t(FT m) - t(FE m) >= ``backbone_backward_s``: FE must really
+  skip the backbone's backward (and its optimizer update), so the difference should be at
+  least the backbone's backward (``ft_minus_fe_over_backbone_backward`` >= 1).
+
+    python benchmarks/bench_fusion.py                     # d 256, 4 layers, T 64, B 16, P 16
+    python benchmarks/bench_fusion.py --hf /path/to/bert-base-cased --seq-len 128 --batch 8
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+from jaxdepth.runtime import tune_malloc  # noqa: E402
+
+MALLOC_TUNED = tune_malloc()  # before any large allocation, as in the other benchmarks
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxdepth.config import Config, apply_overrides  # noqa: E402
+from jaxdepth.data.ner import ner_labels  # noqa: E402
+from jaxdepth.models.backbone import depth_and_width  # noqa: E402
+from jaxdepth.train.backbone_init import initial_fused_model  # noqa: E402
+from jaxdepth.train.ner_job import ner_objective  # noqa: E402
+from jaxdepth.train.optim import make_optimizer  # noqa: E402
+from jaxdepth.train.sharding import batch_sharding, make_mesh  # noqa: E402
+from jaxdepth.train.state import make_train_step, sharded_init, state_shardings  # noqa: E402
+
+METHODS = ("base", "base+n", "concat", "dwatt")
+MODES = ("fe", "ft")
+DWATT_TARGET = 1.10  # t(FE dwatt) / t(FE base) <= this
+BACKBONE_PATHS = ("backbone_forward", "backbone_value_and_grad")
+
+# A tiny WikiAnn-format train file: only its format (-> the label set) is read by the model.
+WIKIANN_SAMPLE = ("en:John\tB-PER\nen:Smith\tI-PER\nen:lives\tO\nen:in\tO\nen:Paris\tB-LOC\n\n"
+                  "en:The\tO\nen:United\tB-ORG\nen:Nations\tI-ORG\nen:met\tO\n")
+
+
+def config_name(method: str, mode: str) -> str:
+    return f"{mode}/{method}"
+
+
+def make_config(args, method: str, mode: str, ner_dir: str) -> Config:
+    D = args.d_model
+    over = {"model": {"arch": "encoder", "d_model": D, "n_layers": args.layers, "d_ff": 4 * D,
+                      "n_heads": args.heads},
+            "data": {"seq_len": args.seq_len, "batch_size": args.batch},
+            "task": {"name": "ner", "dir": ner_dir, "init_from": args.hf or ""},
+            "fusion": {"method": method, "mode": mode, "extra_layers": args.extra_layers},
+            "optim": {"name": "adamw", "lr": 5e-5},
+            "run": {"steps": 1000, "seed": args.seed}}
+    return apply_overrides(Config(), over)
+
+
+def layout_positions(seq_len: int, n_labelled: int) -> np.ndarray:
+    """First sub-tokens: every other position after [CLS] (1, 3, 5, ...), or every position
+    after it when that does not fit; the last position ([SEP]) is never labelled."""
+    if n_labelled < 1 or n_labelled > seq_len - 2:
+        raise SystemExit(f"--labelled {n_labelled}: needs 1 <= P <= seq_len - 2 = {seq_len - 2}")
+    stride = 2 if 1 + 2 * (n_labelled - 1) <= seq_len - 2 else 1
+    return 1 + stride * np.arange(n_labelled, dtype=np.int32)
+
+
+def synthetic_batch(batch: int, seq_len: int, n_labelled: int, vocab: int, n_labels: int,
+                    seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, vocab, size=(batch, seq_len), dtype=np.int32)
+    pos = layout_positions(seq_len, n_labelled)
+    return {"tokens": tokens,
+            "segments": np.zeros((batch, seq_len), np.int32),
+            "mask": np.ones((batch, seq_len), np.int32),
+            "positions": np.broadcast_to(pos, (batch, n_labelled)).copy(),
+            "labels": rng.integers(0, n_labels, size=(batch, n_labelled), dtype=np.int32)}
+
+
+def _copy_arrays(tree):
+    """Fresh buffers (the train step donates its state, so nothing may be shared)."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True) if eqx.is_array(x) else x, tree)
+
+
+def backbone_fns(backbone):
+    """Jitted forward and value_and_grad of mean(h_L^2) w.r.t. the backbone, no dropout."""
+    def scalar(bb, tokens, mask, segments):
+        h_BTD = bb(tokens, mask, segments)[0]
+        return jnp.mean(jnp.square(h_BTD.astype(jnp.float32)))
+
+    fwd = eqx.filter_jit(scalar)
+    vag = eqx.filter_jit(eqx.filter_value_and_grad(scalar))
+    return fwd, vag
+
+
+def _same_arrays(a, b) -> bool:
+    la, lb = jax.tree.leaves(eqx.filter(a, eqx.is_array)), jax.tree.leaves(eqx.filter(b, eqx.is_array))
+    return len(la) == len(lb) and all(x.shape == y.shape and bool(np.array_equal(x, y))
+                                      for x, y in zip(la, lb))
+
+
+def analytic_flops(B: int, T: int, P: int, L: int, d: int, d_ff: int) -> dict:
+    """Forward FLOPs (2 per multiply-add, matmuls only) of the backbone and the fusion modules."""
+    per_layer_token = 2 * (4 * d * d + 2 * d * d_ff) + 2 * 2 * T * d  # projections + QK^T, AV
+    backbone = B * T * L * per_layer_token
+    dwatt = B * P * (L + 1) * 2 * d * d  # L value bottlenecks + the query one (d -> d/2 -> d)
+    concat = B * P * 2 * L * d * d
+    return {"backbone_forward": backbone, "dwatt_forward": dwatt, "concat_forward": concat,
+            "base+n_forward": B * T * per_layer_token,
+            "dwatt_over_backbone_forward": dwatt / backbone,
+            "note": "train step ~ 3x forward for trained parts; FE runs the backbone forward only"}
+
+
+def print_table(res: dict) -> None:
+    t = res["step_s"]
+    hdr = f"{'method':>8} {'FE ms':>9} {'FT ms':>9} {'FT-FE ms':>9} {'/bb bwd':>8} {'FE/base FE':>10}"
+    print(hdr)
+    print("-" * len(hdr))
+    base_fe = t[config_name("base", "fe")]
+    for m in METHODS:
+        fe, ft = t[config_name(m, "fe")], t[config_name(m, "ft")]
+        c = res["checks"]["ft_minus_fe"][m]
+        print(f"{m:>8} {1e3 * fe:>9.2f} {1e3 * ft:>9.2f} {1e3 * c['ft_minus_fe_s']:>9.2f} "
+              f"{c['ratio']:>8.2f} {fe / base_fe:>10.3f}")
+    bb = res["backbone"]
+    print(f"backbone: forward {1e3 * bb['forward_s']:.2f} ms, value_and_grad "
+          f"{1e3 * bb['value_and_grad_s']:.2f} ms, backward {1e3 * bb['backward_s']:.2f} ms")
+    c = res["checks"]
+    print(f"dwatt_fe_over_base_fe {c['dwatt_fe_over_base_fe']:.3f} (target <= {DWATT_TARGET}: "
+          f"{'met' if c['dwatt_fe_within_target'] else 'MISSED'}); ft_minus_fe >= backbone "
+          f"backward for every method: {'met' if c['ft_minus_fe_all_within_target'] else 'MISSED'}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--labelled", type=int, default=16, help="labelled positions P per row")
+    p.add_argument("--extra-layers", type=int, default=1, help="n of base+n")
+    p.add_argument("--repeats", type=int, default=10, help="timed calls per configuration")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hf", default="", help="a Hugging Face BERT/RoBERTa directory as backbone "
+                                            "(task.init_from); --d-model/--layers/--heads ignored")
+    p.add_argument("--out", default="runs/bench/bench_fusion.json")
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench_fusion_")
+    try:
+        return _run(args, tmp.name)
+    finally:
+        tmp.cleanup()
+
+
+def _run(args, ner_dir: str) -> dict:
+    (Path(ner_dir) / "train").write_text(WIKIANN_SAMPLE)
+    labels = ner_labels(ner_dir)
+    cfg0 = make_config(args, "base", "fe", ner_dir)
+    mesh = make_mesh(cfg0.mesh)
+    if args.batch % mesh.shape["data"]:
+        raise SystemExit(f"--batch {args.batch} is not divisible by the data axis "
+                         f"({mesh.shape['data']} devices); pick a multiple")
+    b_sh = batch_sharding(mesh)
+
+    steps, states, first_call, bb_ref, same_backbone, hf_step = {}, {}, {}, None, True, None
+    hf_backbone = None
+    for mode in MODES:
+        for method in METHODS:
+            name = config_name(method, mode)
+            cfg = make_config(args, method, mode, ner_dir)
+            tx = make_optimizer(cfg.optim, cfg.run.steps)
+            _, shardings = state_shardings(cfg, tx, mesh)
+            state = sharded_init(cfg, tx, mesh, shardings)
+            if args.hf:  # the job's loader once; every configuration gets its own copy
+                if hf_backbone is None:
+                    model, hf_step = initial_fused_model(cfg, mesh, state.model)
+                    hf_backbone = model.backbone
+                state = eqx.tree_at(lambda s: s.model.backbone, state, _copy_arrays(hf_backbone))
+                state = eqx.filter_shard(state, shardings)
+            if bb_ref is None:
+                bb_ref = _copy_arrays(state.model.backbone)  # for the backbone-only timings
+            else:
+                same_backbone &= _same_arrays(bb_ref, state.model.backbone)
+            steps[name] = make_train_step(cfg, tx, mesh, shardings, ner_objective())
+            states[name] = state
+
+    L, d = depth_and_width(bb_ref)
+    bcfg = bb_ref.cfg
+    if args.seq_len > bcfg.max_positions - bcfg.position_offset:
+        raise SystemExit(f"--seq-len {args.seq_len} exceeds the backbone's positions")
+    batch_np = synthetic_batch(args.batch, args.seq_len, args.labelled, bcfg.vocab_size,
+                               len(labels), args.seed)
+    data = {k: jax.device_put(v, b_sh) for k, v in batch_np.items()}
+    bb_args = (data["tokens"], data["mask"], data["segments"])
+    fwd, vag = backbone_fns(bb_ref)
+    print(f"fusion step benchmark: backbone {'HF ' + args.hf if args.hf else 'fresh encoder'} "
+          f"(L {L}, d {d}, heads {bcfg.n_heads}, d_ff {bcfg.d_ff}, vocab {bcfg.vocab_size}), "
+          f"B {args.batch}, T {args.seq_len}, P {args.labelled}; {mesh.size} x "
+          f"{jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
+
+    def call(name):
+        if name == "backbone_forward":
+            return fwd(bb_ref, *bb_args)
+        if name == "backbone_value_and_grad":
+            return vag(bb_ref, *bb_args)
+        states[name], metrics = steps[name](states[name], data)
+        return states[name], metrics
+
+    names = [config_name(m, mode) for mode in MODES for m in METHODS] + list(BACKBONE_PATHS)
+    losses = {}
+    for name in names:  # compile (the first call is untimed)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(call(name))
+        first_call[name] = time.perf_counter() - t0
+        if name not in BACKBONE_PATHS:
+            losses[name] = float(out[1]["loss"])
+        print(f"  compiled {name}: first call {first_call[name]:.2f} s", flush=True)
+
+    times = {name: [] for name in names}
+    for r in range(args.repeats):  # interleaved rounds, rotating the order
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            jax.block_until_ready(call(name))
+            times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(v) for name, v in times.items()}
+
+    t_fwd, t_vag = med["backbone_forward"], med["backbone_value_and_grad"]
+    bwd = t_vag - t_fwd
+    step_s = {name: med[name] for name in names if name not in BACKBONE_PATHS}
+    dwatt_ratio = step_s[config_name("dwatt", "fe")] / step_s[config_name("base", "fe")]
+    per_method = {}
+    for m in METHODS:
+        diff = step_s[config_name(m, "ft")] - step_s[config_name(m, "fe")]
+        per_method[m] = {"ft_minus_fe_s": diff, "backbone_backward_s": bwd,
+                         "ratio": diff / bwd if bwd > 0 else float("nan"),
+                         "within_target": bool(diff >= bwd)}
+    checks = {
+        "dwatt_fe_over_base_fe": dwatt_ratio,
+        "dwatt_fe_target": DWATT_TARGET,
+        "dwatt_fe_within_target": bool(dwatt_ratio <= DWATT_TARGET),
+        "ft_minus_fe": per_method,
+        "ft_minus_fe_target": "ft_minus_fe_s >= backbone_backward_s (ratio >= 1)",
+        "ft_minus_fe_all_within_target": all(v["within_target"] for v in per_method.values()),
+    }
+    res = {
+        "benchmark": "bench_fusion",
+        "backbone_source": args.hf or "fresh model.arch=encoder",
+        "hf_source_step": hf_step,
+        "n_layers": L, "d_model": d, "n_heads": bcfg.n_heads, "d_ff": bcfg.d_ff,
+        "vocab_size": bcfg.vocab_size, "seq_len": args.seq_len, "batch": args.batch,
+        "labelled": args.labelled, "extra_layers": args.extra_layers, "n_labels": len(labels),
+        "positions": batch_np["positions"][0].tolist(),
+        "repeats": args.repeats, "seed": args.seed, "optimizer": "adamw lr 5e-5",
+        "same_backbone_all_configs": bool(same_backbone),
+        "jax": jax.__version__, "equinox": eqx.__version__, "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind, "device_count": mesh.size,
+        "cpu_count": os.cpu_count(), "platform": platform.platform(), "malloc_tuned": MALLOC_TUNED,
+        "timing": "median of --repeats block_until_ready calls after one compiling call; all "
+                  "configurations and the backbone functions interleaved, rotating order",
+        "methods": list(METHODS), "modes": list(MODES),
+        "step_s": step_s,
+        "step_s_min": {n: min(times[n]) for n in step_s},
+        "step_s_all": {n: times[n] for n in step_s},
+        "first_call_s": first_call,
+        "initial_loss": losses,
+        "backbone": {"forward_s": t_fwd, "value_and_grad_s": t_vag, "backward_s": bwd,
+                     "scalar": "mean(h_L ** 2), grad w.r.t. every backbone array, no dropout",
+                     "forward_s_all": times["backbone_forward"],
+                     "value_and_grad_s_all": times["backbone_value_and_grad"]},
+        "backbone_backward_s": bwd,
+        "analytic_flops": analytic_flops(args.batch, args.seq_len, args.labelled, L, d, bcfg.d_ff),
+        "checks": checks,
+    }
+    print_table(res)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Depth-wise layer fusion, few-shot NER (the DWAtt paper's Figs. 3-4), end to end:
+
+    python -m jaxdepth.experiments.fusion_fewshot run    --out DIR --ner-dir DIR [plan options]
+    python -m jaxdepth.experiments.fusion_fewshot report --out DIR
+    python -m jaxdepth.experiments.fusion_fewshot all    --out DIR --ner-dir DIR [plan options]
+
+`run` trains every {method} x {mode} x {N-shot} x {trial} unit on one backbone through the
+same trainer as ``train.py`` (task.name=ner): trial t samples its N * C training sentences with
+seed t, and the unit's result is the best dev F1 over training with the test F1 at that point.
+The backbone is ``--backbone`` (a Hugging Face BERT/RoBERTa directory or a run of this
+project); without one, ``run`` first pretrains a small BERT encoder with MLM on the NER
+training sentences (DIR/pretrain), so the whole experiment needs nothing but the NER files.
+
+The plan is saved in DIR/plan.json and a different plan for the same DIR is refused. Every
+finished unit appends a row to DIR/results.jsonl and is skipped when the command runs again; an
+interrupted unit resumes from its checkpoint. `report` writes DIR/report/: the table of mean
+and 95% CI over trials (md, csv), F1 vs N-shot per method (Fig. 3) and dev F1 vs training
+step (Fig. 4), as PNG.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..config import FUSION_METHODS, Config, ConfigError, apply_overrides
+from .depth_sweep import _nested, _overrides
+
+# Few-shot fine-tuning as DESIGN section 4: AdamW, linear decay to 0, lr 5e-5, batch 16.
+PAPER_FINETUNE = {"optim.name": "adamw", "optim.lr": 5e-5, "optim.schedule": "linear",
+                  "optim.warmup_steps": 0, "optim.min_lr_ratio": 0.0, "optim.weight_decay": 0.01,
+                  "data.batch_size": 16, "data.seq_len": 128, "run.steps": 1000,
+                  "run.eval_every": 100, "task.eval_max": 0}
+
+PRESETS = {
+    "paper": {"shots": (8, 16, 32, 64, 128), "trials": 5, "finetune": PAPER_FINETUNE,
+              "pretrain": {}},
+    # Two CPU cores, under 30 minutes: a 4-layer d=128 encoder pretrained here for 600 steps,
+    # 2 trials, 150 fine-tuning steps at lr 1e-3 (5e-5 moves a fresh head too little in 150
+    # steps), dev/test capped at 300 sentences.
+    "miniature": {
+        "shots": (8, 16, 32, 64, 128), "trials": 2,
+        "finetune": {**PAPER_FINETUNE, "optim.lr": 1e-3, "data.seq_len": 64, "run.steps": 150,
+                     "run.eval_every": 25, "task.eval_max": 300},
+        "pretrain": {"model.arch": "encoder", "model.d_model": 128, "model.n_layers": 4,
+                     "model.d_ff": 512, "model.n_heads": 2, "model.vocab_size": 2000,
+                     "model.dropout": 0.1, "data.seq_len": 64, "data.batch_size": 32,
+                     "data.max_predictions": 10, "optim.name": "adamw", "optim.lr": 1e-3,
+                     "optim.schedule": "linear", "optim.warmup_steps": 50,
+                     "optim.min_lr_ratio": 0.0, "run.steps": 600, "run.eval_every": 200,
+                     "run.save_every": 600}},
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    ner_dir: str
+    backbone: str = ""  # HF directory or run; empty: pretrain one from `pretrain`
+    methods: tuple[str, ...] = FUSION_METHODS
+    modes: tuple[str, ...] = ("fe", "ft")
+    shots: tuple[int, ...] = (8, 16, 32, 64, 128)
+    trials: int = 5
+    extra_layers: int = 1  # n of Base+n
+    finetune: dict = field(default_factory=dict)  # "section.field" -> value
+    pretrain: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        bad = [m for m in self.methods if m not in FUSION_METHODS]
+        if bad:
+            raise ConfigError(f"methods: unknown {bad}; known: {list(FUSION_METHODS)}")
+        if not set(self.modes) <= {"fe", "ft"} or not self.modes:
+            raise ConfigError(f"modes: must be fe and/or ft, got {list(self.modes)}")
+        if not self.shots or min(self.shots) < 1:
+            raise ConfigError(f"shots: positive N-shot values needed, got {list(self.shots)}")
+        if self.trials < 1:
+            raise ConfigError(f"trials: must be >= 1, got {self.trials}")
+        if not self.backbone and not self.pretrain:
+            raise ConfigError("backbone: give --backbone DIR, or a preset that pretrains one")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Plan":
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+class Experiment:
+    def __init__(self, out: Path, plan: Plan):
+        self.out, self.plan = out, plan
+        self.results = out / "results.jsonl"
+
+    @classmethod
+    def open(cls, out: Path, plan: Plan | None) -> "Experiment":
+        path = out / "plan.json"
+        if path.is_file():
+            saved = Plan.from_json(json.loads(path.read_text()))
+            if plan is not None and plan != saved:
+                diff = [k for k, v in plan.to_json().items() if saved.to_json()[k] != v]
+                raise ConfigError(f"{diff[0]}: {out} holds an experiment with another plan "
+                                  f"(differs in {', '.join(diff)}); use another --out")
+            return cls(out, saved)
+        if plan is None:
+            raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with `run`")
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(plan.to_json(), indent=2))
+        return cls(out, plan)
+
+    def rows(self) -> list[dict]:
+        if not self.results.is_file():
+            return []
+        rows = {}
+        for line in self.results.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                rows[_unit_key(r)] = r
+        return list(rows.values())
+
+    def backbone(self) -> str:
+        if self.plan.backbone:
+            return self.plan.backbone
+        run = self.out / "pretrain"
+        if not (run / "summary.json").is_file():
+            corpus = self.out / "pretrain_corpus.txt"
+            if not corpus.is_file():
+                write_corpus(self.plan.ner_dir, corpus)
+            cfg = apply_overrides(Config(), _nested({**self.plan.pretrain,
+                                                      "data.corpus": str(corpus),
+                                                      "run.dir": str(run), "run.progress": False}))
+            _timed("pretraining the backbone", cfg)
+        return str(run)
+
+    def unit_config(self, backbone: str, method: str, mode: str, shots: int, trial: int) -> Config:
+        run = self.out / "runs" / f"{method}-{mode}" / f"N{shots}-t{trial}"
+        flat = {**self.plan.finetune, "task.name": "ner", "task.dir": self.plan.ner_dir,
+                "task.init_from": backbone, "task.n_shot": shots, "task.seed": trial,
+                "fusion.method": method, "fusion.mode": mode,
+                "fusion.extra_layers": self.plan.extra_layers, "run.seed": trial,
+                "run.dir": str(run), "run.progress": False}
+        flat.setdefault("run.save_every", flat.get("run.steps", Config().run.steps))
+        return apply_overrides(Config(), _nested(flat))
+
+    def run(self) -> None:
+        import jax
+        # Units of one (method, mode) differ only in data and seeds: the compiled steps are
+        # identical, so a persistent cache turns every compile after the first into a load.
+        jax.config.update("jax_compilation_cache_dir", str(self.out / "jax_cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        backbone = self.backbone()
+        done = {_unit_key(r) for r in self.rows()}
+        p = self.plan
+        for method in p.methods:
+            for mode in p.modes:
+                for shots in p.shots:
+                    for trial in range(p.trials):
+                        key = (method, mode, shots, trial)
+                        if key in done:
+                            continue
+                        cfg = self.unit_config(backbone, method, mode, shots, trial)
+                        _timed(f"{method} {mode} N={shots} trial {trial}", cfg)
+                        self.append(cfg, method, mode, shots, trial)
+
+    def append(self, cfg: Config, method: str, mode: str, shots: int, trial: int) -> None:
+        rep = json.loads((Path(cfg.run.dir) / "analysis" / "ner.json").read_text())
+        row = {"kind": "ner", "method": method, "mode": mode, "n_shot": shots, "seed": trial,
+               "best_dev_f1": rep["best_dev_f1"], "test_f1": rep["test_f1_at_best"],
+               "best_step": rep["best_step"], "train_sentences": rep["train_sentences"],
+               "curve": [[r["step"], r["dev_f1"], r["test_f1"]] for r in rep["curve"]],
+               "run": cfg.run.dir}
+        with open(self.results, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _unit_key(r: dict) -> tuple:
+    return (r["method"], r["mode"], r["n_shot"], r["seed"])
+
+
+def write_corpus(ner_dir: str, path: Path, per_doc: int = 8) -> None:
+    """The NER training sentences as plain text, documents of `per_doc` sentences."""
+    from ..data.ner import read_split
+    sents = [" ".join(s.tokens) for s in read_split(ner_dir, "train")]
+    docs = ["\n".join(sents[i:i + per_doc]) for i in range(0, len(sents), per_doc)]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n\n".join(docs) + "\n")
+    tmp.replace(path)
+
+
+def _timed(what: str, cfg: Config) -> dict:
+    from ..train.loop import train
+    t0 = time.perf_counter()
+    out = train(cfg)
+    if not out.get("done"):
+        raise RuntimeError(f"{what} stopped at step {out['step']}; run the command again")
+    print(f"{what}: {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m jaxdepth.experiments.fusion_fewshot",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["run", "report", "all"])
+    p.add_argument("--out", required=True, help="experiment directory")
+    p.add_argument("--ner-dir", help="WikiAnn or CoNLL-2003 directory (train, dev, test)")
+    p.add_argument("--backbone", default="", help="HF BERT/RoBERTa directory or a run of this "
+                   "project; empty: pretrain a small encoder on the NER sentences")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="paper")
+    p.add_argument("--methods", nargs="+", choices=FUSION_METHODS)
+    p.add_argument("--modes", nargs="+", choices=["fe", "ft"])
+    p.add_argument("--shots", nargs="+", type=int)
+    p.add_argument("--trials", type=int)
+    p.add_argument("--extra-layers", type=int, default=1)
+    p.add_argument("--finetune", nargs="*", default=[], metavar="SECTION.FIELD=VALUE")
+    p.add_argument("--pretrain", nargs="*", default=[], metavar="SECTION.FIELD=VALUE")
+    return p.parse_args(argv)
+
+
+def plan_from_args(args) -> Plan | None:
+    if args.ner_dir is None:
+        return None
+    pre = PRESETS[args.preset]
+    return Plan(ner_dir=args.ner_dir, backbone=args.backbone,
+                methods=tuple(args.methods or FUSION_METHODS),
+                modes=tuple(args.modes or ("fe", "ft")),
+                shots=tuple(args.shots or pre["shots"]), trials=args.trials or pre["trials"],
+                extra_layers=args.extra_layers,
+                finetune={**pre["finetune"], **_overrides(args.finetune, "--finetune")},
+                pretrain={} if args.backbone else
+                {**pre["pretrain"], **_overrides(args.pretrain, "--pretrain")})
+
+
+def main(argv=None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = plan_from_args(args)
+        if args.command in ("run", "all") and plan is None:
+            raise ConfigError("--ner-dir: required to start or continue `run`")
+        exp = Experiment.open(Path(args.out), plan)
+        if args.command in ("run", "all"):
+            exp.run()
+        if args.command in ("report", "all"):
+            from ..analysis.fusion_report import write_report
+            for name, path in write_report(exp.rows(), Path(args.out) / "report").items():
+                print(f"{name}: {path}")
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
