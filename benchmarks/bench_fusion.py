@@ -55,7 +55,7 @@ from jaxdepth.train.backbone_init import initial_fused_model  # noqa: E402
 from jaxdepth.train.ner_job import ner_objective  # noqa: E402
 from jaxdepth.train.optim import make_optimizer  # noqa: E402
 from jaxdepth.train.sharding import batch_sharding, make_mesh  # noqa: E402
-from jaxdepth.train.state import make_train_step, sharded_init, state_shardings  # noqa: E402
+from jaxdepth.train.state import init_state, make_train_step, state_shardings  # noqa: E402
 
 METHODS = ("base", "base+n", "concat", "dwatt")
 MODES = ("fe", "ft")
@@ -79,7 +79,8 @@ def make_config(args, method: str, mode: str, ner_dir: str) -> Config:
             "task": {"name": "ner", "dir": ner_dir, "init_from": args.hf or ""},
             "fusion": {"method": method, "mode": mode, "extra_layers": args.extra_layers},
             "optim": {"name": "adamw", "lr": 5e-5},
-            "run": {"steps": 1000, "seed": args.seed}}
+            "run": {"steps": 1000, "seed": args.seed},
+            "mesh": {"data": args.data_devices}}
     return apply_overrides(Config(), over)
 
 
@@ -144,7 +145,7 @@ def print_table(res: dict) -> None:
     print(hdr)
     print("-" * len(hdr))
     base_fe = t[config_name("base", "fe")]
-    for m in METHODS:
+    for m in res["methods"]:
         fe, ft = t[config_name(m, "fe")], t[config_name(m, "ft")]
         c = res["checks"]["ft_minus_fe"][m]
         print(f"{m:>8} {1e3 * fe:>9.2f} {1e3 * ft:>9.2f} {1e3 * c['ft_minus_fe_s']:>9.2f} "
@@ -170,10 +171,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--extra-layers", type=int, default=1, help="n of base+n")
     p.add_argument("--repeats", type=int, default=10, help="timed calls per configuration")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                   help="methods to time (base and dwatt are always included: the target)")
+    p.add_argument("--data-devices", type=int, default=-1,
+                   help="mesh.data: devices on the data axis (-1: all)")
     p.add_argument("--hf", default="", help="a Hugging Face BERT/RoBERTa directory as backbone "
                                             "(task.init_from); --d-model/--layers/--heads ignored")
     p.add_argument("--out", default="runs/bench/bench_fusion.json")
     args = p.parse_args(argv)
+    args.methods = [m for m in METHODS if m in {"base", "dwatt", *args.methods}]
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
 
@@ -185,6 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _run(args, ner_dir: str) -> dict:
+    methods = tuple(args.methods)
     (Path(ner_dir) / "train").write_text(WIKIANN_SAMPLE)
     labels = ner_labels(ner_dir)
     cfg0 = make_config(args, "base", "fe", ner_dir)
@@ -197,12 +204,14 @@ def _run(args, ner_dir: str) -> dict:
     steps, states, first_call, bb_ref, same_backbone, hf_step = {}, {}, {}, None, True, None
     hf_backbone = None
     for mode in MODES:
-        for method in METHODS:
+        for method in methods:
             name = config_name(method, mode)
             cfg = make_config(args, method, mode, ner_dir)
             tx = make_optimizer(cfg.optim, cfg.run.steps)
             _, shardings = state_shardings(cfg, tx, mesh)
-            state = sharded_init(cfg, tx, mesh, shardings)
+            # init_state run eagerly then placed (what sharded_init does, minus compiling one
+            # init program per configuration, which costs more than the benchmark itself)
+            state = eqx.filter_shard(init_state(cfg, tx), shardings)
             if args.hf:  # the job's loader once; every configuration gets its own copy
                 if hf_backbone is None:
                     model, hf_step = initial_fused_model(cfg, mesh, state.model)
@@ -238,15 +247,21 @@ def _run(args, ner_dir: str) -> dict:
         states[name], metrics = steps[name](states[name], data)
         return states[name], metrics
 
-    names = [config_name(m, mode) for mode in MODES for m in METHODS] + list(BACKBONE_PATHS)
+    names = [config_name(m, mode) for mode in MODES for m in methods] + list(BACKBONE_PATHS)
     losses = {}
-    for name in names:  # compile (the first call is untimed)
+
+    def warm(name):  # the first call compiles; it is not timed
         t0 = time.perf_counter()
         out = jax.block_until_ready(call(name))
         first_call[name] = time.perf_counter() - t0
         if name not in BACKBONE_PATHS:
             losses[name] = float(out[1]["loss"])
         print(f"  compiled {name}: first call {first_call[name]:.2f} s", flush=True)
+
+    t0 = time.perf_counter()
+    for name in names:
+        warm(name)
+    compile_wall = time.perf_counter() - t0
 
     times = {name: [] for name in names}
     for r in range(args.repeats):  # interleaved rounds, rotating the order
@@ -262,7 +277,7 @@ def _run(args, ner_dir: str) -> dict:
     step_s = {name: med[name] for name in names if name not in BACKBONE_PATHS}
     dwatt_ratio = step_s[config_name("dwatt", "fe")] / step_s[config_name("base", "fe")]
     per_method = {}
-    for m in METHODS:
+    for m in methods:
         diff = step_s[config_name(m, "ft")] - step_s[config_name(m, "fe")]
         per_method[m] = {"ft_minus_fe_s": diff, "backbone_backward_s": bwd,
                          "ratio": diff / bwd if bwd > 0 else float("nan"),
@@ -290,11 +305,12 @@ def _run(args, ner_dir: str) -> dict:
         "cpu_count": os.cpu_count(), "platform": platform.platform(), "malloc_tuned": MALLOC_TUNED,
         "timing": "median of --repeats block_until_ready calls after one compiling call; all "
                   "configurations and the backbone functions interleaved, rotating order",
-        "methods": list(METHODS), "modes": list(MODES),
+        "methods": list(methods), "modes": list(MODES),
         "step_s": step_s,
         "step_s_min": {n: min(times[n]) for n in step_s},
         "step_s_all": {n: times[n] for n in step_s},
         "first_call_s": first_call,
+        "warmup_wall_s": compile_wall,
         "initial_loss": losses,
         "backbone": {"forward_s": t_fwd, "value_and_grad_s": t_vag, "backward_s": bwd,
                      "scalar": "mean(h_L ** 2), grad w.r.t. every backbone array, no dropout",

@@ -7,6 +7,7 @@ every backbone's layer outputs recomputed layer by layer; fusion_param_count equ
 actually built; EncoderMLM's head against a NumPy recomputation.
 (The DWAtt / Concat equations themselves are tested in tests/test_fusion.py.)
 """
+import dataclasses
 import math
 
 import equinox as eqx
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.config import ACTConfig, Config, MeshConfig, ModelConfig, apply_overrides
+from jaxdepth.config import ACTConfig, Config, ModelConfig, apply_overrides
 from jaxdepth.data.ner import LABELS
 from jaxdepth.models.act import ACTEncoder, UntiedEncoder
 from jaxdepth.models.backbone import depth_and_width, layer_states, strip_to_backbone
@@ -27,12 +28,14 @@ from jaxdepth.models.fusion import KEY_DIM, DWAtt, fusion_trainable
 from jaxdepth.train.ner_job import ner_objective
 from jaxdepth.train.optim import make_optimizer
 from jaxdepth.train.sharding import make_mesh
-from jaxdepth.train.state import make_train_step, sharded_init, state_shardings, trainable
+from jaxdepth.train.state import init_state, make_train_step, state_shardings, trainable
 
 B, T, P, D, V = 4, 16, 5, 32, 64
-ENC = EncoderConfig(vocab_size=V, d_model=D, n_layers=3, n_heads=2, d_ff=64, max_positions=T,
+# The shape of ner_cfg's backbone, so eager initialisation ops compiled once serve every test.
+ENC = EncoderConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=2, d_ff=64, max_positions=T,
                     dropout=0.1)
-ACT_CFG = ACTConfig(vocab_size=V, embed_dim=16, d_model=D, n_heads=2, max_iters=3, max_len=T)
+ACT_CFG = ACTConfig(vocab_size=V, embed_dim=16, d_model=D, n_heads=2, d_ff=64, max_iters=3,
+                    max_len=T)
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -92,10 +95,14 @@ def ner_cfg(ner_dir, method, mode):
 
 
 def state_and_step(cfg):
+    """The library's initial state and train step. This is sharded_init's state, but run
+    eagerly (its small random-init ops are cached across tests, where sharded_init compiles
+    one program per config) and then placed in the step's layout, so the step compiles once."""
     mesh = make_mesh(cfg.mesh)
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     _, sh = state_shardings(cfg, tx, mesh)
-    return sharded_init(cfg, tx, mesh, sh), make_train_step(cfg, tx, mesh, sh, ner_objective())
+    state = eqx.filter_shard(init_state(cfg, tx), sh)
+    return state, make_train_step(cfg, tx, mesh, sh, ner_objective())
 
 
 def backbone_of(model):
@@ -121,7 +128,8 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
     fn, totals = ner_objective()
     key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.key), 0), 0)
     params, static = eqx.partition(model0, trainable(model0))
-    g = eqx.filter_grad(lambda p: fn(eqx.combine(p, static), batch, key, totals(batch))[0])(params)
+    g = eqx.filter_jit(eqx.filter_grad(
+        lambda p: fn(eqx.combine(p, static), batch, key, totals(batch))[0]))(params)
     g_leaves = jax.tree.leaves(g)
     want_norm = math.sqrt(sum(float(jnp.sum(jnp.square(x.astype(jnp.float32)))) for x in g_leaves))
     assert want_norm > 0
@@ -150,8 +158,15 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
     assert len(bb1) == len(bb0) and all(np.array_equal(a, b) for a, b in zip(bb0, bb1))
     fh1 = arrays(fusion_and_head(state.model))
     changed = [not np.array_equal(a, b) for a, b in zip(fh0, fh1)]
-    n_frozen = 1 if method == "dwatt" else 0
-    assert sum(changed) == len(fh0) - n_frozen  # every trainable fusion/head array moved
+    # Every trainable fusion/head array moved; Base+n's attention key bias has an exactly zero
+    # gradient (softmax is shift-invariant) and no weight decay, so it is left out.
+    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
+        eqx.filter(fusion_and_head(model0), eqx.is_array))]
+    assert len(names) == len(changed)
+    moved = {n: c for n, c in zip(names, changed) if not n.endswith(".attn.k.b")}
+    assert moved == {n: not n.endswith(".k_pos.value") for n in moved}
+    if method == "base+n":
+        assert any(".layers.ff_in.w" in n for n in moved)
     if method == "dwatt":
         assert np.array_equal(np.asarray(state.model.fusion.k_pos.value), kpos0)
 
@@ -159,44 +174,49 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
 def test_base_n_fe_spec_and_update(ner_dir):
     """Base+n in FE: its fresh layers are trainable and move; the backbone is neither."""
     cfg = ner_cfg(ner_dir, "base+n", "fe")
-    state, step = state_and_step(cfg)
-    model0 = state.model
+    model0 = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps)).model
     assert isinstance(model0.fusion, ExtraLayers) and model0.fusion.n == 1
     spec = model0.trainable_spec()
     assert not any(jax.tree.leaves(spec.backbone))
     fusion_spec = jax.tree.leaves(spec.fusion)
     assert len(fusion_spec) == len(jax.tree.leaves(model0.fusion)) and all(fusion_spec)
     assert all(jax.tree.leaves(spec.head))
-    extra0 = arrays(model0.fusion)
-    bb0 = arrays(model0.backbone)
-    state, _ = step(state, make_inputs(1))
-    extra1 = arrays(state.model.fusion)
-    assert all(not np.array_equal(a, b) for a, b in zip(extra0, extra1))
-    assert all(np.array_equal(a, b) for a, b in zip(bb0, arrays(state.model.backbone)))
+    # What the optimiser sees: exactly the extra layers and the head, element for element.
+    n_bb, n_extra, n_head = (n_elements(model0.backbone), n_elements(model0.fusion),
+                             n_elements(model0.head))
+    assert n_elements(eqx.filter(model0, trainable(model0))) == n_extra + n_head
+    assert n_elements(model0) == n_bb + n_extra + n_head
+    # (that the extra layers change under the train step: test_fe_trains_only_fusion_and_head)
 
 
-@pytest.mark.parametrize("method", ["dwatt", "base+n"])
-def test_fe_computes_no_backbone_gradient(getkey, method):
+def test_fe_computes_no_backbone_gradient():
+    """jax.grad w.r.t. the *whole* model: in FE every backbone leaf of it is exactly zero (the
+    stop_gradient in FusedModel.layer_states); in FT the backbone does get a gradient."""
     batch = make_inputs(2)
     fn, totals = ner_objective()
-    grads = {}
-    for mode in ("fe", "ft"):
-        model = FusedModel(Encoder(ENC, key=jax.random.key(3)), method=method, mode=mode,
-                           n_labels=len(LABELS), rate=0.1, key=jax.random.key(4))
-        g = eqx.filter_grad(lambda m: fn(m, batch, getkey(), totals(batch))[0])(model)
-        grads[mode] = g
-    fe_bb = arrays(grads["fe"].backbone)
-    assert len(fe_bb) == len(arrays(Encoder(ENC, key=jax.random.key(3))))
+    enc = Encoder(ENC, key=jax.random.key(3))
+    fe = FusedModel(enc, method="dwatt", mode="fe", n_labels=len(LABELS), rate=0.1,
+                    key=jax.random.key(4))
+    ft = FusedModel(enc, method="dwatt", mode="ft", n_labels=len(LABELS), rate=0.1,
+                    key=jax.random.key(4))
+    key = jax.random.key(5)
+
+    @eqx.filter_jit
+    def grads(fe, ft):
+        g = lambda m: eqx.filter_grad(lambda m: fn(m, batch, key, totals(batch))[0])(m)  # noqa: E731
+        return g(fe), g(ft)
+
+    g_fe, g_ft = grads(fe, ft)
+    fe_bb = arrays(g_fe.backbone)
+    assert len(fe_bb) == len(arrays(enc))
     assert all(not np.any(x) for x in fe_bb)
-    ft_bb = arrays(grads["ft"].backbone)
-    assert sum(bool(np.any(x)) for x in ft_bb) >= len(ft_bb) // 2
-    # The fusion / head gradient exists in both modes.
-    for mode in ("fe", "ft"):
-        assert any(np.any(x) for x in arrays(grads[mode].head))
-        assert any(np.any(x) for x in arrays(grads[mode].fusion))
-    if method == "dwatt":
-        for mode in ("fe", "ft"):
-            assert not np.any(np.asarray(grads[mode].fusion.k_pos.value))
+    ft_bb = arrays(g_ft.backbone)
+    assert sum(bool(np.any(x)) for x in ft_bb) >= len(ft_bb) - 1  # all but maybe attn.k.b
+    # The fusion / head gradients exist in both modes, and k_pos gets none in either.
+    for g in (g_fe, g_ft):
+        assert any(np.any(x) for x in arrays(g.head))
+        assert sum(bool(np.any(x)) for x in arrays(g.fusion)) == len(arrays(g.fusion)) - 1
+        assert not np.any(np.asarray(g.fusion.k_pos.value))
 
 
 def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
@@ -216,8 +236,7 @@ def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
         state, _ = step(state, batch)
     bb1 = arrays(state.model.backbone)
     changed = [not np.array_equal(a, b) for a, b in zip(bb0, bb1)]
-    # Every backbone array moves except the unused token-type row table... which moves too:
-    # row 0 of it is used by every token. So all of them do.
+    # Every backbone array is used (token-type row 0 by every token), so every one moves.
     assert all(changed), f"{sum(changed)} of {len(changed)} backbone arrays changed"
     assert np.array_equal(np.asarray(state.model.fusion.k_pos.value), kpos0)
 
@@ -225,55 +244,53 @@ def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
 # ------------------------------------------------------------- 4: gather before / gather after
 
 @pytest.mark.parametrize("method", ["dwatt", "concat", "base", "base+n"])
-@pytest.mark.parametrize("mode", ["fe", "ft"])
-def test_gather_before_equals_gather_after(method, mode):
+def test_gather_before_equals_gather_after(method):
     inp = make_inputs(4)
-    model = FusedModel(Encoder(ENC, key=jax.random.key(5)), method=method, mode=mode,
+    model = FusedModel(Encoder(ENC, key=jax.random.key(5)), method=method, mode="fe",
                        n_labels=len(LABELS), key=jax.random.key(6))
-    model = eqx.tree_at(lambda m: m.fusion, model, randomize(model.fusion, 7)) \
-        if model.fusion is not None else model
+    if model.fusion is not None:
+        model = eqx.tree_at(lambda m: m.fusion, model, randomize(model.fusion, 7))
     args = (inp["tokens"], inp["segments"], inp["mask"])
-    full = eqx.filter_jit(lambda m: m.features(*args))(model)
-    at = eqx.filter_jit(lambda m: m.features(*args, inp["positions"]))(model)
-    assert full.shape == (B, T, D) and at.shape == (B, P, D)
+
+    @eqx.filter_jit
+    def run(m):
+        return m.features(*args), m.features(*args, inp["positions"]), m(*args, inp["positions"])
+
+    full, at, logits = run(model)
+    assert full.shape == (B, T, D) and at.shape == (B, P, D) and logits.shape == (B, P, len(LABELS))
     want = np.take_along_axis(np.asarray(full), np.asarray(inp["positions"])[..., None], axis=1)
-    np.testing.assert_allclose(np.asarray(at), want, rtol=1e-6, atol=1e-6)
-    # and the NER logits too
-    logits = eqx.filter_jit(lambda m: m(*args, inp["positions"]))(model)
-    np.testing.assert_allclose(np.asarray(logits),
-                               np.asarray(full) @ np.asarray(model.head.w) + np.asarray(model.head.b),
-                               rtol=1e-5, atol=1e-5) if False else None
+    # Same numbers up to float32 summation order (a [B*P] rather than [B*T] row matmul).
+    np.testing.assert_allclose(np.asarray(at), want, rtol=1e-5, atol=1e-6)
     want_logits = want @ np.asarray(model.head.w) + np.asarray(model.head.b)
     np.testing.assert_allclose(np.asarray(logits), want_logits, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- 5: layer_states per backbone
 
-def encoder_states_by_hand(enc: Encoder, tokens, segments, mask):
-    h = enc.embed(tokens, segments)
-    out = []
-    for i in range(enc.cfg.n_layers):
-        layer = jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, enc.layers)
-        h = layer(h, mask.astype(bool))
-        out.append(h)
-    return jnp.stack(out)
+def stacked_layer(layers, i):
+    return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, layers)
 
 
 def test_layer_states_encoder():
     inp = make_inputs(5)
     enc = randomize(Encoder(ENC, key=jax.random.key(8)), 9, scale=0.2)
     args = (inp["tokens"], inp["segments"], inp["mask"])
-    z = layer_states(enc, *args)
-    assert z.shape == (ENC.n_layers, B, T, D)
-    np.testing.assert_allclose(np.asarray(z), np.asarray(encoder_states_by_hand(enc, *args)),
-                               rtol=1e-5, atol=1e-5)
-    # the unrolled (scan_layers=False) path agrees as well
-    z2 = layer_states(enc.with_options(scan_layers=False), *args)
-    np.testing.assert_allclose(np.asarray(z2), np.asarray(z), rtol=1e-5, atol=1e-5)
-    assert depth_and_width(enc) == (ENC.n_layers, D)
     fused = FusedModel(enc, method="base", mode="fe", n_labels=3, key=jax.random.key(1))
-    np.testing.assert_allclose(np.asarray(fused.features(*args)), np.asarray(z[-1]),
-                               rtol=1e-6, atol=1e-6)
+
+    @eqx.filter_jit
+    def run(enc, fused):
+        h = enc.embed(inp["tokens"], inp["segments"])  # the layers applied one by one
+        want = []
+        for i in range(ENC.n_layers):
+            h = stacked_layer(enc.layers, i)(h, inp["mask"].astype(bool))
+            want.append(h)
+        return layer_states(enc, *args), jnp.stack(want), fused.features(*args)
+
+    z, want, h = run(enc, fused)
+    assert z.shape == (ENC.n_layers, B, T, D)
+    np.testing.assert_allclose(np.asarray(z), np.asarray(want), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(want[-1]), rtol=1e-5, atol=1e-5)
+    assert depth_and_width(enc) == (ENC.n_layers, D)
     # strip_to_backbone finds the encoder inside both an EncoderMLM and a FusedModel
     assert strip_to_backbone(fused) is enc
     assert strip_to_backbone(EncoderMLM(enc, key=jax.random.key(2))) is enc
@@ -283,66 +300,80 @@ def test_layer_states_encoder():
 def test_layer_states_act(halting):
     inp = make_inputs(6)
     args = (inp["tokens"], inp["segments"], inp["mask"])
-    cfg = ACT_CFG.__class__(**{**ACT_CFG.__dict__, "halting": halting})
+    cfg = dataclasses.replace(ACT_CFG, halting=halting)
     model = ACTEncoder(cfg, key=jax.random.key(10))
-    z = layer_states(model, *args)
-    assert z.shape == (cfg.max_iters, B, T, D)
-    if halting == "fixed":  # ALBERT: the shared layer applied M times
-        h = model.embed(inp["tokens"], inp["segments"])
-        want = []
-        for _ in range(cfg.max_iters):
-            h = model.layer(h, inp["mask"].astype(bool))
-            want.append(h)
-        want = jnp.stack(want)
-        last = h
-    else:  # the inference driver (while_loop, filled past the last iteration) is independent
-        out = model.forward_while(*args, return_states=True)
-        assert 1 <= int(out.iterations_run) <= cfg.max_iters
-        want, last = out.states_MBTD, out.h_BTD
-    np.testing.assert_allclose(np.asarray(z), np.asarray(want), rtol=1e-5, atol=1e-5)
-    assert depth_and_width(model) == (cfg.max_iters, D)
     fused = FusedModel(model, method="base", mode="fe", n_labels=3, key=jax.random.key(1))
-    np.testing.assert_allclose(np.asarray(fused.features(*args)), np.asarray(last),
-                               rtol=1e-5, atol=1e-5)
+
+    @eqx.filter_jit
+    def run(model, fused):
+        if halting == "fixed":  # ALBERT: the shared layer applied M times
+            h = model.embed(inp["tokens"], inp["segments"])
+            want = []
+            for _ in range(cfg.max_iters):
+                h = model.layer(h, inp["mask"].astype(bool))
+                want.append(h)
+            want, last, ran = jnp.stack(want), h, jnp.int32(cfg.max_iters)
+        else:  # the inference driver (while_loop, filled past its last iteration) is independent
+            out = model.forward_while(*args, return_states=True)
+            want, last, ran = out.states_MBTD, out.h_BTD, out.iterations_run
+        return layer_states(model, *args), want, last, ran, fused.features(*args)
+
+    z, want, last, ran, h = run(model, fused)
+    assert z.shape == (cfg.max_iters, B, T, D)
+    assert 1 <= int(ran) <= cfg.max_iters
+    np.testing.assert_allclose(np.asarray(z), np.asarray(want), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(last), rtol=1e-5, atol=1e-5)
+    assert depth_and_width(model) == (cfg.max_iters, D)
 
 
 def test_layer_states_untied():
     inp = make_inputs(7)
     args = (inp["tokens"], inp["segments"], inp["mask"])
     model = UntiedEncoder(ACT_CFG, key=jax.random.key(11))
-    z = layer_states(model, *args)
-    h = model.embed(inp["tokens"], inp["segments"])
-    want = []
-    for i in range(ACT_CFG.max_iters):
-        layer = jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, model.layers)
-        h = layer(h, inp["mask"].astype(bool))
-        want.append(h)
-    np.testing.assert_allclose(np.asarray(z), np.asarray(jnp.stack(want)), rtol=1e-5, atol=1e-5)
     fused = FusedModel(model, method="base", mode="ft", n_labels=3, key=jax.random.key(1))
-    np.testing.assert_allclose(np.asarray(fused.features(*args)), np.asarray(h),
-                               rtol=1e-5, atol=1e-5)
+
+    @eqx.filter_jit
+    def run(model, fused):
+        h = model.embed(inp["tokens"], inp["segments"])
+        want = []
+        for i in range(ACT_CFG.max_iters):
+            h = stacked_layer(model.layers, i)(h, inp["mask"].astype(bool))
+            want.append(h)
+        return layer_states(model, *args), jnp.stack(want), fused.features(*args)
+
+    z, want, h = run(model, fused)
+    assert z.shape == (ACT_CFG.max_iters, B, T, D)
+    np.testing.assert_allclose(np.asarray(z), np.asarray(want), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(want[-1]), rtol=1e-5, atol=1e-5)
+    assert depth_and_width(model) == (ACT_CFG.max_iters, D)
 
 
 def test_layer_states_decoder():
     inp = make_inputs(8)
     cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=3, d_ff=64, n_heads=2)
     model = DecoderLM(cfg, key=jax.random.key(12))
-    z = layer_states(model, inp["tokens"], None, None)
-    assert z.shape == (cfg.n_layers, B, T, D)
-    x = model.embed[inp["tokens"]]
-    pos = jnp.arange(T)
-    bias = model.rel_bias(pos, pos)
-    want = []
-    for i in range(cfg.n_layers):
-        x = model._layer(i)(x, bias, 0.0, None)
-        want.append(x)
-    np.testing.assert_allclose(np.asarray(z), np.asarray(jnp.stack(want)), rtol=1e-5, atol=1e-5)
-    # hidden() is the final norm of the last state
-    np.testing.assert_allclose(np.asarray(model.hidden(inp["tokens"])[0]),
-                               np.asarray(model.final_norm(z[-1])), rtol=1e-5, atol=1e-5)
     fused = FusedModel(model, method="base", mode="fe", n_labels=3, key=jax.random.key(1))
-    np.testing.assert_allclose(np.asarray(fused.features(inp["tokens"], None, None)),
-                               np.asarray(x), rtol=1e-5, atol=1e-5)
+
+    @eqx.filter_jit
+    def run(model, fused):
+        x = model.embed[inp["tokens"]]
+        pos = jnp.arange(T)
+        bias = model.rel_bias(pos, pos)
+        want = []
+        for i in range(cfg.n_layers):
+            x = model._layer(i)(x, bias, 0.0, None)
+            want.append(x)
+        return (layer_states(model, inp["tokens"], None, None), jnp.stack(want),
+                model.hidden(inp["tokens"])[0], model.final_norm(x),
+                fused.features(inp["tokens"], None, None))
+
+    z, want, hidden, normed, h = run(model, fused)
+    assert z.shape == (cfg.n_layers, B, T, D)
+    np.testing.assert_allclose(np.asarray(z), np.asarray(want), rtol=1e-5, atol=1e-5)
+    # hidden() is the final norm of the last state; features are the state before the norm
+    np.testing.assert_allclose(np.asarray(hidden), np.asarray(normed), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(want[-1]), rtol=1e-5, atol=1e-5)
+    assert depth_and_width(model) == (cfg.n_layers, D)
 
 
 # ------------------------------------------------------------------- 6: fusion parameter count
@@ -360,7 +391,7 @@ def test_fusion_param_count_matches_the_built_module(backbone_kind, method):
         L, d_ff = ENC.n_layers, ENC.d_ff
     else:
         bb = ACTEncoder(ACT_CFG, key=jax.random.key(13))
-        L, d_ff = ACT_CFG.max_iters, 4 * D
+        L, d_ff = ACT_CFG.max_iters, ACT_CFG.d_ff
     n_extra = 2
     model = FusedModel(bb, method=method, mode="fe", n_labels=5, n_extra=n_extra,
                        key=jax.random.key(14))
@@ -388,33 +419,54 @@ def test_fusion_param_count_matches_the_built_module(backbone_kind, method):
 
 # ---------------------------------------------------------------------- 7: EncoderMLM's head
 
-def test_encoder_mlm_masked_logits_match_numpy():
+def mlm_model_and_inputs():
     inp = make_inputs(9)
     enc = Encoder(ENC, key=jax.random.key(15))
     model = EncoderMLM(enc, key=jax.random.key(16))
     model = eqx.tree_at(lambda m: m.head, model, randomize(model.head, 17))
+    return model, inp
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "library bug: BertMLMHead.__call__ (jaxdepth/models/encoder_mlm.py:42) adds the [V] "
+    "bias_V to [B, P, V] logits by implicit rank promotion, refused under conftest's "
+    "jax_numpy_rank_promotion='raise'"))
+def test_encoder_mlm_masked_logits_under_strict_rank_promotion():
+    model, inp = mlm_model_and_inputs()
+    out = eqx.filter_eval_shape(model.masked_logits, inp["tokens"], inp["segments"], inp["mask"],
+                                inp["positions"])
+    assert out.shape == (B, P, V)
+
+
+def test_encoder_mlm_masked_logits_match_numpy():
+    model, inp = mlm_model_and_inputs()
+    enc, hd = model.encoder, model.head
     args = (inp["tokens"], inp["segments"], inp["mask"])
-    logits = eqx.filter_jit(lambda m: m.masked_logits(*args, inp["positions"]))(model)
+    fused = FusedModel(enc, method="base", mode="fe", mlm=True, key=jax.random.key(18))
+    fused = eqx.tree_at(lambda m: m.head, fused, hd)
+
+    @eqx.filter_jit
+    def run(model, fused):
+        with jax.numpy_rank_promotion("allow"):  # the head's bias add: see the xfail above
+            return (model.masked_logits(*args, inp["positions"]),
+                    fused.masked_logits(*args, inp["positions"]),
+                    enc(inp["tokens"], inp["mask"], inp["segments"])[0])
+
+    logits, fused_logits, h = run(model, fused)
     assert logits.shape == (B, P, V) and logits.dtype == jnp.float32
 
-    h = np.asarray(enc(inp["tokens"], inp["mask"], inp["segments"])[0], np.float64)
-    pos = np.asarray(inp["positions"])
-    x = h[np.arange(B)[:, None], pos]  # [B, P, D]
-    hd = model.head
     f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    pos = np.asarray(inp["positions"])
+    x = f(h)[np.arange(B)[:, None], pos]  # [B, P, D]
     u = x @ f(hd.dense.w) + f(hd.dense.b)
-    u = 0.5 * u * (1.0 + np.vectorize(math.erf)(u / math.sqrt(2.0)))
+    u = 0.5 * u * (1.0 + np.vectorize(math.erf)(u / math.sqrt(2.0)))  # exact gelu
     mean = u.mean(-1, keepdims=True)
     var = ((u - mean) ** 2).mean(-1, keepdims=True)
     u = (u - mean) / np.sqrt(var + ENC.layer_norm_eps) * f(hd.norm.scale) + f(hd.norm.bias)
     want = u @ f(enc.word_VD).T + f(hd.bias_V)
     np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-5, atol=1e-5)
-    # gather_positions is the same gather
-    np.testing.assert_array_equal(np.asarray(gather_positions(jnp.asarray(h, jnp.float32),
-                                                              inp["positions"])),
+    # The fusion model's MLM head (Base, FE) on the same encoder and head: the same logits.
+    np.testing.assert_allclose(np.asarray(fused_logits), want, rtol=1e-5, atol=1e-5)
+    # gather_positions is that gather
+    np.testing.assert_array_equal(np.asarray(gather_positions(h, inp["positions"])),
                                   x.astype(np.float32))
-    # The fusion model's MLM head (Base, FE) on the same encoder and head gives the same logits.
-    fused = FusedModel(enc, method="base", mode="fe", mlm=True, key=jax.random.key(18))
-    fused = eqx.tree_at(lambda m: m.head, fused, hd)
-    np.testing.assert_allclose(np.asarray(fused.masked_logits(*args, inp["positions"])), want,
-                               rtol=1e-5, atol=1e-5)

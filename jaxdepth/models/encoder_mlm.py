@@ -39,7 +39,7 @@ class BertMLMHead(eqx.Module):
         x = self.norm(activation_fn(self.activation)(self.dense(h_BPD)))
         logits = jnp.einsum("bpd,vd->bpv", x, word_VD.astype(x.dtype),
                             preferred_element_type=jnp.float32)
-        return logits + self.bias_V
+        return logits + self.bias_V[None, None, :]
 
 
 class EncoderMLM(eqx.Module):
