@@ -146,6 +146,8 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
 
     bb0 = arrays(backbone_of(model0))
     fh0 = arrays(fusion_and_head(model0))
+    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
+        eqx.filter(fusion_and_head(model0), eqx.is_array))]
     kpos0 = np.asarray(model0.fusion.k_pos.value) if method == "dwatt" else None
 
     state, metrics = step(state, batch)
@@ -160,8 +162,6 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
     changed = [not np.array_equal(a, b) for a, b in zip(fh0, fh1)]
     # Every trainable fusion/head array moved; Base+n's attention key bias has an exactly zero
     # gradient (softmax is shift-invariant) and no weight decay, so it is left out.
-    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
-        eqx.filter(fusion_and_head(model0), eqx.is_array))]
     assert len(names) == len(changed)
     moved = {n: c for n, c in zip(names, changed) if not n.endswith(".attn.k.b")}
     assert moved == {n: not n.endswith(".k_pos.value") for n in moved}
@@ -172,7 +172,7 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
 
 
 def test_base_n_fe_spec_and_update(ner_dir):
-    """Base+n in FE: its fresh layers are trainable and move; the backbone is neither."""
+    """Base+n in FE: its fresh layers are what trains (with the head); the backbone is not."""
     cfg = ner_cfg(ner_dir, "base+n", "fe")
     model0 = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps)).model
     assert isinstance(model0.fusion, ExtraLayers) and model0.fusion.n == 1
@@ -195,9 +195,9 @@ def test_fe_computes_no_backbone_gradient():
     batch = make_inputs(2)
     fn, totals = ner_objective()
     enc = Encoder(ENC, key=jax.random.key(3))
-    fe = FusedModel(enc, method="dwatt", mode="fe", n_labels=len(LABELS), rate=0.1,
+    fe = FusedModel(enc, method="concat", mode="fe", n_labels=len(LABELS), rate=0.1,
                     key=jax.random.key(4))
-    ft = FusedModel(enc, method="dwatt", mode="ft", n_labels=len(LABELS), rate=0.1,
+    ft = FusedModel(enc, method="concat", mode="ft", n_labels=len(LABELS), rate=0.1,
                     key=jax.random.key(4))
     key = jax.random.key(5)
 
@@ -212,11 +212,10 @@ def test_fe_computes_no_backbone_gradient():
     assert all(not np.any(x) for x in fe_bb)
     ft_bb = arrays(g_ft.backbone)
     assert sum(bool(np.any(x)) for x in ft_bb) >= len(ft_bb) - 1  # all but maybe attn.k.b
-    # The fusion / head gradients exist in both modes, and k_pos gets none in either.
+    # The fusion / head gradients exist in both modes. (They differ: FT runs the backbone
+    # with its dropout under the key, FE without.)
     for g in (g_fe, g_ft):
-        assert any(np.any(x) for x in arrays(g.head))
-        assert sum(bool(np.any(x)) for x in arrays(g.fusion)) == len(arrays(g.fusion)) - 1
-        assert not np.any(np.asarray(g.fusion.k_pos.value))
+        assert all(np.any(x) for x in arrays((g.head, g.fusion)))
 
 
 def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
@@ -427,17 +426,6 @@ def mlm_model_and_inputs():
     return model, inp
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "library bug: BertMLMHead.__call__ (jaxdepth/models/encoder_mlm.py:42) adds the [V] "
-    "bias_V to [B, P, V] logits by implicit rank promotion, refused under conftest's "
-    "jax_numpy_rank_promotion='raise'"))
-def test_encoder_mlm_masked_logits_under_strict_rank_promotion():
-    model, inp = mlm_model_and_inputs()
-    out = eqx.filter_eval_shape(model.masked_logits, inp["tokens"], inp["segments"], inp["mask"],
-                                inp["positions"])
-    assert out.shape == (B, P, V)
-
-
 def test_encoder_mlm_masked_logits_match_numpy():
     model, inp = mlm_model_and_inputs()
     enc, hd = model.encoder, model.head
@@ -447,10 +435,9 @@ def test_encoder_mlm_masked_logits_match_numpy():
 
     @eqx.filter_jit
     def run(model, fused):
-        with jax.numpy_rank_promotion("allow"):  # the head's bias add: see the xfail above
-            return (model.masked_logits(*args, inp["positions"]),
-                    fused.masked_logits(*args, inp["positions"]),
-                    enc(inp["tokens"], inp["mask"], inp["segments"])[0])
+        return (model.masked_logits(*args, inp["positions"]),  # under strict rank promotion
+                fused.masked_logits(*args, inp["positions"]),
+                enc(inp["tokens"], inp["mask"], inp["segments"])[0])
 
     logits, fused_logits, h = run(model, fused)
     assert logits.shape == (B, P, V) and logits.dtype == jnp.float32
