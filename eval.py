@@ -11,6 +11,16 @@ An encoder run (model.arch act / albert / bert): the paper's Table 1 and Fig. 2 
     python eval.py --run runs/act-tiny                      # -> runs/act-tiny/eval/step<N>/
     python eval.py --run runs/act-tiny --data wiki.valid.txt
 
+A BERT-encoder MLM run (model.arch encoder) or an MLM-with-fusion run (task.name mlm):
+held-out MLM perplexity, on the run's validation batches or MLM batches of other text.
+
+    python eval.py --run runs/bert-mini --data wiki.valid.txt
+
+A fusion NER run (task.name ner): seqeval micro F1 of a checkpoint on dev and test (or
+--splits), with the tagged sentences as JSONL.
+
+    python eval.py --run runs/ner-dwatt-fe --step 100      # -> runs/ner-dwatt-fe/eval/step100/
+
 A fine-tuned (prefix-LM) run: exact match of greedy decoding on any split of its task (whole
 splits), predictions (input, gold, prediction, correct, type) as JSONL next to a summary JSON.
 
@@ -59,6 +69,23 @@ def load_checkpoint(run: Path, step: int | None, batch: int):
     model, cfg, step = load_model(run, step, mesh, label="--step")
     check_vocab(tok, cfg.model.vocab_size, str(run / "data" / "tokenizer.model"))
     return cfg, model, step, tok, mesh
+
+
+def load_fusion_checkpoint(run: Path, step: int | None):
+    """(config, model, step) of a fusion or BERT-encoder run: its tokenizer is the backbone's
+    (possibly a Hugging Face one), which the run's job re-reads and checks itself."""
+    import jax
+
+    from jaxdepth.config import MeshConfig
+    from jaxdepth.train.checkpoint import load_model
+    from jaxdepth.train.sharding import make_mesh
+
+    if not (run / "checkpoints").is_dir():
+        raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
+    cfg_batch = _saved_config(run).get("data", {}).get("batch_size", 1)
+    mesh = make_mesh(MeshConfig(data=math.gcd(cfg_batch, jax.device_count())))
+    model, cfg, step = load_model(run, step, mesh, label="--step")
+    return cfg, model, step
 
 
 def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batch: int = 0) -> dict:
@@ -121,6 +148,16 @@ def main(argv) -> int:
     arch = saved.get("model", {}).get("arch", "decoder")
     task = saved.get("task", {}).get("name", "")
     try:
+        if task == "ner":
+            out = evaluate_ner_checkpoint(run, args.step, args.splits, args.out)
+            print(json.dumps(out, indent=2))
+            return 0
+        if task == "mlm" or arch == "encoder":
+            out = evaluate_mlm_checkpoint(run, args.step, args.data, args.batch)
+            text = json.dumps(out, indent=2)
+            print(text)
+            Path(args.out or run / f"eval_step{out['step']}.json").write_text(text + "\n")
+            return 0
         if arch != "decoder":
             if task:
                 raise ValueError(f"{run} fine-tunes an encoder on a probing task: its dev/test "
@@ -171,6 +208,47 @@ def evaluate_encoder_checkpoint(run: Path, step: int | None = None, data: str = 
              plot_cosine(res["cosine"], directory / "cosine.png", title=label)]
     return {"run": str(run), "step": step, "data": data or "validation batches of the run",
             "table1": res["table1"], "files": [str(f) for f in files]}
+
+
+def evaluate_mlm_checkpoint(run: Path, step: int | None = None, data: str = "",
+                            batch: int = 0) -> dict:
+    import dataclasses
+
+    from jaxdepth.train.mlm_job import MLMJob, mlm_perplexity
+
+    cfg, model, step = load_fusion_checkpoint(run, step)
+    if data:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=data))
+    if batch:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch))
+    job = MLMJob(cfg, run, primary=False, barrier=lambda: None)  # reads, never writes
+    return {"run": str(run), "step": step, "data": data or "validation batches of the run",
+            **mlm_perplexity(model, job.valid)}
+
+
+def evaluate_ner_checkpoint(run: Path, step: int | None = None, splits: str = "",
+                            out: str = "") -> dict:
+    from jaxdepth.analysis import seqeval
+    from jaxdepth.train.ner_job import NERJob, predict_tags
+
+    cfg, model, step = load_fusion_checkpoint(run, step)
+    job = NERJob(cfg, run, primary=False, barrier=lambda: None)
+    directory = Path(out) if out else run / "eval" / f"step{step}"
+    directory.mkdir(parents=True, exist_ok=True)
+    res = {"run": str(run), "step": step}
+    for split in [s.strip() for s in (splits or "dev,test").split(",") if s.strip()]:
+        if split not in job.sentences or split == "train":
+            raise ValueError(f"--splits: {split!r} is not one of dev, test")
+        sents = job.sentences[split]
+        pred = predict_tags(model, job.arrays[split], [len(x.tokens) for x in sents], job.labels,
+                            cfg.task.eval_batch or cfg.data.batch_size)
+        res[split] = seqeval.f1([list(x.tags) for x in sents], pred)
+        with open(directory / f"{split}.jsonl", "w") as f:
+            for x, p in zip(sents, pred):
+                f.write(json.dumps({"tokens": list(x.tokens), "gold": list(x.tags),
+                                    "prediction": p}) + "\n")
+    (directory / "ner.json").write_text(json.dumps(res, indent=2) + "\n")
+    return res
 
 
 def _saved_config(run: Path) -> dict:

@@ -30,7 +30,10 @@ def hf_config(model_type="bert"):
     return cfg
 
 
-def random_arrays(model_type="bert", seed=0, prefix=None, heads=True):
+def random_arrays(model_type="bert", seed=0, prefix=None, heads=True, sizes=None):
+    """HF-named tensors of a random BERT/RoBERTa; sizes = (V, D, L, F, P), default the module's."""
+    V, D, L, F, P = sizes or (globals()["V"], globals()["D"], globals()["L"], globals()["F"],
+                              globals()["P"])
     rng = np.random.default_rng(seed)
     r = lambda *s: rng.normal(0, 0.2, s).astype(np.float32)  # noqa: E731
     types = 1 if model_type == "roberta" else 2

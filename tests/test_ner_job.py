@@ -373,6 +373,21 @@ def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir)
     assert final["step"] == 30
     for k in ("precision", "recall", "f1"):
         assert got[k] == pytest.approx(final[f"test_{k}"], abs=1e-12)
+    # eval.py on the checkpoint: the same dev/test scores, and the tagged test sentences
+    out = _eval_py().evaluate_ner_checkpoint(run, None, "dev,test", str(run / "eval_out"))
+    for split in ("dev", "test"):
+        for k in ("precision", "recall", "f1"):
+            assert out[split][k] == pytest.approx(final[f"{split}_{k}"], abs=1e-12)
+    tagged = _read_jsonl(run / "eval_out" / "test.jsonl")
+    assert [r["prediction"] for r in tagged] == pred
+
+
+def _eval_py():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("eval_py", Path(__file__).parents[1] / "eval.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_n_shot_trains_on_n_times_c_sentences(ner_run, wikiann_dir, tmp_path):
@@ -457,6 +472,9 @@ def test_mlm_fusion_perplexity_recomputed(pretrained, tmp_path):
     job = MLMJob(cfg, run, True, lambda: None)  # the run's tokenizer and held-out batches
     assert len(job.valid) == 2
     got = mlm_perplexity(model, job.valid)
+    by_eval_py = _eval_py().evaluate_mlm_checkpoint(run)
+    for k in ("mlm_loss", "mlm_perplexity", "mlm_predictions"):
+        assert by_eval_py[k] == pytest.approx(summary[k], rel=1e-6), k
     for k in ("mlm_loss", "mlm_accuracy", "mlm_perplexity", "mlm_predictions"):
         assert got[k] == pytest.approx(summary[k], rel=1e-6), k
     # an FE run: the backbone is still the pretrained encoder
@@ -466,29 +484,9 @@ def test_mlm_fusion_perplexity_recomputed(pretrained, tmp_path):
 
 # ----------------------------------------------------------------------------- 6. HF backbone
 
-def _bert_arrays(V, D, L, F, P, seed=0):
-    rng = np.random.default_rng(seed)
-    r = lambda *s: rng.normal(0, 0.2, s).astype(np.float32)  # noqa: E731
-    a = {"embeddings.word_embeddings.weight": r(V, D),
-         "embeddings.position_embeddings.weight": r(P, D),
-         "embeddings.token_type_embeddings.weight": r(2, D),
-         "embeddings.LayerNorm.weight": 1 + r(D), "embeddings.LayerNorm.bias": r(D)}
-    for i in range(L):
-        p = f"encoder.layer.{i}."
-        for n in ("query", "key", "value"):
-            a[p + f"attention.self.{n}.weight"] = r(D, D)
-            a[p + f"attention.self.{n}.bias"] = r(D)
-        a[p + "attention.output.dense.weight"] = r(D, D)
-        a[p + "attention.output.dense.bias"] = r(D)
-        a[p + "attention.output.LayerNorm.weight"] = 1 + r(D)
-        a[p + "attention.output.LayerNorm.bias"] = r(D)
-        a[p + "intermediate.dense.weight"] = r(F, D)
-        a[p + "intermediate.dense.bias"] = r(F)
-        a[p + "output.dense.weight"] = r(D, F)
-        a[p + "output.dense.bias"] = r(D)
-        a[p + "output.LayerNorm.weight"] = 1 + r(D)
-        a[p + "output.LayerNorm.bias"] = r(D)
-    return a
+def _bert_arrays(V, D, L, F, P):
+    from test_encoder_hf import random_arrays  # the HF-named tensors of a random BERT
+    return random_arrays("bert", heads=False, sizes=(V, D, L, F, P))
 
 
 def test_ner_on_a_hugging_face_backbone(wikiann_dir, tmp_path):

@@ -105,19 +105,8 @@ class Sweep:
 
     @classmethod
     def open(cls, out: Path, plan: Plan | None) -> "Sweep":
-        path = out / "sweep.json"
-        if path.is_file():
-            saved = Plan.from_json(json.loads(path.read_text()))
-            if plan is not None and plan != saved:
-                diff = [k for k, v in plan.to_json().items() if saved.to_json()[k] != v]
-                raise ConfigError(f"{diff[0]}: {out} holds a sweep with another plan "
-                                  f"(differs in {', '.join(diff)}); use another --out")
-            return cls(out, saved)
-        if plan is None:
-            raise FileNotFoundError(f"no sweep in {out} (expected {path}); start it with `run`")
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(plan.to_json(), indent=2))
-        return cls(out, plan)
+        from .plan_file import open_plan
+        return cls(out, open_plan(out, "sweep.json", plan, Plan))
 
     def rows(self) -> list[dict]:
         from ..analysis.report import dedupe, load_rows

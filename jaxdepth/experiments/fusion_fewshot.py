@@ -95,19 +95,8 @@ class Experiment:
 
     @classmethod
     def open(cls, out: Path, plan: Plan | None) -> "Experiment":
-        path = out / "plan.json"
-        if path.is_file():
-            saved = Plan.from_json(json.loads(path.read_text()))
-            if plan is not None and plan != saved:
-                diff = [k for k, v in plan.to_json().items() if saved.to_json()[k] != v]
-                raise ConfigError(f"{diff[0]}: {out} holds an experiment with another plan "
-                                  f"(differs in {', '.join(diff)}); use another --out")
-            return cls(out, saved)
-        if plan is None:
-            raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with `run`")
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(plan.to_json(), indent=2))
-        return cls(out, plan)
+        from .plan_file import open_plan
+        return cls(out, open_plan(out, "plan.json", plan, Plan))
 
     def rows(self) -> list[dict]:
         if not self.results.is_file():

@@ -1,0 +1,26 @@
+"""An experiment directory's plan file: written by the first command, checked by every later one."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import ConfigError
+
+
+def open_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
+    """The plan saved as out/name. A given `plan` must equal it (a different plan for the same
+    directory is refused, naming the first differing field); with none saved, `plan` is written
+    (and None is an error: nothing was started there)."""
+    path = out / name
+    if path.is_file():
+        saved = plan_cls.from_json(json.loads(path.read_text()))
+        if plan is not None and plan != saved:
+            diff = [k for k, v in plan.to_json().items() if saved.to_json()[k] != v]
+            raise ConfigError(f"{diff[0]}: {out} holds an experiment with another plan "
+                              f"(differs in {', '.join(diff)}); use another --out")
+        return saved
+    if plan is None:
+        raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with `{start}`")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan.to_json(), indent=2))
+    return plan
