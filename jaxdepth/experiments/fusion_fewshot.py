@@ -151,6 +151,9 @@ class Experiment:
                         cfg = self.unit_config(backbone, method, mode, shots, trial)
                         _timed(f"{method} {mode} N={shots} trial {trial}", cfg)
                         self.append(cfg, method, mode, shots, trial)
+                        # Every unit compiles its own step: without this, the executables of
+                        # all units stay loaded and XLA runs out of memory maps after ~70.
+                        jax.clear_caches()
 
     def append(self, cfg: Config, method: str, mode: str, shots: int, trial: int) -> None:
         rep = json.loads((Path(cfg.run.dir) / "analysis" / "ner.json").read_text())
