@@ -270,6 +270,15 @@ def stacked_layer(layers, i):
     return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, layers)
 
 
+def layers_by_hand(h, layers, n: int, mask):
+    """The outputs of stacked layers 0..n-1 applied one at a time from h, stacked."""
+    want = []
+    for i in range(n):
+        h = stacked_layer(layers, i)(h, mask)
+        want.append(h)
+    return jnp.stack(want)
+
+
 def test_layer_states_encoder():
     inp = make_inputs(5)
     enc = randomize(Encoder(ENC, key=jax.random.key(8)), 9, scale=0.2)
@@ -278,12 +287,9 @@ def test_layer_states_encoder():
 
     @eqx.filter_jit
     def run(enc, fused):
-        h = enc.embed(inp["tokens"], inp["segments"])  # the layers applied one by one
-        want = []
-        for i in range(ENC.n_layers):
-            h = stacked_layer(enc.layers, i)(h, inp["mask"].astype(bool))
-            want.append(h)
-        return layer_states(enc, *args), jnp.stack(want), fused.features(*args)
+        want = layers_by_hand(enc.embed(inp["tokens"], inp["segments"]), enc.layers,
+                              ENC.n_layers, inp["mask"].astype(bool))
+        return layer_states(enc, *args), want, fused.features(*args)
 
     z, want, h = run(enc, fused)
     assert z.shape == (ENC.n_layers, B, T, D)
@@ -333,12 +339,9 @@ def test_layer_states_untied():
 
     @eqx.filter_jit
     def run(model, fused):
-        h = model.embed(inp["tokens"], inp["segments"])
-        want = []
-        for i in range(ACT_CFG.max_iters):
-            h = stacked_layer(model.layers, i)(h, inp["mask"].astype(bool))
-            want.append(h)
-        return layer_states(model, *args), jnp.stack(want), fused.features(*args)
+        want = layers_by_hand(model.embed(inp["tokens"], inp["segments"]), model.layers,
+                              ACT_CFG.max_iters, inp["mask"].astype(bool))
+        return layer_states(model, *args), want, fused.features(*args)
 
     z, want, h = run(model, fused)
     assert z.shape == (ACT_CFG.max_iters, B, T, D)
