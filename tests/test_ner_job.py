@@ -534,15 +534,63 @@ def test_init_from_that_is_neither_hf_nor_a_run(wikiann_dir, tmp_path):
     assert str(empty) in str(e.value)
 
 
-def test_mlm_fusion_refuses_a_hugging_face_backbone(tmp_path):
-    from jaxdepth.train.loop import train
+def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
+    """MLM with fusion on an HF backbone builds its examples with the tokenizer.json's ids and
+    word boundaries: [CLS]/[SEP]/[MASK] of that vocabulary, whole WordPiece words masked (never
+    half of "UN ##ES ##CO"), random replacements above the leading specials, and no padding
+    leaking into the text even though this tokenizer.json pads and truncates (as
+    sentence-transformers' do)."""
+    from jaxdepth.data.mlm import KIND_RANDOM
+    from jaxdepth.models.hf_import import save_hf_checkpoint
+    from jaxdepth.train.mlm_job import MLMJob
 
+    words = ["alpha", "beta", "gamma", "delta", "went", "home", "the", "a", "to", "."]
     hf = tmp_path / "hf"
-    hf.mkdir()
-    (hf / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ConfigError, match="task.init_from"):
-        train(_cfg(tmp_path / "run", task={"name": "mlm", "init_from": str(hf)},
-                   fusion={"method": "concat", "mode": "fe"}))
+    vocab = _write_wordpiece(hf, words, extra=["UN", "##ES", "##CO"])
+    tok_path = hf / "tokenizer.json"
+    spec = json.loads(tok_path.read_text())
+    spec["padding"] = {"strategy": {"Fixed": 40}, "direction": "Right", "pad_to_multiple_of": None,
+                       "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"}
+    spec["truncation"] = {"direction": "Right", "max_length": 6, "strategy": "LongestFirst",
+                          "stride": 0}
+    tok_path.write_text(json.dumps(spec))
+    V, D, L, F, P = len(vocab), 16, 1, 32, 40
+    save_hf_checkpoint(hf, _bert_arrays(V, D, L, F, P),
+                       {"model_type": "bert", "vocab_size": V, "hidden_size": D,
+                        "num_attention_heads": 2, "num_hidden_layers": L, "intermediate_size": F,
+                        "max_position_embeddings": P, "type_vocab_size": 2, "pad_token_id": 0})
+    rng = random.Random(0)
+    docs = ["\n".join(" ".join(rng.choice(words[:6] + ["UNESCO"]) for _ in range(7)) + " ."
+                      for _ in range(4)) for _ in range(30)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(docs) + "\n")
+    cfg = _cfg(tmp_path / "run", task={"name": "mlm", "init_from": str(hf)},
+               data={"corpus": str(corpus), "seq_len": 32, "valid_fraction": 0.2,
+                     "batch_size": 8, "max_predictions": 6},
+               fusion={"method": "concat", "mode": "fe"}, run={"eval_batches": 3})
+    job = MLMJob(cfg, tmp_path / "run", True, lambda: None)
+    assert not (tmp_path / "run" / "data" / "tokenizer.model").exists()
+    cls, sep, mask_id = vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"]
+    assert job.mlm.first_random_id == max(cls, sep, vocab["[PAD]"], vocab["[UNK]"]) + 1
+    un, es, co = vocab["UN"], vocab["##ES"], vocab["##CO"]
+    for batch in job.valid:
+        for r in range(len(batch["tokens"])):
+            n = int(batch["mask"][r].sum())
+            orig = batch["tokens"][r].copy()
+            pos = batch["mlm_positions"][r][batch["mlm_weights"][r] > 0]
+            orig[pos] = batch["mlm_ids"][r][batch["mlm_weights"][r] > 0]
+            assert orig[0] == cls and (orig[:n] == sep).sum() == 2 and orig[n - 1] == sep
+            assert (orig[1:n] != vocab["[PAD]"]).all()  # no padding inside the text
+            assert len(pos) > 0
+            kinds = batch["mask_kind"][r]
+            got = batch["tokens"][r][pos]
+            assert all(t == mask_id or kinds[p] != 1 for t, p in zip(got, pos))
+            random_ = [t for t, p in zip(got, pos) if kinds[p] == KIND_RANDOM]
+            assert all(t >= job.mlm.first_random_id for t in random_)
+            masked = set(pos.tolist())
+            for i in range(1, n - 2):  # whole words: UN ##ES ##CO masked together or not at all
+                if orig[i] == un and orig[i + 1] == es and orig[i + 2] == co:
+                    assert len({i, i + 1, i + 2} & masked) in (0, 3)
 
 
 def test_unknown_fusion_method(wikiann_dir, tmp_path):

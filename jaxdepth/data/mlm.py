@@ -191,7 +191,10 @@ class MLMDocuments:
 
 
 def word_start_table(tok: Tokenizer) -> np.ndarray:
-    """bool [vocab_size]: whether the piece of each id starts a word (begins with "▁")."""
+    """bool [vocab_size]: whether the piece of each id starts a word (begins with "▁"); a
+    tokenizer with its own notion (data/subwords.HFWords) provides ``word_start_table()``."""
+    if hasattr(tok, "word_start_table"):
+        return tok.word_start_table()
     return np.array([tok.id_to_piece(i).startswith("\u2581") for i in range(tok.vocab_size)],
                     dtype=bool)
 
@@ -224,6 +227,12 @@ class MLMConfig:
     p_random: float = 0.1  # the rest (1 - p_mask - p_random) is kept
     short_seq_prob: float = 0.1
     sop: bool = True
+    # The tokenizer's special ids and the first id drawn as a random replacement (defaults:
+    # this project's SentencePiece layout; a Hugging Face WordPiece/BPE vocabulary differs).
+    cls_id: int = CLS_ID
+    sep_id: int = SEP_ID
+    mask_id: int = MASK_ID
+    first_random_id: int = N_SPECIAL
 
     def __post_init__(self):
         def bad(field, why):
@@ -256,6 +265,9 @@ class MLMConfig:
             bad("p_random", f"p_mask + p_random = {self.p_mask + self.p_random} exceeds 1")
         if not 0 <= self.short_seq_prob <= 1:
             bad("short_seq_prob", "must be in [0, 1]")
+        for f in ("cls_id", "sep_id", "mask_id", "first_random_id"):
+            if not isinstance(getattr(self, f), (int, np.integer)) or getattr(self, f) < 0:
+                bad(f, "must be an integer >= 0")
 
 
 def ngram_probs(max_ngram: int) -> np.ndarray:
@@ -306,9 +318,9 @@ def _ngram_cdfs(max_ngram: int) -> tuple[np.ndarray, ...]:
     return (np.ones(1),) + tuple(np.cumsum(ngram_probs(a)) for a in range(1, max_ngram + 1))
 
 
-def _check_vocab(docs: MLMDocuments, vocab_size: int) -> None:
-    if vocab_size <= N_SPECIAL:
-        raise ValueError(f"vocab_size={vocab_size} must exceed the {N_SPECIAL} special ids")
+def _check_vocab(docs: MLMDocuments, vocab_size: int, first_random_id: int = N_SPECIAL) -> None:
+    if vocab_size <= first_random_id:
+        raise ValueError(f"vocab_size={vocab_size} must exceed the {first_random_id} special ids")
     if docs.max_id >= vocab_size:
         raise ValueError(f"token id {docs.max_id} is outside vocab_size={vocab_size}")
 
@@ -349,11 +361,11 @@ def _make_example(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int, rng: np.r
     length = n1 + n2 + 3
 
     tokens = np.zeros(T, dtype=np.int32)
-    tokens[0] = CLS_ID
+    tokens[0] = cfg.cls_id
     tokens[1:1 + n1] = docs.tokens[lo1:hi1]
-    tokens[1 + n1] = SEP_ID
+    tokens[1 + n1] = cfg.sep_id
     tokens[2 + n1:2 + n1 + n2] = docs.tokens[lo2:hi2]
-    tokens[2 + n1 + n2] = SEP_ID
+    tokens[2 + n1 + n2] = cfg.sep_id
     segments = np.zeros(T, dtype=np.int32)
     segments[2 + n1:length] = 1
     mask = np.zeros(T, dtype=np.int32)
@@ -398,11 +410,11 @@ def _make_example(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int, rng: np.r
         [np.arange(g.start, g.end) for g in ngrams] or [np.zeros(0, np.int64)])).astype(np.int32)
     m = len(positions)
     u = rng.random(m)
-    random_ids = rng.integers(N_SPECIAL, vocab_size, size=m).astype(np.int32)
+    random_ids = rng.integers(cfg.first_random_id, vocab_size, size=m).astype(np.int32)
     kind = np.where(u < cfg.p_mask, KIND_MASK,
                     np.where(u < cfg.p_mask + cfg.p_random, KIND_RANDOM, KIND_ORIGINAL))
     original = tokens.copy()
-    tokens[positions] = np.where(kind == KIND_MASK, MASK_ID,
+    tokens[positions] = np.where(kind == KIND_MASK, cfg.mask_id,
                                  np.where(kind == KIND_RANDOM, random_ids, original[positions]))
     mask_kind = np.zeros(T, dtype=np.int32)
     mask_kind[positions] = kind
@@ -464,7 +476,7 @@ class MLMBatchSource:
         self.local_batch, self.first_row = process_rows(global_batch, seed, process_index,
                                                         process_count)
         self.docs = _as_documents(docs_tokenized)
-        _check_vocab(self.docs, vocab_size)
+        _check_vocab(self.docs, vocab_size, cfg.first_random_id)
         self.cfg = cfg
         self.vocab_size = int(vocab_size)
         self.global_batch = global_batch

@@ -11,8 +11,10 @@ piece of a word can carry its label. Two sources:
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from .tokenizer import Tokenizer
 
@@ -43,6 +45,10 @@ class HFWords:
             raise ImportError("reading a Hugging Face tokenizer.json needs the optional "
                               "'tokenizers' package: pip install 'jaxdepth[hf]'") from None
         self.tok = HFTokenizer.from_file(str(path))
+        # A tokenizer.json may carry padding / truncation settings (sentence-transformers'
+        # pad and cut at 128): pieces are placed by the callers, and words are never dropped.
+        self.tok.no_padding()
+        self.tok.no_truncation()
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         for role, names in _SPECIALS.items():
             ids = [self.tok.token_to_id(n) for n in names if self.tok.token_to_id(n) is not None]
@@ -59,3 +65,23 @@ class HFWords:
             if w is not None:
                 out[w].append(piece)
         return [p or [self.unk_id] for p in out]
+
+    # What data/mlm.py needs to build MLM examples from this vocabulary.
+
+    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def word_start_table(self) -> np.ndarray:
+        """bool [vocab]: WordPiece continues a word with "##"; byte-level BPE and SentencePiece
+        vocabularies mark a word's first piece with "Ġ" / "▁"."""
+        wordpiece = type(self.tok.model).__name__ == "WordPiece"
+        table = np.zeros(self.vocab_size, bool)
+        for piece, i in self.tok.get_vocab(with_added_tokens=True).items():
+            table[i] = not piece.startswith("##") if wordpiece else piece.startswith(("\u0120", "\u2581"))
+        return table
+
+    @property
+    def first_random_id(self) -> int:
+        """Random MLM replacements are drawn above the leading special ids (BERT: [PAD],
+        [unused*], [UNK], [CLS], [SEP]; RoBERTa: <s>, <pad>, </s>, <unk>)."""
+        return max(self.cls_id, self.sep_id, self.pad_id, self.unk_id) + 1

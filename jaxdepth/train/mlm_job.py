@@ -9,6 +9,7 @@ exp(mean cross-entropy over the masked slots).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from ..config import Config, ConfigError
 from ..data import grammar
 from ..data.mlm import eval_mlm_batches, mlm_dataset, tokenize_mlm_documents
 from ..data.prepare import run_tokenizer
+from ..data.subwords import HFWords
 from ..models.act import _xent
 from ..models.backbone import is_hf_dir
 from .backbone_init import backbone_vocab, initial_fused_model
@@ -65,21 +67,23 @@ class MLMJob:
         self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
         self.fusion = cfg.task.name == "mlm"
         src = cfg.task.init_from if self.fusion else ""
-        if src and is_hf_dir(src):
-            raise ConfigError("task.init_from: MLM with fusion reads its masking from "
-                              "SentencePiece word boundaries; a Hugging Face backbone is "
-                              "supported for task.name=ner, not mlm")
         self.mlm = mlm_config(cfg)
         train_docs, valid_docs = _documents(cfg)
         if not valid_docs:
             raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give data.valid)")
         self.vocab = backbone_vocab(cfg) if self.fusion else cfg.model.vocab_size
-        copy = ((str(Path(src) / "data" / "tokenizer.model"), "task.init_from") if src else
-                (cfg.data.tokenizer, "data.tokenizer") if cfg.data.tokenizer else None)
-        self.tokenizer = run_tokenizer(
-            run_dir, self.vocab, primary, barrier, copy_from=copy,
-            texts=lambda: [" ".join(doc) for doc in train_docs],
-            required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "")
+        if src and is_hf_dir(src):  # its tokenizer.json, special ids and word boundaries
+            self.tokenizer = HFWords(src)
+            t = self.tokenizer
+            self.mlm = dataclasses.replace(self.mlm, cls_id=t.cls_id, sep_id=t.sep_id,
+                                           mask_id=t.mask_id, first_random_id=t.first_random_id)
+        else:
+            copy = ((str(Path(src) / "data" / "tokenizer.model"), "task.init_from") if src else
+                    (cfg.data.tokenizer, "data.tokenizer") if cfg.data.tokenizer else None)
+            self.tokenizer = run_tokenizer(
+                run_dir, self.vocab, primary, barrier, copy_from=copy,
+                texts=lambda: [" ".join(doc) for doc in train_docs],
+                required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "")
         self._train_docs = train_docs
         valid = tokenize_mlm_documents(valid_docs, self.tokenizer)
         self.valid = eval_mlm_batches(valid, self.mlm, self.vocab,
