@@ -9,7 +9,7 @@ import pytest
 
 from jaxdepth.cli import parse_args
 from jaxdepth.config import (
-    SIZE_CLASSES, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig,
+    SIZE_CLASSES, Config, ConfigError, apply_overrides, DataConfig, ModelConfig, OptimConfig, RunConfig,
     depth_family, depth_family_dff, from_preset, param_count)
 from jaxdepth.models.decoder import DecoderLM
 
@@ -262,3 +262,19 @@ def test_cli_help(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--model.n_layers" in out and "--optim.lr" in out and "tiny-L3" in out
+
+
+def test_resume_check_treats_fields_added_later_as_their_defaults(tmp_path):
+    """A checkpoint written before a config field existed (e.g. the fusion section) resumes
+    when the field is still at its default, and is refused, naming the field, otherwise."""
+    from jaxdepth.train.checkpoint import check_compatible
+
+    old = Config().to_dict()
+    old.pop("fusion")
+    old["task"].pop("n_shot")
+    check_compatible(old, Config(), tmp_path)
+    changed = apply_overrides(Config(), {"fusion": {"method": "concat"}})
+    with pytest.raises(ConfigError, match="^fusion.method: .*checkpoint 'dwatt' vs now 'concat'"):
+        check_compatible(old, changed, tmp_path)
+    with pytest.raises(ConfigError, match="^model.d_model"):
+        check_compatible(old, apply_overrides(Config(), {"model": {"d_model": 64}}), tmp_path)

@@ -49,7 +49,9 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def check_compatible(saved: dict, cfg: Config, where: Path) -> None:
     """Refuse to resume with a config that would change the model, data or optimizer."""
-    now, before = _flat(cfg.to_dict()), _flat(saved)
+    # A field the saved config lacks was added to the library after the checkpoint was
+    # written: it had its default then.
+    now, before = _flat(cfg.to_dict()), {**_flat(Config().to_dict()), **_flat(saved)}
     diff = [k for k in sorted(set(now) | set(before))
             if k not in _RESUMABLE_CHANGES and now.get(k) != before.get(k) and k != "preset"]
     if diff:
