@@ -9,8 +9,8 @@ import pytest
 
 from jaxdepth.cli import parse_args
 from jaxdepth.config import (
-    SIZE_CLASSES, Config, ConfigError, apply_overrides, DataConfig, ModelConfig, OptimConfig, RunConfig,
-    depth_family, depth_family_dff, from_preset, param_count)
+    SIZE_CLASSES, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig,
+    apply_overrides, depth_family, depth_family_dff, from_preset, param_count)
 from jaxdepth.models.decoder import DecoderLM
 
 # Table 1 of Petty et al., copied cell by cell: n_layers -> d_ff.
