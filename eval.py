@@ -50,8 +50,10 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def load_checkpoint(run: Path, step: int | None, batch: int):
-    """(config, model, step, tokenizer, mesh) of a checkpoint, opened read-only."""
+def load_checkpoint(run: Path, step: int | None, batch: int, tokenizer: bool = True):
+    """(config, model, step, tokenizer, mesh) of a checkpoint, opened read-only. Fusion and
+    BERT-encoder runs pass tokenizer=False: theirs is the backbone's (possibly a Hugging Face
+    one), which their job re-reads and checks itself (the tokenizer returned is then None)."""
     import jax
 
     from jaxdepth.config import MeshConfig
@@ -62,30 +64,14 @@ def load_checkpoint(run: Path, step: int | None, batch: int):
 
     if not (run / "checkpoints").is_dir():
         raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
-    tok = Tokenizer.load(run / "data" / "tokenizer.model")
+    tok = Tokenizer.load(run / "data" / "tokenizer.model") if tokenizer else None
     # Data parallel only, over as many devices as divide the batch.
     cfg_batch = _saved_config(run).get("data", {}).get("batch_size", 1)
     mesh = make_mesh(MeshConfig(data=math.gcd(batch or cfg_batch, jax.device_count())))
     model, cfg, step = load_model(run, step, mesh, label="--step")
-    check_vocab(tok, cfg.model.vocab_size, str(run / "data" / "tokenizer.model"))
+    if tokenizer:
+        check_vocab(tok, cfg.model.vocab_size, str(run / "data" / "tokenizer.model"))
     return cfg, model, step, tok, mesh
-
-
-def load_fusion_checkpoint(run: Path, step: int | None):
-    """(config, model, step) of a fusion or BERT-encoder run: its tokenizer is the backbone's
-    (possibly a Hugging Face one), which the run's job re-reads and checks itself."""
-    import jax
-
-    from jaxdepth.config import MeshConfig
-    from jaxdepth.train.checkpoint import load_model
-    from jaxdepth.train.sharding import make_mesh
-
-    if not (run / "checkpoints").is_dir():
-        raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
-    cfg_batch = _saved_config(run).get("data", {}).get("batch_size", 1)
-    mesh = make_mesh(MeshConfig(data=math.gcd(cfg_batch, jax.device_count())))
-    model, cfg, step = load_model(run, step, mesh, label="--step")
-    return cfg, model, step
 
 
 def evaluate_checkpoint(run: Path, step: int | None = None, data: str = "", batch: int = 0) -> dict:
@@ -216,7 +202,7 @@ def evaluate_mlm_checkpoint(run: Path, step: int | None = None, data: str = "",
 
     from jaxdepth.train.mlm_job import MLMJob, mlm_perplexity
 
-    cfg, model, step = load_fusion_checkpoint(run, step)
+    cfg, model, step, _, _ = load_checkpoint(run, step, batch, tokenizer=False)
     if data:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=data))
     if batch:
@@ -231,7 +217,7 @@ def evaluate_ner_checkpoint(run: Path, step: int | None = None, splits: str = ""
     from jaxdepth.analysis import seqeval
     from jaxdepth.train.ner_job import NERJob, predict_tags
 
-    cfg, model, step = load_fusion_checkpoint(run, step)
+    cfg, model, step, _, _ = load_checkpoint(run, step, 0, tokenizer=False)
     job = NERJob(cfg, run, primary=False, barrier=lambda: None)
     directory = Path(out) if out else run / "eval" / f"step{step}"
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
 """HF BERT/RoBERTa import: a NumPy reference of HF's forward, safetensors I/O, errors, scan path."""
+import json
 import importlib.util
 import math
 from pathlib import Path
@@ -87,6 +88,7 @@ def _lin(x, a, name):
 def hf_reference(a, cfg, tokens, mask, types):
     """HF BertModel / RobertaModel forward (eval); returns (last, [layer outputs])."""
     eps = cfg["layer_norm_eps"]
+    D, N, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
     if cfg["model_type"] == "roberta":
         pad = cfg["pad_token_id"]
         m = (tokens != pad).astype(np.int64)
@@ -195,10 +197,20 @@ def test_half_precision_storage_roundtrip(tmp_path, dtype):
 
 def test_bf16_checkpoint_loads(tmp_path):
     cfg = hf_config("bert")
-    save_hf_checkpoint(tmp_path, random_arrays("bert"), cfg, dtype="BF16")
+    arrays = random_arrays("bert")
+    save_hf_checkpoint(tmp_path, arrays, cfg, dtype="BF16")
     model, _, _ = load_hf_encoder(tmp_path)
-    h, _ = model(jnp.ones((1, 4), jnp.int32))
-    assert model.word_VD.dtype == jnp.float32 and np.isfinite(np.asarray(h)).all()
+    assert model.word_VD.dtype == jnp.float32
+    # the bf16-rounded weights as stored, through the NumPy HF forward
+    stored = read_safetensors(tmp_path / "model.safetensors")
+    for k, v in arrays.items():  # bf16 keeps 8 significant bits: relative error <= 2^-8
+        assert stored[k].dtype == np.float32 and not np.array_equal(stored[k], v)
+        np.testing.assert_array_less(np.abs(stored[k] - v), np.abs(v) * 2.0 ** -8 + 1e-30)
+    tokens, mask, types = _inputs(cfg)
+    h, _ = model(jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool),
+                 jnp.asarray(types, jnp.int32))
+    ref_h, _ = hf_reference(stored, cfg, tokens, mask, types)
+    np.testing.assert_allclose(np.asarray(h), ref_h, rtol=1e-4, atol=1e-4)
 
 
 def _save(tmp_path, arrays, cfg=None):
@@ -270,4 +282,10 @@ def test_real_minilm_checkpoint(tmp_path):
     mask = tokens != 0
     h, states = jax.jit(lambda t, m: model(t, m))(tokens, mask)
     assert h.shape == (1, 6, 384) and states.shape == (6, 1, 6, 384)
-    assert np.isfinite(np.asarray(states)).all()
+    # the real weights through the NumPy HF reference forward
+    hf_cfg = json.loads((found[0] / "config.json").read_text())
+    _, want = hf_reference(read_safetensors(found[0] / "model.safetensors"), hf_cfg,
+                           np.asarray(tokens), np.asarray(mask), np.zeros((1, 6), np.int64))
+    real = np.asarray(mask)[0]
+    for got, ref in zip(np.asarray(states), want):  # padded positions differ in HF too
+        np.testing.assert_allclose(got[0][real], ref[0][real], rtol=1e-4, atol=1e-4)

@@ -279,24 +279,30 @@ def layers_by_hand(h, layers, n: int, mask):
     return jnp.stack(want)
 
 
-def test_layer_states_encoder():
-    inp = make_inputs(5)
-    enc = randomize(Encoder(ENC, key=jax.random.key(8)), 9, scale=0.2)
+def _assert_stacked_layer_states(model, n_layers: int, inp, mode: str) -> None:
+    """layer_states of a backbone with stacked layers = its layers applied one by one after its
+    embedding; a Base fusion model's features = the last of them."""
     args = (inp["tokens"], inp["segments"], inp["mask"])
-    fused = FusedModel(enc, method="base", mode="fe", n_labels=3, key=jax.random.key(1))
+    fused = FusedModel(model, method="base", mode=mode, n_labels=3, key=jax.random.key(1))
 
     @eqx.filter_jit
-    def run(enc, fused):
-        want = layers_by_hand(enc.embed(inp["tokens"], inp["segments"]), enc.layers,
-                              ENC.n_layers, inp["mask"].astype(bool))
-        return layer_states(enc, *args), want, fused.features(*args)
+    def run(model, fused):
+        want = layers_by_hand(model.embed(inp["tokens"], inp["segments"]), model.layers,
+                              n_layers, inp["mask"].astype(bool))
+        return layer_states(model, *args), want, fused.features(*args)
 
-    z, want, h = run(enc, fused)
-    assert z.shape == (ENC.n_layers, B, T, D)
+    z, want, h = run(model, fused)
+    assert z.shape == (n_layers, B, T, D)
     np.testing.assert_allclose(np.asarray(z), np.asarray(want), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(h), np.asarray(want[-1]), rtol=1e-5, atol=1e-5)
-    assert depth_and_width(enc) == (ENC.n_layers, D)
+    assert depth_and_width(model) == (n_layers, D)
+
+
+def test_layer_states_encoder():
+    enc = randomize(Encoder(ENC, key=jax.random.key(8)), 9, scale=0.2)
+    _assert_stacked_layer_states(enc, ENC.n_layers, make_inputs(5), "fe")
     # strip_to_backbone finds the encoder inside both an EncoderMLM and a FusedModel
+    fused = FusedModel(enc, method="base", mode="fe", n_labels=3, key=jax.random.key(1))
     assert strip_to_backbone(fused) is enc
     assert strip_to_backbone(EncoderMLM(enc, key=jax.random.key(2))) is enc
 
@@ -332,22 +338,8 @@ def test_layer_states_act(halting):
 
 
 def test_layer_states_untied():
-    inp = make_inputs(7)
-    args = (inp["tokens"], inp["segments"], inp["mask"])
     model = UntiedEncoder(ACT_CFG, key=jax.random.key(11))
-    fused = FusedModel(model, method="base", mode="ft", n_labels=3, key=jax.random.key(1))
-
-    @eqx.filter_jit
-    def run(model, fused):
-        want = layers_by_hand(model.embed(inp["tokens"], inp["segments"]), model.layers,
-                              ACT_CFG.max_iters, inp["mask"].astype(bool))
-        return layer_states(model, *args), want, fused.features(*args)
-
-    z, want, h = run(model, fused)
-    assert z.shape == (ACT_CFG.max_iters, B, T, D)
-    np.testing.assert_allclose(np.asarray(z), np.asarray(want), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(h), np.asarray(want[-1]), rtol=1e-5, atol=1e-5)
-    assert depth_and_width(model) == (ACT_CFG.max_iters, D)
+    _assert_stacked_layer_states(model, ACT_CFG.max_iters, make_inputs(7), "ft")
 
 
 def test_layer_states_decoder():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -366,8 +367,13 @@ def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir)
     assert encoded["test"][1] > 0
     test = read_wikiann(wikiann_dir / "test")
     arrays = encoded["test"][0]
-    pred = predict_tags(model, arrays, [len(s.tokens) for s in test], LABELS, batch=8)
+    # argmax of the model's logits here (not the job's predict_tags), decoded by hand-tested
+    # decode_tags: words past the fitted ones count as O
+    logits = model(*(jnp.asarray(arrays[k]) for k in ("tokens", "segments", "mask", "positions")))
+    pred = decode_tags(np.argmax(np.asarray(logits), -1), arrays["labels"],
+                       [len(s.tokens) for s in test], LABELS)
     assert all(len(p) == len(s.tokens) for p, s in zip(pred, test))
+    assert pred == predict_tags(model, arrays, [len(s.tokens) for s in test], LABELS, batch=8)
     got = seqeval.f1([list(s.tags) for s in test], pred)
     final = _read_jsonl(run / "evals.jsonl")[-1]
     assert final["step"] == 30
@@ -472,6 +478,18 @@ def test_mlm_fusion_perplexity_recomputed(pretrained, tmp_path):
     job = MLMJob(cfg, run, True, lambda: None)  # the run's tokenizer and held-out batches
     assert len(job.valid) == 2
     got = mlm_perplexity(model, job.valid)
+    # the held-out loss recomputed in NumPy from the model's logits at the masked slots
+    nll = n = 0.0
+    for b in job.valid:
+        logits = np.asarray(model.masked_logits(b["tokens"], b["segments"], b["mask"],
+                                                b["mlm_positions"]), np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        picked = np.take_along_axis(logp, b["mlm_ids"][..., None], -1)[..., 0]
+        nll -= float((b["mlm_weights"] * picked).sum())
+        n += float(b["mlm_weights"].sum())
+    assert summary["mlm_loss"] == pytest.approx(nll / n, rel=1e-5)
+    assert summary["mlm_perplexity"] == pytest.approx(math.exp(nll / n), rel=1e-5)
     by_eval_py = _eval_py().evaluate_mlm_checkpoint(run)
     for k in ("mlm_loss", "mlm_perplexity", "mlm_predictions"):
         assert by_eval_py[k] == pytest.approx(summary[k], rel=1e-6), k

@@ -443,7 +443,7 @@ def _make_example(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int, rng: np.r
 def make_example_debug(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int,
                        rng: np.random.Generator) -> tuple[dict[str, np.ndarray], MLMExampleInfo]:
     """`make_example` and how it was made (documents, sentences, unmasked tokens, n-grams)."""
-    _check_vocab(docs, vocab_size)
+    _check_vocab(docs, vocab_size, cfg.first_random_id)
     return _make_example(docs, cfg, vocab_size, rng, _sop_starts(docs))
 
 

@@ -48,6 +48,14 @@ def check_vocab(tok: Tokenizer, vocab_size: int, source: str) -> None:
                           f"({source}) with {tok.vocab_size} pieces")
 
 
+def tokenizer_source(init_from: str, tokenizer: str) -> tuple[str, str] | None:
+    """Where ``run_tokenizer`` copies a run's tokenizer from, with the setting that named it:
+    the pretrained run's (task.init_from), else data.tokenizer, else None (train one)."""
+    if init_from:
+        return str(Path(init_from) / "data" / "tokenizer.model"), "task.init_from"
+    return (tokenizer, "data.tokenizer") if tokenizer else None
+
+
 def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lambda: None, *,
                   copy_from: tuple[str, str] | None = None, texts=None,
                   required_chars: str = "") -> Tokenizer:

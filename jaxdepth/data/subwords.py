@@ -16,15 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .tokenizer import Tokenizer
+from .tokenizer import PAD_ID, UNK_ID, Tokenizer
 
 
 class SentencePieceWords:
     def __init__(self, tok: Tokenizer):
         self.tok = tok
         self.vocab_size = tok.vocab_size
-        self.cls_id, self.sep_id, self.mask_id, self.pad_id = tok.cls_id, tok.sep_id, tok.mask_id, 0
-        self.unk_id = 2
+        self.cls_id, self.sep_id, self.mask_id = tok.cls_id, tok.sep_id, tok.mask_id
+        self.pad_id, self.unk_id = PAD_ID, UNK_ID
 
     def word_ids(self, words: Sequence[str]) -> list[list[int]]:
         return [self.tok.encode(w) or [self.unk_id] for w in words]

@@ -19,7 +19,7 @@ from ..config import ConfigError, TaskConfig
 from .grammar_tasks import make_task
 from .prefix_lm import UnkReport, batch_features, count_unk
 from .tasks import Example, load_task, split_validation
-from .prepare import run_tokenizer
+from .prepare import run_tokenizer, tokenizer_source
 from .tokenizer import Tokenizer
 
 
@@ -60,18 +60,12 @@ def resolve_eval_splits(cfg: TaskConfig, splits: dict, dev: str, gen: tuple[str,
     return names
 
 
-def _tokenizer_source(task: TaskConfig, tokenizer_path: str) -> tuple[str, str] | None:
-    if task.init_from:
-        return str(Path(task.init_from) / "data" / "tokenizer.model"), "task.init_from"
-    return (tokenizer_path, "data.tokenizer") if tokenizer_path else None
-
-
 def prepare_task_data(task: TaskConfig, tokenizer_path: str, vocab_size: int, seq_len: int,
                       run_dir: Path, is_primary: bool, barrier=lambda: None) -> TaskData:
     splits, dev, gen = task_splits(task)
     eval_splits = resolve_eval_splits(task, splits, dev, gen)
     tok = run_tokenizer(run_dir, vocab_size, is_primary, barrier,
-                        copy_from=_tokenizer_source(task, tokenizer_path),
+                        copy_from=tokenizer_source(task.init_from, tokenizer_path),
                         texts=lambda: [t for e in splits["train"] for t in (e.source, e.target)])
     unk = count_unk([e for s in ("train", *eval_splits) for e in splits[s]], tok)
     if is_primary:

@@ -58,9 +58,6 @@ class EncoderMLM(eqx.Module):
     def cfg(self):
         return self.encoder.cfg
 
-    def with_options(self, **changes) -> "EncoderMLM":
-        return eqx.tree_at(lambda m: m.encoder, self, self.encoder.with_options(**changes))
-
     def masked_logits(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                       positions_BP: Array, *, key: Array | None = None) -> Array:
         h_BTD, _ = self.encoder(tokens_BT, mask_BT, segments_BT, key=key)

@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 
 from ..config import Config, ConfigError
-from ..data.prepare import run_tokenizer
+from ..data.prepare import run_tokenizer, tokenizer_source
 from ..data.subwords import HFWords, SentencePieceWords
 from ..models.backbone import build_backbone, is_hf_dir, load_backbone
 
@@ -29,9 +29,9 @@ def backbone_words(cfg: Config, run_dir: Path, primary: bool, barrier, texts):
             raise ConfigError(f"task.init_from: tokenizer.json has {words.vocab_size} pieces but "
                               f"the checkpoint's embeddings only {vocab}")
         return words
-    copy = (str(Path(src) / "data" / "tokenizer.model"), "task.init_from") if src else None
-    return SentencePieceWords(run_tokenizer(run_dir, vocab, primary, barrier, copy_from=copy,
-                                            texts=texts))
+    return SentencePieceWords(run_tokenizer(
+        run_dir, vocab, primary, barrier, copy_from=tokenizer_source(src, cfg.data.tokenizer),
+        texts=texts))
 
 
 def initial_fused_model(cfg: Config, mesh, fresh):

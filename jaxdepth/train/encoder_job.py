@@ -16,7 +16,6 @@ from pathlib import Path
 import grain
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..analysis.act_stats import evaluate_act, plot_cosine, write_cosine_table, write_table1
 from ..config import Config, ConfigError
@@ -24,7 +23,7 @@ from ..data import grammar
 from ..data.mlm import (MLMConfig, eval_mlm_batches, grammar_documents, mlm_dataset,
                         text_documents, tokenize_mlm_documents)
 from ..data.pipeline import split_documents
-from ..data.prepare import run_tokenizer
+from ..data.prepare import run_tokenizer, tokenizer_source
 from ..layers import split_or_none
 from ..models.act import _xent
 
@@ -74,30 +73,39 @@ def _documents(cfg: Config) -> tuple[list[list[str]], list[list[str]]]:
     return split_documents(docs, d.valid_fraction, seed=d.grammar_seed)
 
 
-class EncoderJob:
-    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
+class MLMCorpus:
+    """The MLM data of a run on data.corpus: its tokenizer (kept, copied from `copy_from`, or
+    trained on the training documents unless one is given), the training documents (tokenized
+    only when training asks for them, not by eval.py) and fixed validation batches seeded
+    apart from the training stream. Base of the encoder and MLM jobs."""
+
+    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier, mlm: MLMConfig,
+                 vocab: int, *, tokenizer=None, copy_from: tuple[str, str] | None = None):
         self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
-        self.mlm = mlm_config(cfg)
+        self.mlm, self.vocab = mlm, vocab
         train_docs, valid_docs = _documents(cfg)
         if not valid_docs:
             raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give data.valid)")
-        self.tokenizer = run_tokenizer(
-            run_dir, cfg.model.vocab_size, primary, barrier,
-            copy_from=(cfg.data.tokenizer, "data.tokenizer") if cfg.data.tokenizer else None,
+        self.tokenizer = tokenizer or run_tokenizer(
+            run_dir, vocab, primary, barrier, copy_from=copy_from,
             texts=lambda: [" ".join(doc) for doc in train_docs],
             required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "")
-        self._train_docs = train_docs  # tokenized when training asks for them, not by eval.py
-        valid = tokenize_mlm_documents(valid_docs, self.tokenizer)
-        # Fixed validation batches: seeded apart from the training stream.
-        self.valid = eval_mlm_batches(valid, self.mlm, cfg.model.vocab_size,
-                                      n_batches=cfg.run.eval_batches or EVAL_BATCHES,
+        self._train_docs = train_docs
+        self.valid = eval_mlm_batches(tokenize_mlm_documents(valid_docs, self.tokenizer), mlm,
+                                      vocab, n_batches=cfg.run.eval_batches or EVAL_BATCHES,
                                       batch_size=cfg.data.batch_size, seed=cfg.run.seed + 1_000_003)
 
     def dataset(self) -> grain.MapDataset:
         train = tokenize_mlm_documents(self._train_docs, self.tokenizer)
-        return mlm_dataset(train, self.mlm, self.cfg.model.vocab_size,
-                           global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
-                           process_index=jax.process_index(), process_count=jax.process_count())
+        return mlm_dataset(train, self.mlm, self.vocab, global_batch=self.cfg.data.batch_size,
+                           seed=self.cfg.run.seed, process_index=jax.process_index(),
+                           process_count=jax.process_count())
+
+
+class EncoderJob(MLMCorpus):
+    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
+        super().__init__(cfg, run_dir, primary, barrier, mlm_config(cfg), cfg.model.vocab_size,
+                         copy_from=tokenizer_source("", cfg.data.tokenizer))
 
     def initial_model(self, mesh, fresh):
         return None
@@ -135,8 +143,3 @@ def encoder_flops_per_token(cfg: Config) -> int:
     a, T = cfg.act, cfg.data.seq_len
     per_iter = 6 * (4 * a.d_model * a.d_model + 2 * a.d_model * a.ff) + 12 * T * a.d_model
     return a.max_iters * per_iter + 6 * a.embed_dim * a.d_model
-
-
-def encoder_param_count(model) -> int:
-    import equinox as eqx
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array))))

@@ -15,7 +15,8 @@ from ..config import FUSION_TASKS, Config, ConfigError, param_count
 from ..data.pipeline import lm_iterator
 from . import checkpoint as ckpt
 from .jobs import make_job, to_global
-from .metrics import MetricsWriter, device_peak_flops, module_flops_per_token, train_flops_per_token
+from .metrics import (MetricsWriter, device_peak_flops, model_param_count, module_flops_per_token,
+                      train_flops_per_token)
 from .optim import make_optimizer, schedule
 from .sharding import batch_sharding, make_mesh
 from .state import make_train_step, sharded_init, state_shardings, trainable
@@ -73,14 +74,14 @@ def train(cfg: Config) -> dict:
     writer = MetricsWriter(run_dir, enabled=primary)
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
     if cfg.task.name in FUSION_TASKS or cfg.model.arch == "encoder":
-        flops_per_token, n_params = _module_flops(state.model, cfg)
+        flops_per_token, n_params = _module_flops(state.model, cfg), model_param_count(state.model)
     elif cfg.model.arch == "decoder":
         flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len)
         n_params = param_count(cfg.model)
     else:
-        from .encoder_job import encoder_flops_per_token, encoder_param_count
+        from .encoder_job import encoder_flops_per_token
         flops_per_token = encoder_flops_per_token(cfg)
-        n_params = encoder_param_count(state.model)
+        n_params = model_param_count(state.model)
     peak, peak_source = device_peak_flops(cfg.model.compute_dtype)
     peak_total = peak * mesh.size
 
@@ -176,10 +177,9 @@ def train(cfg: Config) -> dict:
     return summary
 
 
-def _module_flops(model, cfg: Config) -> tuple[int, int]:
-    """(training FLOPs per token, parameter count) of a fusion model or the BERT encoder."""
+def _module_flops(model, cfg: Config) -> int:
+    """Training FLOPs per token of a fusion model or the BERT encoder."""
     from ..models.backbone import depth_and_width, strip_to_backbone
     L, d = depth_and_width(strip_to_backbone(model))
     extra = getattr(getattr(model, "fusion", None), "n", 0)  # Base+n's attention layers
-    flops = module_flops_per_token(model, trainable(model), cfg.data.seq_len, L + extra, d)
-    return flops, sum(int(x.size) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
+    return module_flops_per_token(model, trainable(model), cfg.data.seq_len, L + extra, d)

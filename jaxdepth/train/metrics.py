@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -98,6 +99,11 @@ _TABLES = ("word_VD", "position_PD", "token_type_YD", "embed", "token_VE", "posi
            "segment_SE", "value")  # gathered, not multiplied (value: DWAtt's frozen keys)
 
 
+def model_param_count(model) -> int:
+    """Elements of every array in a model (trainable or not)."""
+    return sum(int(x.size) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
+
+
 def module_flops_per_token(model, trainable_spec, seq_len: int, attn_layers: int,
                            d_model: int) -> int:
     """Training FLOPs per token of a fusion model or the BERT encoder, same convention as the
@@ -105,14 +111,11 @@ def module_flops_per_token(model, trainable_spec, seq_len: int, attn_layers: int
     trained matrices pay the backward (a frozen FE backbone runs forward only); attention adds
     4·T·d forward per layer (QK^T and AV), times 3 when its layer trains. Embedding tables and
     the MLM vocabulary projection (taken at the few masked slots only) are left out."""
-    import equinox as eqx
-    flat = jax.tree_util.tree_leaves_with_path(eqx.filter(model, eqx.is_array))
-    train_flags = jax.tree.leaves(eqx.filter(trainable_spec, lambda x: isinstance(x, bool)))
-    total = 0
-    for (path, leaf), trained in zip(flat, train_flags):
-        name = getattr(path[-1], "name", "")
-        if leaf.ndim < 2 or name in _TABLES:
-            continue
-        total += (6 if trained else 2) * int(leaf.size)
+    def matrix_entries(tree) -> int:
+        return sum(int(leaf.size) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+                   if leaf.ndim >= 2 and getattr(path[-1], "name", "") not in _TABLES)
+
+    trained, frozen = eqx.partition(eqx.filter(model, eqx.is_array), trainable_spec)
     backbone_trained = any(jax.tree.leaves(getattr(trainable_spec, "backbone", trainable_spec)))
-    return total + (12 if backbone_trained else 4) * seq_len * d_model * attn_layers
+    return (6 * matrix_entries(trained) + 2 * matrix_entries(frozen)
+            + (12 if backbone_trained else 4) * seq_len * d_model * attn_layers)

@@ -14,20 +14,17 @@ import math
 from pathlib import Path
 
 import equinox as eqx
-import grain
 import jax
 import jax.numpy as jnp
 
 
-from ..config import Config, ConfigError
-from ..data import grammar
-from ..data.mlm import eval_mlm_batches, mlm_dataset, tokenize_mlm_documents
-from ..data.prepare import run_tokenizer
+from ..config import Config
+from ..data.prepare import tokenizer_source
 from ..data.subwords import HFWords
 from ..models.act import _xent
 from ..models.backbone import is_hf_dir
 from .backbone_init import backbone_vocab, initial_fused_model
-from .encoder_job import EVAL_BATCHES, _documents, mlm_config
+from .encoder_job import MLMCorpus, mlm_config
 
 
 def mlm_objective():
@@ -62,40 +59,20 @@ def mlm_perplexity(model, batches) -> dict:
             "mlm_perplexity": math.exp(min(loss, 80.0)), "mlm_predictions": n}
 
 
-class MLMJob:
+class MLMJob(MLMCorpus):
     def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
-        self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
         self.fusion = cfg.task.name == "mlm"
         src = cfg.task.init_from if self.fusion else ""
-        self.mlm = mlm_config(cfg)
-        train_docs, valid_docs = _documents(cfg)
-        if not valid_docs:
-            raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give data.valid)")
-        self.vocab = backbone_vocab(cfg) if self.fusion else cfg.model.vocab_size
+        vocab = backbone_vocab(cfg) if self.fusion else cfg.model.vocab_size
+        mlm, tokenizer = mlm_config(cfg), None
         if src and is_hf_dir(src):  # its tokenizer.json, special ids and word boundaries
-            self.tokenizer = HFWords(src)
-            t = self.tokenizer
-            self.mlm = dataclasses.replace(self.mlm, cls_id=t.cls_id, sep_id=t.sep_id,
-                                           mask_id=t.mask_id, first_random_id=t.first_random_id)
-        else:
-            copy = ((str(Path(src) / "data" / "tokenizer.model"), "task.init_from") if src else
-                    (cfg.data.tokenizer, "data.tokenizer") if cfg.data.tokenizer else None)
-            self.tokenizer = run_tokenizer(
-                run_dir, self.vocab, primary, barrier, copy_from=copy,
-                texts=lambda: [" ".join(doc) for doc in train_docs],
-                required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "")
-        self._train_docs = train_docs
-        valid = tokenize_mlm_documents(valid_docs, self.tokenizer)
-        self.valid = eval_mlm_batches(valid, self.mlm, self.vocab,
-                                      n_batches=cfg.run.eval_batches or EVAL_BATCHES,
-                                      batch_size=cfg.data.batch_size, seed=cfg.run.seed + 1_000_003)
+            tokenizer = HFWords(src)
+            mlm = dataclasses.replace(mlm, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
+                                      mask_id=tokenizer.mask_id,
+                                      first_random_id=tokenizer.first_random_id)
+        super().__init__(cfg, run_dir, primary, barrier, mlm, vocab, tokenizer=tokenizer,
+                         copy_from=tokenizer_source(src, cfg.data.tokenizer))
         self.init_step = None
-
-    def dataset(self) -> grain.MapDataset:
-        train = tokenize_mlm_documents(self._train_docs, self.tokenizer)
-        return mlm_dataset(train, self.mlm, self.vocab, global_batch=self.cfg.data.batch_size,
-                           seed=self.cfg.run.seed, process_index=jax.process_index(),
-                           process_count=jax.process_count())
 
     def objective(self):
         return mlm_objective()

@@ -125,20 +125,20 @@ class NERJob:
             with open(self.run_dir / "evals.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, **res}) + "\n")
         if final:
-            res.update(best_of(self.run_dir / "evals.jsonl"))
+            curve = _curve(self.run_dir / "evals.jsonl")
+            res.update(best_of(curve))
             if self.primary:
                 out = self.run_dir / "analysis"
                 out.mkdir(parents=True, exist_ok=True)
-                (out / "ner.json").write_text(json.dumps(self.report(res), indent=2))
+                (out / "ner.json").write_text(json.dumps(self.report(res, curve), indent=2))
         return res, f"dev F1 {res['dev_f1']:.4f}, test F1 {res['test_f1']:.4f}"
 
-    def report(self, res: dict) -> dict:
+    def report(self, res: dict, curve: list[dict]) -> dict:
         c, t = self.cfg, self.cfg.task
         return {"task": "ner", "dir": t.dir, "n_shot": t.n_shot, "trial_seed": t.seed,
                 "method": c.fusion.method, "mode": c.fusion.mode, "backbone": t.init_from,
                 "train_sentences": len(self.sentences["train"]), "labels": list(self.labels),
-                "words_not_fitting": self.dropped, **res,
-                "curve": _curve(self.run_dir / "evals.jsonl")}
+                "words_not_fitting": self.dropped, **res, "curve": curve}
 
     def summary(self, model) -> dict:
         return {"task": "ner", "init_from": self.cfg.task.init_from, "init_step": self.init_step,
@@ -155,8 +155,7 @@ def _curve(path: Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def best_of(path: Path) -> dict:
+def best_of(curve: list[dict]) -> dict:
     """Best dev F1 over training (earliest step on ties) and the test F1 at that point."""
-    curve = _curve(path)
     best = max(curve, key=lambda r: (r["dev_f1"], -r["step"]))
     return {"best_dev_f1": best["dev_f1"], "best_step": best["step"], "test_f1_at_best": best["test_f1"]}

@@ -22,7 +22,7 @@ from ..config import Config, ConfigError
 from ..data import grammar
 from ..data.pipeline import ExampleBatchSource
 from ..data.probing import ROLE_NAMES, label_names, make_probe_data
-from ..data.prepare import run_tokenizer
+from ..data.prepare import run_tokenizer, tokenizer_source
 from ..models.act import _xent
 from ..models.build import encoder_config
 from . import checkpoint as ckpt
@@ -64,11 +64,9 @@ class ProbeJob:
     def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
         self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
         self.init_step = None
-        source = ((str(Path(cfg.task.init_from) / "data" / "tokenizer.model"), "task.init_from")
-                  if cfg.task.init_from else
-                  (cfg.data.tokenizer, "data.tokenizer") if cfg.data.tokenizer else None)
         self.tokenizer = run_tokenizer(
-            run_dir, cfg.model.vocab_size, primary, barrier, copy_from=source,
+            run_dir, cfg.model.vocab_size, primary, barrier,
+            copy_from=tokenizer_source(cfg.task.init_from, cfg.data.tokenizer),
             texts=lambda: grammar.corpus_texts(cfg.data.grammar_docs, seed=cfg.data.grammar_seed))
         t = cfg.task
         self.data = make_probe_data(t.name, self.tokenizer, n_train=t.n_train, n_eval=t.n_eval,

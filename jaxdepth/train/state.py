@@ -114,7 +114,7 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
             mb, i = xs
             k = jax.random.fold_in(key, i) if use_dropout else None
             (_, metrics), g = grad_fn(params, static, mb, k, totals)
-            g_acc = jax.tree.map(jnp.add, g_acc, eqx.filter(g, eqx.is_array))
+            g_acc = jax.tree.map(jnp.add, g_acc, g)
             return (g_acc, jax.tree.map(jnp.add, m_acc, metrics)), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
