@@ -2,10 +2,10 @@
 
 Every configuration is the NER fusion job's real train step, built as ``train.py`` builds it
 (``make_optimizer`` AdamW, ``make_mesh``, ``state_shardings``, ``sharded_init``,
-``make_train_step`` with ``ner_objective()``), on one backbone: a fresh ``model.arch=encoder``
+``make_train_step`` with the NER task's objective), on one backbone: a fresh ``model.arch=encoder``
 of the given shape (every configuration is initialised from the same seed, so the backbone
 weights are identical; the JSON records that this was checked), or a Hugging Face BERT/RoBERTa
-directory (``--hf``, loaded with the job's ``initial_fused_model``). The batch is synthetic and
+directory (``--hf``, loaded with the NER task's ``initial_model``). The batch is synthetic and
 fixed: random tokens, full rows, ``--labelled`` positions per row in a first-sub-token layout
 (every other position after [CLS]) and random WikiAnn labels.
 
@@ -51,11 +51,10 @@ import numpy as np  # noqa: E402
 from jaxdepth.config import Config, apply_overrides  # noqa: E402
 from jaxdepth.data.ner import ner_labels  # noqa: E402
 from jaxdepth.models.backbone import depth_and_width  # noqa: E402
-from jaxdepth.train.backbone_init import initial_fused_model  # noqa: E402
-from jaxdepth.train.ner_job import ner_objective  # noqa: E402
-from jaxdepth.train.optim import make_optimizer  # noqa: E402
-from jaxdepth.train.sharding import batch_sharding, make_mesh  # noqa: E402
-from jaxdepth.train.state import init_state, make_train_step, state_shardings  # noqa: E402
+from jaxdepth.tasks import task_for  # noqa: E402
+from jaxdepth.trainer.optim import make_optimizer  # noqa: E402
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh  # noqa: E402
+from jaxdepth.trainer.step import init_state, make_train_step, state_shardings  # noqa: E402
 
 METHODS = ("base", "base+n", "concat", "dwatt")
 MODES = ("fe", "ft")
@@ -208,21 +207,22 @@ def _run(args, ner_dir: str) -> dict:
             name = config_name(method, mode)
             cfg = make_config(args, method, mode, ner_dir)
             tx = make_optimizer(cfg.optim, cfg.run.steps)
-            _, shardings = state_shardings(cfg, tx, mesh)
+            task = task_for(cfg)
+            _, shardings = state_shardings(cfg, tx, mesh, task)
             # init_state run eagerly then placed (what sharded_init does, minus compiling one
             # init program per configuration, which costs more than the benchmark itself)
-            state = eqx.filter_shard(init_state(cfg, tx), shardings)
-            if args.hf:  # the job's loader once; every configuration gets its own copy
+            state = eqx.filter_shard(init_state(cfg, tx, task), shardings)
+            if args.hf:  # the task's loader once; every configuration gets its own copy
                 if hf_backbone is None:
-                    model, hf_step = initial_fused_model(cfg, mesh, state.model)
-                    hf_backbone = model.backbone
+                    model = task.initial_model(mesh, state.model)
+                    hf_step, hf_backbone = task.init_step, model.backbone
                 state = eqx.tree_at(lambda s: s.model.backbone, state, _copy_arrays(hf_backbone))
                 state = eqx.filter_shard(state, shardings)
             if bb_ref is None:
                 bb_ref = _copy_arrays(state.model.backbone)  # for the backbone-only timings
             else:
                 same_backbone &= _same_arrays(bb_ref, state.model.backbone)
-            steps[name] = make_train_step(cfg, tx, mesh, shardings, ner_objective())
+            steps[name] = make_train_step(cfg, tx, mesh, shardings, task)
             states[name] = state
 
     L, d = depth_and_width(bb_ref)

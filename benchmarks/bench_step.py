@@ -8,7 +8,7 @@ step exactly as ``train.py`` does (``make_optimizer`` -> AdamW, ``make_mesh``,
   events, recorded during the first call) and the wall time of that first call;
 - step time (mean / median / min over ``--steps`` calls after ``--warmup``, each call
   ``block_until_ready``-ed), tokens/s, analytic train FLOPs/token (PaLM convention,
-  ``jaxdepth.train.metrics.train_flops_per_token``) and MFU against a stated peak;
+  ``jaxdepth.trainer.flops.train_flops_per_token``) and MFU against a stated peak;
 - peak memory: on GPU/TPU ``device.memory_stats()['peak_bytes_in_use']``; on CPU the process
   high-water resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``), i.e. all host
   memory of the process, Python and JAX included. Both are process-lifetime maxima, so by
@@ -50,10 +50,11 @@ import numpy as np  # noqa: E402
 
 from jaxdepth.config import (SIZE_CLASSES, Config, DataConfig, MeshConfig, ModelConfig, OptimConfig,
                              RunConfig, depth_family, param_count)
-from jaxdepth.train.metrics import device_peak_flops, measure_matmul_peak, train_flops_per_token
-from jaxdepth.train.optim import make_optimizer
-from jaxdepth.train.sharding import batch_sharding, make_mesh
-from jaxdepth.train.state import make_train_step, sharded_init, state_shardings
+from jaxdepth.trainer.flops import device_peak_flops, measure_matmul_peak, train_flops_per_token
+from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh
+from jaxdepth.tasks import task_for
+from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
 
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -133,9 +134,10 @@ def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 1
     if peak_flops is None:
         peak_flops, peak_source, _ = stated_peak(model.compute_dtype)
     tx = make_optimizer(cfg.optim, cfg.run.steps)
-    _, shardings = state_shardings(cfg, tx, mesh_)
-    state = sharded_init(cfg, tx, mesh_, shardings)
-    step_fn = make_train_step(cfg, tx, mesh_, shardings)
+    task = task_for(cfg)
+    _, shardings = state_shardings(cfg, tx, mesh_, task)
+    state = sharded_init(cfg, tx, mesh_, task, shardings)
+    step_fn = make_train_step(cfg, tx, mesh_, shardings, task)
     b_sh = batch_sharding(mesh_)
     data = {k: jax.device_put(v, b_sh) for k, v in random_batch(cfg, seed).items()}
     jax.block_until_ready((state, data))

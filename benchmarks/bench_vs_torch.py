@@ -3,7 +3,7 @@
 The PyTorch side is a from-scratch T5.1.1 decoder-only LM (DESIGN.md §2): pre-RMSNorm, no
 biases, gated-GELU (tanh) MLP, causal T5 relative position bias (32 buckets, max distance 128)
 shared by all layers, untied embedding / output projection, query kernel scaled at init;
-AdamW (no decay on norm scales, as ``jaxdepth.train.optim.decay_mask``), global-norm clipping
+AdamW (no decay on norm scales, as ``jaxdepth.trainer.optim.decay_mask``), global-norm clipping
 1.0, cross-entropy over the full vocabulary. It starts from jaxdepth's initial weights (copied),
 so both sides train the same model on the same batch and their first losses must agree.
 
@@ -51,11 +51,12 @@ import equinox as eqx  # noqa: E402
 from jaxdepth.config import (Config, DataConfig, MeshConfig, ModelConfig, OptimConfig,  # noqa: E402
                              RunConfig, from_preset, param_count)
 from jaxdepth.models.decoder import DecoderLM  # noqa: E402
-from jaxdepth.train.losses import lm_loss_sums  # noqa: E402
-from jaxdepth.train.metrics import measure_matmul_peak, train_flops_per_token  # noqa: E402
-from jaxdepth.train.optim import make_optimizer  # noqa: E402
-from jaxdepth.train.sharding import batch_sharding, make_mesh  # noqa: E402
-from jaxdepth.train.state import make_train_step, sharded_init, state_shardings  # noqa: E402
+from jaxdepth.trainer.losses import lm_loss_sums  # noqa: E402
+from jaxdepth.trainer.flops import measure_matmul_peak, train_flops_per_token  # noqa: E402
+from jaxdepth.trainer.optim import make_optimizer  # noqa: E402
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh  # noqa: E402
+from jaxdepth.tasks import task_for  # noqa: E402
+from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings  # noqa: E402
 
 try:
     import torch
@@ -229,9 +230,10 @@ class JaxSide:
         self.cfg = cfg
         self.mesh = make_mesh(cfg.mesh)
         self.tx = make_optimizer(cfg.optim, cfg.run.steps)
-        _, sh = state_shardings(cfg, self.tx, self.mesh)
-        self.state = sharded_init(cfg, self.tx, self.mesh, sh)
-        self.step_fn = make_train_step(cfg, self.tx, self.mesh, sh)
+        task = task_for(cfg)
+        _, sh = state_shardings(cfg, self.tx, self.mesh, task)
+        self.state = sharded_init(cfg, self.tx, self.mesh, task, sh)
+        self.step_fn = make_train_step(cfg, self.tx, self.mesh, sh, task)
         b_sh = batch_sharding(self.mesh)
         self.batch = {k: jax.device_put(v, b_sh) for k, v in batch.items()}
         self.initial_model = jax.tree.map(lambda x: np.array(x) if eqx.is_array(x) else x,

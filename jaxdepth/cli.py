@@ -1,8 +1,9 @@
 """One override syntax for every field: ``--section.field value`` (or ``--section.field=value``).
 
 ``--preset NAME`` is applied first, then ``--config FILE.json`` (a saved config), then the
-field overrides in the order given. Setting a decoder ``--task.name`` on a pretraining config
-first applies Petty et al.'s fine-tuning defaults (the ``finetune`` preset), under the overrides. ``--help`` lists every field with its default.
+field overrides in the order given; nothing else changes a default behind the user's back
+(Petty et al.'s fine-tuning recipe is the explicit ``finetune`` preset: ``--preset
+134M-L12+finetune``). ``--help`` lists every field with its default.
 """
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .config import (PAPER_FINETUNING, SECTIONS, TASKS, Config, ConfigError, apply_overrides, from_preset,
-                     presets)
+from .config import SECTIONS, Config, ConfigError, apply_overrides, from_preset, presets
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -91,9 +91,19 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
         if sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
             raise ConfigError(f"{k}: unknown field (see --help)")
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
-    if (overrides.get("task", {}).get("name") in TASKS and not cfg.task.name
-            and "finetune" not in cfg.preset.split("+")):
-        # Turning a pretraining config into fine-tuning: start from the paper's (t5x)
-        # fine-tuning defaults; the overrides given still win.
-        cfg = apply_overrides(cfg, PAPER_FINETUNING)
-    return apply_overrides(cfg, overrides) if overrides else cfg
+    cfg = apply_overrides(cfg, overrides) if overrides else cfg
+    from .tasks.registry import kind_of
+    kind_of(cfg)  # refuse a model.arch / task.name combination no task runs, before any work
+    return cfg
+
+
+def preset_lines(cfg: Config) -> list[str]:
+    """What the config's preset set, one line per section (printed at start-up)."""
+    if not cfg.preset:
+        return []
+    table = presets()
+    lines = []
+    for part in cfg.preset.split("+"):
+        for sec, vals in table[part].items():
+            lines.append(f"preset {part}: {sec}: " + ", ".join(f"{k}={v}" for k, v in vals.items()))
+    return lines

@@ -302,22 +302,8 @@ class Config:
     preset: str = ""
 
     def __post_init__(self):
-        if self.task.name in FUSION_TASKS:
-            pass  # any backbone: its shape comes from task.init_from or the model/act sections
-        elif self.model.arch == "encoder":
-            _require(not self.task.name, "task.name",
-                     f"model.arch='encoder' pretrains with MLM (empty task.name) or is the "
-                     f"backbone of {', '.join(FUSION_TASKS)}; got {self.task.name!r}")
-        elif self.model.arch != "decoder":
-            _require(self.act.max_len >= self.data.seq_len, "act.max_len",
-                     f"{self.act.max_len} position embeddings cannot hold data.seq_len="
-                     f"{self.data.seq_len}")
-            _require(not self.task.name or self.task.name in PROBE_TASKS, "task.name",
-                     f"{self.task.name!r} is a decoder task; encoders (model.arch="
-                     f"{self.model.arch!r}) fine-tune on {', '.join(PROBE_TASKS)}")
-        elif self.task.name in PROBE_TASKS:
-            _require(False, "task.name", f"{self.task.name!r} fine-tunes an encoder: set "
-                     f"model.arch to act, albert or bert")
+        # Which sections must agree for a given model.arch and task.name is decided by
+        # jaxdepth.tasks.registry.kind_of, the one place that dispatches on them.
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
 

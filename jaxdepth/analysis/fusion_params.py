@@ -36,7 +36,7 @@ def markdown(rows: list[dict]) -> str:
 def abstract_backbone(source: str = "", layers: int = 12, d_model: int = 768, heads: int = 12,
                       vocab: int = 30522):
     """The backbone a source describes, shapes only (nothing is allocated or read but configs)."""
-    from ..models.backbone import build_backbone
+    from ..tasks.backbones import build_backbone
     over = {"task": {"init_from": source}} if source else {
         "model": {"arch": "encoder", "n_layers": layers, "d_model": d_model, "n_heads": heads,
                   "d_ff": 4 * d_model, "vocab_size": vocab}, "data": {"seq_len": 512}}

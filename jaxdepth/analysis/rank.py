@@ -205,7 +205,7 @@ def parse(argv):
 def main(argv) -> int:
     args = parse(argv)
     from jaxdepth.config import ConfigError
-    from jaxdepth.train.checkpoint import load_model
+    from jaxdepth.tasks import load_model
     try:
         model, cfg, step = load_model(args.run, args.step)
     except (ConfigError, FileNotFoundError, ValueError) as e:

@@ -151,7 +151,7 @@ class Sweep:
 
     def run(self) -> None:
         from ..config import param_count
-        from ..train.loop import train
+        from ..tasks import train
 
         p = self.plan
         for seed in p.seeds:
@@ -171,7 +171,7 @@ class Sweep:
                     self.finetune(task, depth, seed, "final", 0)
 
     def finetune(self, task: str, depth: int, seed: int, init: str, init_step: int) -> dict:
-        from ..train.loop import train
+        from ..tasks import train
 
         key = dict(kind="finetune", task=task, depth=depth, seed=seed, init=init)
         row = self.done(**key)
@@ -190,7 +190,7 @@ class Sweep:
         """Fig. 6: per seed, reference = the shallowest depth's final validation perplexity;
         each deeper model is fine-tuned from its first checkpoint at or below it."""
         from ..analysis.matched import perplexity_matched, read_jsonl
-        from ..train.checkpoint import open_manager
+        from ..trainer.checkpoint import open_manager
 
         p = self.plan
         for seed in p.seeds:
@@ -239,7 +239,7 @@ class Sweep:
         """Figs. 10-11: spectra and effective rank of every feed-forward matrix of every
         final pretrained model; per-model outputs and the depth summary under analysis/."""
         from ..analysis.rank import ff_rank_table, write_rank_outputs, write_rank_vs_depth
-        from ..train.checkpoint import load_model
+        from ..tasks import load_model
 
         rows = []
         for seed in self.plan.seeds:

@@ -181,7 +181,7 @@ def write_corpus(ner_dir: str, path: Path, per_doc: int = 8) -> None:
 
 
 def _timed(what: str, cfg: Config) -> dict:
-    from ..train.loop import train
+    from ..tasks import train
     t0 = time.perf_counter()
     out = train(cfg)
     if not out.get("done"):

@@ -1,4 +1,4 @@
-"""Backbones for layer fusion: what a fusion task stacks its module on (DESIGN section 4).
+"""Backbones for layer fusion: what a fusion task stacks its module on (docs/design.md §4).
 
 A backbone is any deep model of this project whose layer outputs ``z_1..z_L`` can be read:
 
@@ -8,43 +8,16 @@ A backbone is any deep model of this project whose layer outputs ``z_1..z_L`` ca
   the M iterations (for ACT, a halted token's state stays as it was when it halted).
 - ``DecoderLM``: its L layer outputs (causal, before the final norm).
 
-``task.init_from`` names the source: a directory with ``model.safetensors`` is a Hugging Face
-checkpoint, any other directory is a run of this project (its latest or ``task.init_step``
-checkpoint; the backbone is taken out of whatever model the run trained). Empty: a freshly
-initialised backbone of ``model.arch`` with the model/act sections' shape.
+Where a backbone's weights come from (``task.init_from``) is the tasks' business
+(``jaxdepth/tasks/backbones.py``).
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import equinox as eqx
-
 from jaxtyping import Array
 
-from ..config import Config, ConfigError
-from .encoder import Encoder, EncoderConfig
-
-
-def is_hf_dir(path: str | Path) -> bool:
-    return (Path(path) / "model.safetensors").is_file()
-
-
-def bert_config(cfg: Config) -> EncoderConfig:
-    """The own encoder (model.arch=encoder) from the model section; positions = data.seq_len."""
-    m = cfg.model
-    return EncoderConfig(vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers,
-                         n_heads=m.heads, d_ff=m.d_ff, max_positions=cfg.data.seq_len,
-                         dropout=m.dropout, scan_layers=m.scan_layers, remat=m.remat != "none")
-
-
-def source_config(cfg: Config) -> Config:
-    """The config of the run task.init_from names (for a run of this project)."""
-    path = Path(cfg.task.init_from) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"task.init_from: {cfg.task.init_from} is neither a Hugging Face "
-                                f"model directory (model.safetensors) nor a run (config.json)")
-    return Config.from_dict(json.loads(path.read_text()))
+from ..config import ConfigError
+from .encoder import Encoder
 
 
 def strip_to_backbone(model) -> eqx.Module:
@@ -54,39 +27,6 @@ def strip_to_backbone(model) -> eqx.Module:
         if hasattr(model, attr) and isinstance(getattr(model, attr), eqx.Module):
             return strip_to_backbone(getattr(model, attr))
     return model
-
-
-def build_backbone(cfg: Config, *, key: Array) -> eqx.Module:
-    """A backbone with the shape task.init_from will load into it (random weights)."""
-    from .build import build_model
-    src = cfg.task.init_from
-    if src and is_hf_dir(src):
-        from .hf_import import CONFIG_FILE, config_from_hf
-        hf_cfg = config_from_hf(json.loads((Path(src) / CONFIG_FILE).read_text()))
-        return Encoder(hf_cfg, key=key)
-    if src:
-        pre = source_config(cfg)
-        pre = pre.__class__.from_dict({**pre.to_dict(), "task": {}})  # its bare backbone
-        return strip_to_backbone(build_model(pre, key=key))
-    bare = cfg.__class__.from_dict({**cfg.to_dict(), "task": {}})
-    return strip_to_backbone(build_model(bare, key=key))
-
-
-def load_backbone(cfg: Config, mesh) -> tuple[eqx.Module, eqx.Module | None, int | None]:
-    """(backbone with task.init_from's weights, its trained MLM head or None, step or None)."""
-    src = cfg.task.init_from
-    if is_hf_dir(src):
-        from .hf_import import load_hf_encoder
-        encoder, _, _ = load_hf_encoder(src)
-        return encoder, None, None
-    from ..train import checkpoint as ckpt
-    try:
-        model, _, step = ckpt.load_model(Path(src), cfg.task.init_step or None, mesh, cfg.mesh,
-                                         label="task.init_step")
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"task.init_from: {e}") from None
-    head = getattr(model, "head", None) if hasattr(model, "masked_logits") else None
-    return strip_to_backbone(model), head, step
 
 
 def depth_and_width(backbone) -> tuple[int, int]:

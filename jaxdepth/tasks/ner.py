@@ -1,4 +1,4 @@
-"""Named-entity recognition on a backbone with a fusion module (DESIGN section 4).
+"""Named-entity recognition on a backbone with a fusion module (docs/design.md §4).
 
 Data: a WikiAnn or CoNLL-2003 directory (task.dir), IOB2 throughout; with task.n_shot = N the
 training set is N * C sentences drawn without replacement with task.seed (C entity types).
@@ -24,8 +24,10 @@ from ..analysis import seqeval
 from ..config import Config
 from ..data import ner
 from ..data.pipeline import ExampleBatchSource
-from ..models.act import _xent
-from .backbone_init import backbone_words, initial_fused_model
+from ..trainer.losses import softmax_xent as _xent
+from .backbones import FusionTask, backbone_words
+from .checkpoints import load_checkpoint
+from .registry import register
 
 log = logging.getLogger(__name__)
 SPLITS = ("dev", "test")
@@ -70,11 +72,19 @@ def _max_words(splits, seq_len: int) -> int:
     return max(1, min(seq_len - 2, -(-longest // 8) * 8))
 
 
-class NERJob:
-    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
-        self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
+@register("ner")
+class NERTask(FusionTask):
+    """Few-shot NER through a fusion module; best dev F1 over training and test F1 there."""
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self.labels = ner.ner_labels(cfg.task.dir)
+        self.n_labels = len(self.labels)
+
+    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+        cfg = self.cfg
+        self.run_dir, self.primary = run_dir, primary
         t = cfg.task
-        self.labels = ner.ner_labels(t.dir)
         train = ner.read_split(t.dir, "train")
         if t.n_shot:
             train = ner.few_shot_sample(train, t.n_shot, ner.n_classes(self.labels), seed=t.seed)
@@ -105,10 +115,6 @@ class NERJob:
 
     def objective(self):
         return ner_objective()
-
-    def initial_model(self, mesh, fresh):
-        model, self.init_step = initial_fused_model(self.cfg, mesh, fresh)
-        return model
 
     def score(self, model, split: str) -> dict:
         sents = self.sentences[split]
@@ -143,6 +149,34 @@ class NERJob:
     def summary(self, model) -> dict:
         return {"task": "ner", "init_from": self.cfg.task.init_from, "init_step": self.init_step,
                 "analysis": str(self.run_dir / "analysis" / "ner.json")}
+
+    def report(self, s: dict) -> str:
+        return (f"best dev F1 {100 * s['best_dev_f1']:.2f} at step {s['best_step']} (test F1 "
+                f"there {100 * s['test_f1_at_best']:.2f}; final test F1 {100 * s['test_f1']:.2f})"
+                f"\nresults: {s['analysis']}")
+
+    def evaluate_checkpoint(self, run: Path, args) -> dict:
+        """seqeval micro F1 of the checkpoint on dev and test (or --splits), with the tagged
+        sentences as JSONL."""
+        cfg, model, step, _, _ = load_checkpoint(run, args.step, 0, tokenizer=False)
+        reader = NERTask(cfg)
+        reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
+        directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
+        directory.mkdir(parents=True, exist_ok=True)
+        res = {"run": str(run), "step": step}
+        for split in [s.strip() for s in (args.splits or "dev,test").split(",") if s.strip()]:
+            if split not in reader.sentences or split == "train":
+                raise ValueError(f"--splits: {split!r} is not one of dev, test")
+            sents = reader.sentences[split]
+            pred = predict_tags(model, reader.arrays[split], [len(x.tokens) for x in sents],
+                                reader.labels, cfg.task.eval_batch or cfg.data.batch_size)
+            res[split] = seqeval.f1([list(x.tags) for x in sents], pred)
+            with open(directory / f"{split}.jsonl", "w") as f:
+                for x, p in zip(sents, pred):
+                    f.write(json.dumps({"tokens": list(x.tokens), "gold": list(x.tags),
+                                        "prediction": p}) + "\n")
+        (directory / "ner.json").write_text(json.dumps(res, indent=2) + "\n")
+        return res
 
 
 def _curve(path: Path) -> list[dict]:

@@ -123,3 +123,16 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
+
+
+def to_global(batch: dict, sharding) -> dict:
+    """Process-local rows -> global arrays sharded over the data axis."""
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+            for k, v in batch.items()}
+
+
+def local_rows(batch: dict) -> dict:
+    """This process's share of the rows of a batch every process holds whole."""
+    p, n = jax.process_index(), jax.process_count()
+    rows = next(iter(batch.values())).shape[0] // n
+    return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items()}

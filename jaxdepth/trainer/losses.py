@@ -95,3 +95,10 @@ def fused_lm_head_loss(x_ND: Array, w_DV: Array, targets_N: Array, weights_N: Ar
 
     loss.defvjp(loss_fwd, loss_bwd)
     return loss(x_ND, w_DV, targets_N, weights_N)
+
+
+def softmax_xent(logits_BXC: Array, labels_BX: Array) -> Array:
+    """Per-position cross-entropy of integer labels, in the logits' dtype (classification heads)."""
+    logz = jax.nn.logsumexp(logits_BXC, axis=-1)
+    gold = jnp.take_along_axis(logits_BXC, labels_BX[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return logz - gold

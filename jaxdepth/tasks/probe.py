@@ -23,9 +23,10 @@ from ..data import grammar
 from ..data.pipeline import ExampleBatchSource
 from ..data.probing import ROLE_NAMES, label_names, make_probe_data
 from ..data.prepare import run_tokenizer, tokenizer_source
-from ..models.act import _xent
-from ..models.build import encoder_config
-from . import checkpoint as ckpt
+from ..models.classifier import EncoderClassifier
+from ..trainer.losses import softmax_xent as _xent
+from .encoder_pretrain import EncoderTask
+from .registry import load_model, register, task_for
 
 SHAPE_FIELDS = ("embed_dim", "d_model", "n_heads", "d_ff", "max_len", "n_segments")
 
@@ -60,9 +61,19 @@ def _predict(model, tokens, segments, mask, inference: bool):
     return jnp.argmax(logits, -1), out.N_BT
 
 
-class ProbeJob:
-    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
-        self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
+@register("probe")
+class ProbeTask(EncoderTask):
+    """An encoder under a classification head, fine-tuned on a grammar probing task."""
+
+    def build_model(self, *, key):
+        k_enc, k_head = jax.random.split(key)
+        name = self.cfg.task.name
+        return EncoderClassifier(self.build_encoder(key=k_enc), len(label_names(name)),
+                                 name == "roles", key=k_head)
+
+    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+        cfg = self.cfg
+        self.run_dir, self.primary = run_dir, primary
         self.init_step = None
         self.tokenizer = run_tokenizer(
             run_dir, cfg.model.vocab_size, primary, barrier,
@@ -88,28 +99,30 @@ class ProbeJob:
             return None
         src = Path(self.cfg.task.init_from)
         try:
-            encoder, pre, self.init_step = ckpt.load_model(src, self.cfg.task.init_step or None,
-                                                           mesh, self.cfg.mesh, label="task.init_step")
+            encoder, pre, self.init_step = load_model(src, self.cfg.task.init_step or None,
+                                                      mesh, self.cfg.mesh, label="task.init_step")
         except FileNotFoundError as e:
             raise FileNotFoundError(f"task.init_from: {e}") from None
-        mine, theirs = encoder_config(self.cfg), encoder_config(pre)
+        source = task_for(pre)
+        if not isinstance(source, EncoderTask):
+            raise ConfigError(f"task.init_from: {src} is not an encoder run (act, albert or bert)")
+        mine, theirs = self.encoder_cfg, source.encoder_cfg
         for f in SHAPE_FIELDS + ("vocab_size",):
             if getattr(mine, f) != getattr(theirs, f):
                 raise ConfigError(f"act.{f}: {getattr(mine, f)} here but {getattr(theirs, f)} in "
                                   f"the pretrained checkpoint {src}; use its config: "
                                   f"--config {src / 'config.json'}")
-        if (pre.model.arch == "bert") != (self.cfg.model.arch == "bert"):
-            raise ConfigError(f"model.arch: {self.cfg.model.arch!r} cannot start from the "
-                              f"{pre.model.arch!r} checkpoint {src}")
-        names = ("dropout", "remat") if self.cfg.model.arch == "bert" else \
-            ("dropout", "tau", "eps", "halting", "remat")
+        if source.untied != self.untied:
+            raise ConfigError(f"model.arch: {self.arch!r} cannot start from the "
+                              f"{source.arch!r} checkpoint {src}")
+        names = ("dropout", "remat") if self.untied else ("dropout", "tau", "eps", "halting", "remat")
         encoder = encoder.with_options(**{f: getattr(mine, f) for f in names})
         return eqx.tree_at(lambda m: m.encoder, fresh, encoder)
 
     def _score(self, model, split: str) -> dict:
         d = self.data[split]
         b = self.cfg.task.eval_batch or self.cfg.data.batch_size
-        inference = self.cfg.model.arch == "act"
+        inference = self.adaptive
         outs = [_predict(model, d["tokens"][i:i + b], d["segments"][i:i + b], d["mask"][i:i + b],
                          inference) for i in range(0, len(d["tokens"]), b)]
         pred = np.concatenate([np.asarray(p) for p, _ in outs])
@@ -136,7 +149,7 @@ class ProbeJob:
         if final:
             test = self._score(model, "test")
             res.update(test_accuracy=test["accuracy"], test_iterations=test["mean_iterations"])
-            detail = {"task": self.cfg.task.name, "arch": self.cfg.model.arch, "step": step,
+            detail = {"task": self.cfg.task.name, "arch": self.arch, "step": step,
                       "labels": list(label_names(self.cfg.task.name)), "dev": dev, "test": test}
             res["probe"] = detail
             if self.primary:
@@ -148,9 +161,19 @@ class ProbeJob:
         return res, msg
 
     def summary(self, model) -> dict:
-        return {"task": self.cfg.task.name, "arch": self.cfg.model.arch,
+        return {"task": self.cfg.task.name, "arch": self.arch,
                 "init_from": self.cfg.task.init_from, "init_step": self.init_step,
                 "analysis": str(self.run_dir / "analysis")}
+
+    def report(self, s: dict) -> str:
+        p = s["probe"]
+        return (f"{p['arch']} on {p['task']}: test accuracy {100 * p['test']['accuracy']:.1f}% "
+                f"(dev {100 * p['dev']['accuracy']:.1f}%), mean iterations "
+                f"{p['test']['mean_iterations']:.2f}\nresults: {s['analysis']}")
+
+    def evaluate_checkpoint(self, run: Path, args) -> dict:
+        raise ValueError(f"{run} fine-tunes an encoder on a probing task: its dev/test "
+                         f"results are in {run / 'analysis' / 'probe.json'}")
 
 
 def _no_dropout(model):

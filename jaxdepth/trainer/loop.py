@@ -1,4 +1,7 @@
-"""The LM training loop: restore-or-init, jitted steps, periodic eval/checkpoint, metrics."""
+"""The training loop: restore-or-init, jitted steps, periodic eval/checkpoint, metrics.
+
+It knows no task: the model, data, objective, FLOPs and evaluation come from the Task
+(trainer/task.py) that ``jaxdepth.tasks.task_for`` chose for the config."""
 from __future__ import annotations
 
 import json
@@ -11,15 +14,15 @@ import jax
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from ..config import FUSION_TASKS, Config, ConfigError, param_count
+from ..config import Config, ConfigError
 from ..data.pipeline import lm_iterator
 from . import checkpoint as ckpt
-from .jobs import make_job, to_global
-from .metrics import (MetricsWriter, device_peak_flops, model_param_count, module_flops_per_token,
-                      train_flops_per_token)
+from .flops import device_peak_flops
+from .metrics import MetricsWriter
 from .optim import make_optimizer, schedule
-from .sharding import batch_sharding, make_mesh
-from .state import make_train_step, sharded_init, state_shardings, trainable
+from .sharding import batch_sharding, make_mesh, to_global
+from .step import make_train_step, sharded_init, state_shardings
+from .task import Task
 
 
 class NonFiniteLossError(RuntimeError):
@@ -31,23 +34,24 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, job):
+def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task):
     """The latest checkpoint in run_dir if there is one (data iterator restored in place),
-    else a fresh sharded state, holding the job's pretrained weights if it has any.
+    else a fresh sharded state, holding the task's pretrained weights if it has any.
     Returns (state, state shardings)."""
-    abstract, shardings = state_shardings(cfg, tx, mesh)
+    abstract, shardings = state_shardings(cfg, tx, mesh, task)
     step = mngr.latest_step()
     if step is not None:
         return ckpt.restore(mngr, step, abstract, shardings, data_iter), shardings
-    state = sharded_init(cfg, tx, mesh, shardings)
-    model = job.initial_model(mesh, state.model)
+    state = sharded_init(cfg, tx, mesh, task, shardings)
+    model = task.initial_model(mesh, state.model)
     if model is not None:  # pretrained weights, with this run's run-time options
         state = eqx.tree_at(lambda s: s.model, state, model)
     return state, shardings
 
 
-def train(cfg: Config) -> dict:
-    """Run (or resume) the LM training described by cfg; returns the summary it writes."""
+def train(cfg: Config, task: Task) -> dict:
+    """Run (or resume) the training cfg describes, of the model and data `task` gives;
+    returns the summary it writes."""
     run_dir = Path(cfg.run.dir)
     primary = jax.process_index() == 0
     mngr = ckpt.open_manager(run_dir, cfg.run.keep)
@@ -60,28 +64,20 @@ def train(cfg: Config) -> dict:
         raise ConfigError(f"data.batch_size: micro-batches of {micro} sequences (batch "
                           f"{cfg.data.batch_size} / accum_steps {cfg.optim.accum_steps}) do not "
                           f"split over the {mesh.shape['data']} devices of the data axis")
-    job = make_job(cfg, run_dir, primary, barrier=lambda: barrier("prepare_data"))
+    task.prepare(run_dir, primary, barrier=lambda: barrier("prepare_data"))
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     lr_at = schedule(cfg.optim, cfg.run.steps)
-    data_iter = lm_iterator(job.dataset())
-    state, shardings = restore_or_init(cfg, tx, mesh, mngr, data_iter, job)
+    data_iter = lm_iterator(task.dataset())
+    state, shardings = restore_or_init(cfg, tx, mesh, mngr, data_iter, task)
     start = int(state.step)
     if primary:
         ckpt.write_config(run_dir, cfg)
 
-    step_fn = make_train_step(cfg, tx, mesh, shardings, job.objective())
+    step_fn = make_train_step(cfg, tx, mesh, shardings, task)
     b_sharding = batch_sharding(mesh)
     writer = MetricsWriter(run_dir, enabled=primary)
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
-    if cfg.task.name in FUSION_TASKS or cfg.model.arch == "encoder":
-        flops_per_token, n_params = _module_flops(state.model, cfg), model_param_count(state.model)
-    elif cfg.model.arch == "decoder":
-        flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len)
-        n_params = param_count(cfg.model)
-    else:
-        from .encoder_job import encoder_flops_per_token
-        flops_per_token = encoder_flops_per_token(cfg)
-        n_params = model_param_count(state.model)
+    flops_per_token, n_params = task.flops_per_token(state.model), task.param_count(state.model)
     peak, peak_source = device_peak_flops(cfg.model.compute_dtype)
     peak_total = peak * mesh.size
 
@@ -123,14 +119,13 @@ def train(cfg: Config) -> dict:
         if step % cfg.run.log_every == 0 or step == end or step == start + 1:
             extra = {k: v for k, v in m.items()
                      if k not in ("loss", "grad_norm", "param_norm", "tokens")}
-            lm = cfg.model.arch == "decoder" and cfg.task.name not in FUSION_TASKS
-            ppl = {"ppl": math.exp(min(m["loss"], 80.0))} if lm else {}
+            ppl = {"ppl": math.exp(min(m["loss"], 80.0))} if task.reports_perplexity else {}
             writer.write(step, loss=m["loss"], **ppl, lr=float(lr_at(step - 1)),
                          grad_norm=m["grad_norm"], param_norm=m["param_norm"], **extra, **rates)
 
     def run_eval(step: int, final: bool = False) -> None:
         t0 = time.perf_counter()
-        ev, message = job.evaluate(state.model, step, b_sharding, final)
+        ev, message = task.evaluate(state.model, step, b_sharding, final)
         history.update(ev)
         writer.write(step, **{k: v for k, v in ev.items()
                               if isinstance(v, (int, float)) and not k.endswith("_tokens")})
@@ -167,7 +162,7 @@ def train(cfg: Config) -> dict:
         summary.update(history)
         summary.update(params=n_params, flops_per_token=flops_per_token,
                        peak_flops=peak, peak_source=peak_source, devices=mesh.size,
-                       **job.summary(state.model))
+                       **task.summary(state.model))
     summary.update(run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"),
                    metrics=str(run_dir / "metrics.jsonl"), tensorboard=str(run_dir / "tb"))
     if primary and summary["done"]:
@@ -176,10 +171,3 @@ def train(cfg: Config) -> dict:
     mngr.close()
     return summary
 
-
-def _module_flops(model, cfg: Config) -> int:
-    """Training FLOPs per token of a fusion model or the BERT encoder."""
-    from ..models.backbone import depth_and_width, strip_to_backbone
-    L, d = depth_and_width(strip_to_backbone(model))
-    extra = getattr(getattr(model, "fusion", None), "n", 0)  # Base+n's attention layers
-    return module_flops_per_token(model, trainable(model), cfg.data.seq_len, L + extra, d)

@@ -1,4 +1,4 @@
-"""Metrics: analytic FLOPs / MFU, device peak, and a JSONL + TensorBoard writer.
+"""Analytic training FLOPs per token, the device peak, and so MFU.
 
 FLOPs convention (PaLM, Chowdhery et al. 2022, App. B): one training token costs
 ``6 * N + 12 * L * T * d_attn`` FLOPs, where N counts the parameters that take part in matrix
@@ -9,9 +9,7 @@ and T the context length. The attention term counts the full T x T score and val
 """
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -54,45 +52,6 @@ def device_peak_flops(compute_dtype: str) -> tuple[float, str]:
                 return peak, f"{kind} dense bf16 datasheet"
     dtype = jnp.bfloat16 if compute_dtype == "bfloat16" else jnp.float32
     return measure_matmul_peak(dtype), f"measured {compute_dtype} 1024^3 matmul on {kind}"
-
-
-class MetricsWriter:
-    """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard.
-
-    Only process 0 writes; other processes get a writer that does nothing.
-    """
-
-    def __init__(self, run_dir: Path, enabled: bool = True):
-        self.enabled = enabled
-        if not enabled:
-            return
-        run_dir.mkdir(parents=True, exist_ok=True)
-        path = run_dir / "metrics.jsonl"
-        torn = False
-        if path.is_file() and path.stat().st_size > 0:
-            with open(path, "rb") as f:
-                f.seek(-1, 2)
-                torn = f.read(1) != b"\n"
-        self._jsonl = open(path, "a")
-        if torn:  # a run killed mid-write left half a record: end it so the next one stays whole
-            self._jsonl.write("\n")
-        from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(str(run_dir / "tb"))
-
-    def write(self, step: int, **scalars) -> None:
-        if not self.enabled:
-            return
-        rec = {"step": step, **{k: float(v) for k, v in scalars.items()}}
-        self._jsonl.write(json.dumps(rec) + "\n")
-        self._jsonl.flush()
-        for k, v in rec.items():
-            if k != "step":
-                self._tb.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        if self.enabled:
-            self._jsonl.close()
-            self._tb.close()
 
 
 _TABLES = ("word_VD", "position_PD", "token_type_YD", "embed", "token_VE", "position_LE",

@@ -1,5 +1,5 @@
 """MLM + SOP pretraining of the encoders of models/act.py (ACT, weight-tied ALBERT, untied
-BERT) through the same loop, checkpoints and sharding as the decoder (DESIGN.md section 3).
+BERT) through the same loop, checkpoints and sharding as the decoder (docs/design.md §3).
 
 Objective (ALBERT, plus Graves' ponder cost for ACT): the MLM cross-entropy averaged over the
 global batch's prediction slots, the SOP cross-entropy averaged over its rows, and
@@ -10,6 +10,7 @@ the last one is also written to ``<run>/analysis/``.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -18,14 +19,17 @@ import jax
 import jax.numpy as jnp
 
 from ..analysis.act_stats import evaluate_act, plot_cosine, write_cosine_table, write_table1
-from ..config import Config, ConfigError
+from ..config import ACTConfig, Config, ConfigError
 from ..data import grammar
 from ..data.mlm import (MLMConfig, eval_mlm_batches, grammar_documents, mlm_dataset,
                         text_documents, tokenize_mlm_documents)
 from ..data.pipeline import split_documents
 from ..data.prepare import run_tokenizer, tokenizer_source
+from ..models.act import ACTEncoder, UntiedEncoder
 from ..layers import split_or_none
-from ..models.act import _xent
+from ..trainer.losses import softmax_xent as _xent
+from .base import TaskBase
+from .registry import register
 
 EVAL_BATCHES = 4  # validation batches when run.eval_batches is 0
 
@@ -73,15 +77,21 @@ def _documents(cfg: Config) -> tuple[list[list[str]], list[list[str]]]:
     return split_documents(docs, d.valid_fraction, seed=d.grammar_seed)
 
 
-class MLMCorpus:
+def encoder_config(cfg: Config, halting: str) -> ACTConfig:
+    """cfg.act with the run's vocabulary and the halting mode of its architecture."""
+    return dataclasses.replace(cfg.act, vocab_size=cfg.model.vocab_size, halting=halting)
+
+
+class MLMCorpus(TaskBase):
     """The MLM data of a run on data.corpus: its tokenizer (kept, copied from `copy_from`, or
     trained on the training documents unless one is given), the training documents (tokenized
     only when training asks for them, not by eval.py) and fixed validation batches seeded
     apart from the training stream. Base of the encoder and MLM jobs."""
 
-    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier, mlm: MLMConfig,
-                 vocab: int, *, tokenizer=None, copy_from: tuple[str, str] | None = None):
-        self.cfg, self.run_dir, self.primary = cfg, run_dir, primary
+    def read_corpus(self, run_dir: Path, primary: bool, barrier, mlm: MLMConfig, vocab: int, *,
+                    tokenizer=None, copy_from: tuple[str, str] | None = None) -> None:
+        cfg = self.cfg
+        self.run_dir, self.primary = run_dir, primary
         self.mlm, self.vocab = mlm, vocab
         train_docs, valid_docs = _documents(cfg)
         if not valid_docs:
@@ -102,26 +112,49 @@ class MLMCorpus:
                            process_count=jax.process_count())
 
 
-class EncoderJob(MLMCorpus):
-    def __init__(self, cfg: Config, run_dir: Path, primary: bool, barrier):
-        super().__init__(cfg, run_dir, primary, barrier, mlm_config(cfg), cfg.model.vocab_size,
-                         copy_from=tokenizer_source("", cfg.data.tokenizer))
+class EncoderTask(TaskBase):
+    """What the encoder's tasks share: the ACT / ALBERT / BERT encoder (task_for says which)."""
 
-    def initial_model(self, mesh, fresh):
-        return None
+    def __init__(self, cfg: Config, *, arch: str, untied: bool, adaptive: bool, halting: str):
+        super().__init__(cfg)
+        self.arch, self.untied, self.adaptive = arch, untied, adaptive
+        self.encoder_cfg = encoder_config(cfg, halting)
+
+    @property
+    def uses_dropout(self) -> bool:
+        return self.cfg.act.dropout > 0
+
+    def build_encoder(self, *, key):
+        return (UntiedEncoder if self.untied else ACTEncoder)(self.encoder_cfg, key=key)
+
+    def flops_per_token(self, model) -> int:
+        return encoder_flops_per_token(self.cfg)
+
+
+@register("encoder_pretrain")
+class EncoderPretrainTask(EncoderTask, MLMCorpus):
+    """MLM + SOP (+ ponder cost) pretraining; evaluation = Table 1 and Fig. 2 statistics."""
+
+    def build_model(self, *, key):
+        k_enc, _ = jax.random.split(key)  # the second key was the head's, kept for old runs
+        return self.build_encoder(key=k_enc)
+
+    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+        self.read_corpus(run_dir, primary, barrier, mlm_config(self.cfg), self.cfg.model.vocab_size,
+                         copy_from=tokenizer_source("", self.cfg.data.tokenizer))
 
     def objective(self):
         return encoder_objective(self.cfg)
 
     def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
-        res = evaluate_act(model, self.valid, use_while=self.cfg.model.arch == "act")
+        res = evaluate_act(model, self.valid, use_while=self.adaptive)
         t1 = res["table1"]
         scalars = {"mlm_accuracy": t1["mlm_accuracy"], "sop_accuracy": t1["sop_accuracy"],
                    "mean_iterations": t1["iterations"]["all"]}
         if final and self.primary:
             out = self.run_dir / "analysis"
             out.mkdir(parents=True, exist_ok=True)
-            label = f"{self.cfg.model.arch} step {step}"
+            label = f"{self.arch} step {step}"
             write_table1(res, out / "table1.md", out / "table1.json", label=label)
             write_cosine_table(res["cosine"], out / "cosine.csv")
             plot_cosine(res["cosine"], out / "cosine.png", title=f"{label}: consecutive-state cosine")
@@ -129,7 +162,39 @@ class EncoderJob(MLMCorpus):
         return {**scalars, "table1": t1, "cosine": _finite(res["cosine"]["overall"])}, msg
 
     def summary(self, model) -> dict:
-        return {"arch": self.cfg.model.arch, "analysis": str(self.run_dir / "analysis")}
+        return {"arch": self.arch, "analysis": str(self.run_dir / "analysis")}
+
+    def report(self, s: dict) -> str:
+        t1 = s["table1"]
+        it = ", ".join(f"{g} {v:.2f}" for g, v in t1["iterations"].items() if v is not None)
+        return (f"MLM accuracy {100 * t1['mlm_accuracy']:.1f}%, SOP accuracy "
+                f"{100 * t1['sop_accuracy']:.1f}%\nmean iterations: {it}\n"
+                f"Table 1 and Fig. 2: {s['analysis']}")
+
+    def evaluate_checkpoint(self, run: Path, args) -> dict:
+        """Table 1 (MLM / SOP accuracy, mean iterations per token group) and Fig. 2 (cosine
+        of consecutive iteration states) of the checkpoint, on the run's validation batches
+        or on MLM batches built from --data files."""
+        from .checkpoints import load_checkpoint
+
+        cfg, model, step, _, _ = load_checkpoint(run, args.step, args.batch)
+        if args.data:
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=args.data))
+        if args.batch:
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=args.batch))
+        reader = EncoderPretrainTask(cfg, arch=self.arch, untied=self.untied,
+                                     adaptive=self.adaptive, halting=self.encoder_cfg.halting)
+        reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
+        res = evaluate_act(model, reader.valid, use_while=self.adaptive)
+        directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
+        directory.mkdir(parents=True, exist_ok=True)
+        label = f"{self.arch} step {step}"
+        files = [write_table1(res, directory / "table1.md", directory / "table1.json", label=label),
+                 write_cosine_table(res["cosine"], directory / "cosine.csv"),
+                 plot_cosine(res["cosine"], directory / "cosine.png", title=label)]
+        return {"run": str(run), "step": step,
+                "data": args.data or "validation batches of the run",
+                "table1": res["table1"], "files": [str(f) for f in files]}
 
 
 def _finite(xs) -> list:

@@ -13,7 +13,10 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, MeshConfig
+from .optim import make_optimizer
+from .sharding import make_mesh
+from .step import state_shardings
 
 # Fields that may differ between the run that saved a checkpoint and the one resuming it.
 _RESUMABLE_CHANGES = {"run.steps", "run.stop_after", "run.progress", "run.log_every",
@@ -78,18 +81,15 @@ def write_config(run_dir: Path, cfg: Config) -> None:
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
 
 
-def load_model(run_dir, step: int | None = None, mesh=None, mesh_cfg=None, label: str = "step"):
+def load_model(run_dir, task_for, step: int | None = None, mesh=None, mesh_cfg=None,
+               label: str = "step"):
     """(model, saved Config, step) of a run's checkpoint (latest by default), opened read-only.
 
-    The state is restored on `mesh` (default: one device) in the layout `mesh_cfg` describes
-    (default: data parallel), and only its model is returned. `label` names the setting that
-    chose the step in error messages (e.g. "task.init_step").
+    task_for(saved config) gives the Task that builds the model. The state is restored on
+    `mesh` (default: one device) in the layout `mesh_cfg` describes (default: data parallel),
+    and only its model is returned. `label` names the setting that chose the step in error
+    messages (e.g. "task.init_step").
     """
-    from ..config import MeshConfig
-    from .optim import make_optimizer
-    from .sharding import make_mesh
-    from .state import state_shardings
-
     run = Path(run_dir)
     if not (run / "checkpoints").is_dir():
         raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
@@ -107,7 +107,7 @@ def load_model(run_dir, step: int | None = None, mesh=None, mesh_cfg=None, label
         placed = dataclasses.replace(cfg, mesh=mesh_cfg or MeshConfig(data=mesh.shape["data"],
                                                                      model=mesh.shape["model"]))
         tx = make_optimizer(cfg.optim, cfg.run.steps)
-        state = restore(mngr, step, *state_shardings(placed, tx, mesh))
+        state = restore(mngr, step, *state_shardings(placed, tx, mesh, task_for(placed)))
     finally:
         mngr.close()
     return state.model, cfg, step

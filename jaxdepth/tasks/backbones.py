@@ -1,0 +1,135 @@
+"""Where a fusion task's backbone comes from (docs/design.md §4), and what the fusion tasks
+(NER, MLM) share: its weights, its tokenizer, the fused model and its FLOPs.
+
+``task.init_from`` names the source: a directory with ``model.safetensors`` is a Hugging Face
+BERT/RoBERTa checkpoint; any other directory is a run of this project (its latest or
+``task.init_step`` checkpoint; the backbone is taken out of whatever model the run trained:
+the BERT encoder, an ACT/ALBERT/BERT encoder or the decoder). Empty: a freshly initialised
+backbone of ``model.arch`` with the config's shape.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import equinox as eqx
+import jax
+from jaxtyping import Array
+
+from ..config import Config, ConfigError
+from ..data.prepare import run_tokenizer, tokenizer_source
+from ..data.subwords import HFWords, SentencePieceWords
+from ..models.backbone import depth_and_width, strip_to_backbone
+from ..models.encoder import Encoder
+from ..models.fused import FusedModel
+from ..models.hf_import import CONFIG_FILE, config_from_hf, load_hf_encoder
+from ..trainer.flops import module_flops_per_token
+from .base import TaskBase
+from .registry import load_model, task_for
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    return (Path(path) / "model.safetensors").is_file()
+
+
+def source_config(cfg: Config) -> Config:
+    """The config of the run task.init_from names (for a run of this project)."""
+    path = Path(cfg.task.init_from) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"task.init_from: {cfg.task.init_from} is neither a Hugging Face "
+                                f"model directory (model.safetensors) nor a run (config.json)")
+    return Config.from_dict(json.loads(path.read_text()))
+
+
+def _bare(cfg: Config) -> Config:
+    """cfg without its task: the run that trains the backbone alone."""
+    return Config.from_dict({**cfg.to_dict(), "task": {}})
+
+
+def build_backbone(cfg: Config, *, key: Array) -> eqx.Module:
+    """A backbone with the shape task.init_from will load into it (random weights)."""
+    src = cfg.task.init_from
+    if src and is_hf_dir(src):
+        return Encoder(config_from_hf(json.loads((Path(src) / CONFIG_FILE).read_text())), key=key)
+    bare = _bare(source_config(cfg) if src else cfg)
+    return strip_to_backbone(task_for(bare).build_model(key=key))
+
+
+def load_backbone(cfg: Config, mesh) -> tuple[eqx.Module, eqx.Module | None, int | None]:
+    """(backbone with task.init_from's weights, its trained MLM head or None, step or None)."""
+    src = cfg.task.init_from
+    if is_hf_dir(src):
+        encoder, _, _ = load_hf_encoder(src)
+        return encoder, None, None
+    try:
+        model, _, step = load_model(Path(src), cfg.task.init_step or None, mesh, cfg.mesh,
+                                    label="task.init_step")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"task.init_from: {e}") from None
+    head = getattr(model, "head", None) if hasattr(model, "masked_logits") else None
+    return strip_to_backbone(model), head, step
+
+
+def backbone_vocab(cfg: Config) -> int:
+    abstract = eqx.filter_eval_shape(build_backbone, cfg, key=jax.random.key(0))
+    return abstract.cfg.vocab_size
+
+
+class FusionTask(TaskBase):
+    """A backbone + fusion module + head (docs/design.md §4): NER or MLM."""
+
+    uses_dropout = True  # the head's dropout, and a fine-tuned backbone's own
+    n_labels = 0  # NER: its label count; MLM: the head is the vocabulary
+
+    def build_model(self, *, key):
+        cfg, f = self.cfg, self.cfg.fusion
+        k_bb, k_top = jax.random.split(key)
+        return FusedModel(build_backbone(cfg, key=k_bb), method=f.method, mode=f.mode,
+                          n_labels=self.n_labels, mlm=not self.n_labels,
+                          n_extra=f.extra_layers, rate=f.dropout, key=k_top)
+
+    def flops_per_token(self, model) -> int:
+        return module_flops(model, self.trainable(model), self.cfg.data.seq_len)
+
+    def initial_model(self, mesh, fresh):
+        """fresh with task.init_from's backbone weights, and the source's trained MLM head
+        when the task is MLM and it has one (None without a source)."""
+        cfg = self.cfg
+        self.init_step = None
+        if not cfg.task.init_from:
+            return None
+        backbone, head, self.init_step = load_backbone(cfg, mesh)
+        if jax.tree.structure(eqx.filter(backbone, eqx.is_array)) != \
+                jax.tree.structure(eqx.filter(fresh.backbone, eqx.is_array)):
+            raise ConfigError(f"task.init_from: the backbone in {cfg.task.init_from} does not "
+                              f"match the one its config describes")
+        model = eqx.tree_at(lambda m: m.backbone, fresh, backbone)
+        if head is not None and not self.n_labels and \
+                jax.tree.map(lambda a: a.shape, eqx.filter(head, eqx.is_array)) == \
+                jax.tree.map(lambda a: a.shape, eqx.filter(fresh.head, eqx.is_array)):
+            model = eqx.tree_at(lambda m: m.head, model, head)
+        return model
+
+
+def module_flops(model, trainable_spec, seq_len: int) -> int:
+    """Training FLOPs per token of a fusion model or the BERT encoder."""
+    L, d = depth_and_width(strip_to_backbone(model))
+    extra = getattr(getattr(model, "fusion", None), "n", 0)  # Base+n's attention layers
+    return module_flops_per_token(model, trainable_spec, seq_len, L + extra, d)
+
+
+def backbone_words(cfg: Config, run_dir: Path, primary: bool, barrier, texts):
+    """The backbone's word -> pieces tokenizer: a Hugging Face tokenizer.json, the source
+    run's SentencePiece model (copied into this run), or one trained on texts() for a fresh
+    backbone."""
+    src = cfg.task.init_from
+    vocab = backbone_vocab(cfg)
+    if src and is_hf_dir(src):
+        words = HFWords(src)
+        if words.vocab_size > vocab:
+            raise ConfigError(f"task.init_from: tokenizer.json has {words.vocab_size} pieces but "
+                              f"the checkpoint's embeddings only {vocab}")
+        return words
+    return SentencePieceWords(run_tokenizer(
+        run_dir, vocab, primary, barrier, copy_from=tokenizer_source(src, cfg.data.tokenizer),
+        texts=texts))

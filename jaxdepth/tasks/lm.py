@@ -1,0 +1,160 @@
+"""Causal LM pretraining of the decoder (Petty et al.'s pretraining; docs/design.md §2):
+next-token cross-entropy (+ optional z-loss) on a corpus; evaluation = validation perplexity;
+at the end, greedy samples. Also the LM objective the prefix-LM task fine-tunes with."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import equinox as eqx
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..config import Config, param_count
+from ..data.pipeline import eval_batches, lm_dataset
+from ..data.prepare import LMData, prepare_lm_data
+from ..models.decoder import DecoderLM, greedy_generate
+from ..trainer.flops import train_flops_per_token
+from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
+from ..trainer.sharding import local_rows, to_global
+from .base import TaskBase
+from .registry import register
+
+
+def lm_objective(cfg: Config):
+    """Causal / prefix LM: sums of weighted NLL (+ z-loss) per micro-batch; the step divides
+    the summed gradient once by the batch's total weight ("divisor")."""
+    z_loss = cfg.model.z_loss
+
+    def objective(model, mb, key, totals):
+        if not cfg.model.xent_chunk:
+            logits = model(mb["inputs"], key=key)
+            obj, nll, n = lm_loss_sums(logits, mb["targets"], mb["weights"], z_loss)
+            return obj, {"loss": nll, "tokens": n}
+        x_BTD, _ = model.hidden(mb["inputs"], key=key)
+        head = model.lm_head.astype(model.compute_dtype)
+        obj, nll = fused_lm_head_loss(x_BTD.reshape(-1, x_BTD.shape[-1]), head,
+                                      mb["targets"].reshape(-1), mb["weights"].reshape(-1),
+                                      z_loss, cfg.model.xent_chunk)
+        return obj, {"loss": nll, "tokens": jnp.sum(mb["weights"])}
+
+    return objective, lambda batch: {"divisor": jnp.sum(batch["weights"])}
+
+
+@eqx.filter_jit
+def eval_step(model: DecoderLM, batch):
+    """Sums of NLL and weights over one (possibly padded) batch; no dropout."""
+    logits = model(batch["inputs"])
+    _, nll, n = lm_loss_sums(logits, batch["targets"], batch["weights"])
+    return nll, n
+
+
+def mean_loss(model: DecoderLM, batches: list[dict], sharding) -> tuple[float, float]:
+    """(mean weighted NLL, total weight) over batches; one host sync after all are dispatched."""
+    sums = jax.device_get([eval_step(model, to_global(local_rows(b), sharding)) for b in batches])
+    nll, n = sum(float(s) for s, _ in sums), sum(float(c) for _, c in sums)
+    return nll / max(n, 1.0), n
+
+
+def evaluate(model: DecoderLM, batches: list[dict], sharding) -> dict:
+    loss, n = mean_loss(model, batches, sharding)
+    return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0)), "valid_tokens": n}
+
+
+class DecoderTask(TaskBase):
+    """What the decoder's tasks share: the model, its objective, FLOPs and parameter count."""
+
+    reports_perplexity = True
+
+    @property
+    def uses_dropout(self) -> bool:
+        return self.cfg.model.dropout > 0
+
+    def build_model(self, *, key):
+        return DecoderLM(self.cfg.model, key=key)
+
+    def objective(self):
+        return lm_objective(self.cfg)
+
+    def flops_per_token(self, model) -> int:
+        return train_flops_per_token(self.cfg.model, self.cfg.data.seq_len)
+
+    def param_count(self, model) -> int:
+        return param_count(self.cfg.model)
+
+
+@register("lm")
+class LMTask(DecoderTask):
+    """Causal LM pretraining on a corpus; evaluation = validation perplexity."""
+
+    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+        cfg = self.cfg
+        self.data: LMData = prepare_lm_data(cfg.data, cfg.model.vocab_size, run_dir, primary,
+                                            barrier=barrier)
+        valid = eval_batches(self.data.valid, seq_len=cfg.data.seq_len,
+                             batch_size=cfg.data.batch_size)
+        self.valid = valid[:cfg.run.eval_batches] if cfg.run.eval_batches else valid
+
+    def dataset(self) -> grain.MapDataset:
+        return lm_dataset(self.data.train, seq_len=self.cfg.data.seq_len,
+                          global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
+                          process_index=jax.process_index(), process_count=jax.process_count())
+
+    def evaluate(self, model: DecoderLM, step: int, sharding, final: bool) -> tuple[dict, str]:
+        ev = evaluate(model, self.valid, sharding)
+        return ev, f"valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}"
+
+    def summary(self, model: DecoderLM) -> dict:
+        return {"samples": greedy_samples(model, self.data, self.cfg.run.samples,
+                                          self.cfg.run.sample_tokens)}
+
+    def report(self, s: dict) -> str:
+        lines = [f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})"]
+        return "\n".join(lines)
+
+    def evaluate_checkpoint(self, run: Path, args) -> dict:
+        """Perplexity of the checkpoint on the run's validation set or on --data files."""
+        from ..data.pipeline import load_tokens, tokenize_documents
+        from ..data.readers import read_corpus
+        from ..trainer.sharding import batch_sharding
+        from .checkpoints import load_checkpoint
+
+        cfg, model, step, tok, mesh = load_checkpoint(run, args.step, args.batch)
+        batch = args.batch or cfg.data.batch_size
+        if args.data:
+            paths = [p.strip() for p in args.data.split(",") if p.strip()]
+            tokens = tokenize_documents(read_corpus(paths), tok)
+            source = paths
+        else:
+            tokens = load_tokens(run / "data" / "valid.npy")
+            source = "validation set of the run"
+        batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
+        result = evaluate(model, batches, batch_sharding(mesh))
+        out = {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
+               "tokens": result["valid_tokens"], "loss": result["valid_loss"],
+               "perplexity": result["valid_ppl"]}
+        write_json(Path(args.out or run / f"eval_step{step}.json"), out)
+        return out
+
+
+def write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def greedy_samples(model: DecoderLM, data: LMData, n: int, max_new: int) -> list[dict]:
+    """Continue the first half (at most 12 tokens) of the first n validation documents."""
+    if n == 0:
+        return []
+    prompts = [data.tokenizer.encode(d)[:12] for d in data.valid_docs[:n] if d.strip()]
+    prompts = [p[: max(1, len(p) // 2)] for p in prompts]
+    width = max(len(p) for p in prompts)
+    arr = np.zeros((len(prompts), width), np.int32)
+    for i, p in enumerate(prompts):
+        arr[i, :len(p)] = p
+    out = np.asarray(greedy_generate(model, jnp.asarray(arr),
+                                     jnp.asarray([len(p) for p in prompts], jnp.int32), max_new))
+    return [{"prompt": data.tokenizer.decode(p), "continuation": data.tokenizer.decode(o.tolist())}
+            for p, o in zip(prompts, out)]

@@ -1,0 +1,149 @@
+"""Masked-LM training of the BERT encoder (``model.arch=encoder``, task empty) and MLM with a
+fusion module over a backbone (``task.name=mlm``, docs/design.md §4), on the MLM data of
+data/mlm.py (the embedded grammar, WikiText-2 or text / JSONL files; ALBERT-style n-gram
+masking; the sentence-order label is not used).
+
+Objective: the cross-entropy over the global batch's masked slots (their mean). Evaluation: on
+fixed held-out batches (seeded apart from training), MLM accuracy and perplexity =
+exp(mean cross-entropy over the masked slots).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+
+from ..config import Config
+from ..data.prepare import tokenizer_source
+from ..data.subwords import HFWords
+from ..models.encoder import Encoder, EncoderConfig
+from ..models.encoder_mlm import EncoderMLM
+from ..trainer.losses import softmax_xent as _xent
+from .backbones import FusionTask, backbone_vocab, is_hf_dir, module_flops
+from .checkpoints import load_checkpoint
+from .encoder_pretrain import MLMCorpus, mlm_config
+from .lm import write_json
+from .registry import register
+
+
+def mlm_objective():
+    def objective(model, mb, key, totals):
+        logits = model.masked_logits(mb["tokens"], mb["segments"], mb["mask"],
+                                     mb["mlm_positions"], key=key)
+        w = mb["mlm_weights"].astype(jnp.float32)
+        mlm = jnp.sum(w * _xent(logits, mb["mlm_ids"])) / totals["predictions"]
+        return mlm, {"loss": mlm, "tokens": jnp.sum(mb["mask"].astype(jnp.float32))}
+
+    def totals(batch):
+        return {"predictions": jnp.maximum(jnp.sum(batch["mlm_weights"].astype(jnp.float32)), 1.0)}
+
+    return objective, totals
+
+
+@eqx.filter_jit
+def _eval_sums(model, batch):
+    logits = model.masked_logits(batch["tokens"], batch["segments"], batch["mask"],
+                                 batch["mlm_positions"])
+    w = batch["mlm_weights"].astype(jnp.float32)
+    correct = (jnp.argmax(logits, -1) == batch["mlm_ids"]).astype(jnp.float32)
+    return jnp.sum(w * _xent(logits, batch["mlm_ids"])), jnp.sum(w * correct), jnp.sum(w)
+
+
+def mlm_perplexity(model, batches) -> dict:
+    """Held-out MLM loss, accuracy and perplexity over the masked slots of `batches`."""
+    sums = jax.device_get([_eval_sums(model, b) for b in batches])
+    nll, correct, n = (sum(float(s[i]) for s in sums) for i in range(3))
+    loss = nll / max(n, 1.0)
+    return {"mlm_loss": loss, "mlm_accuracy": correct / max(n, 1.0),
+            "mlm_perplexity": math.exp(min(loss, 80.0)), "mlm_predictions": n}
+
+
+def bert_config(cfg: Config) -> EncoderConfig:
+    """The own encoder (model.arch=encoder) from the model section; positions = data.seq_len."""
+    m = cfg.model
+    return EncoderConfig(vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers,
+                         n_heads=m.heads, d_ff=m.d_ff, max_positions=cfg.data.seq_len,
+                         dropout=m.dropout, scan_layers=m.scan_layers, remat=m.remat != "none")
+
+
+class MLMTask(MLMCorpus):
+    """Masked-LM training on data.corpus, scored by held-out perplexity."""
+
+    def objective(self):
+        return mlm_objective()
+
+    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+        res = mlm_perplexity(model, self.valid)
+        return res, (f"MLM loss {res['mlm_loss']:.4f}, accuracy {res['mlm_accuracy']:.4f}, "
+                     f"perplexity {res['mlm_perplexity']:.3f}")
+
+    def report(self, s: dict) -> str:
+        return (f"held-out MLM perplexity {s['mlm_perplexity']:.3f} (loss {s['mlm_loss']:.4f}, "
+                f"accuracy {100 * s['mlm_accuracy']:.1f}%)")
+
+    def evaluate_checkpoint(self, run: Path, args) -> dict:
+        """Held-out MLM perplexity of the checkpoint, on the run's validation batches or MLM
+        batches of --data files."""
+        cfg, model, step, _, _ = load_checkpoint(run, args.step, args.batch, tokenizer=False)
+        if args.data:
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=args.data))
+        if args.batch:
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=args.batch))
+        reader = type(self)(cfg)
+        reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
+        out = {"run": str(run), "step": step, "data": args.data or "validation batches of the run",
+               **mlm_perplexity(model, reader.valid)}
+        write_json(Path(args.out or run / f"eval_step{step}.json"), out)
+        return out
+
+
+@register("encoder_mlm")
+class EncoderMLMTask(MLMTask):
+    """MLM pretraining of the BERT encoder (model.arch=encoder): a fusion backbone."""
+
+    @property
+    def uses_dropout(self) -> bool:
+        return self.cfg.model.dropout > 0
+
+    def build_model(self, *, key):
+        k_enc, k_head = jax.random.split(key)
+        return EncoderMLM(Encoder(bert_config(self.cfg), key=k_enc), key=k_head)
+
+    def flops_per_token(self, model) -> int:
+        return module_flops(model, self.trainable(model), self.cfg.data.seq_len)
+
+    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+        cfg = self.cfg
+        self.read_corpus(run_dir, primary, barrier, mlm_config(cfg), cfg.model.vocab_size,
+                         copy_from=tokenizer_source("", cfg.data.tokenizer))
+
+    def summary(self, model) -> dict:
+        return {"task": "", "arch": self.cfg.model.arch}
+
+
+@register("mlm")
+class FusionMLMTask(FusionTask, MLMTask):
+    """MLM through a fusion module over a backbone (task.name=mlm)."""
+
+    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+        cfg = self.cfg
+        src = cfg.task.init_from
+        mlm, tokenizer = mlm_config(cfg), None
+        if src and is_hf_dir(src):  # its tokenizer.json, special ids and word boundaries
+            tokenizer = HFWords(src)
+            mlm = dataclasses.replace(mlm, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
+                                      mask_id=tokenizer.mask_id,
+                                      first_random_id=tokenizer.first_random_id)
+        self.read_corpus(run_dir, primary, barrier, mlm, backbone_vocab(cfg), tokenizer=tokenizer,
+                         copy_from=tokenizer_source(src, cfg.data.tokenizer))
+        self.init_step = None
+
+    def summary(self, model) -> dict:
+        c = self.cfg
+        return {"task": "mlm", "arch": c.model.arch, "method": c.fusion.method,
+                "mode": c.fusion.mode, "init_from": c.task.init_from, "init_step": self.init_step}

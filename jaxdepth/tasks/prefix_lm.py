@@ -1,0 +1,147 @@
+"""Prefix-LM fine-tuning of the decoder on a seq2seq task (COGS, COGS-vf, GeoQuery,
+passivization, the grammar's tasks; docs/design.md §2): the LM objective on the target only;
+evaluation = in-distribution loss on dev and exact match of greedy decoding on the evaluation
+splits, every point appended to evals.jsonl."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import grain
+import jax
+import numpy as np
+
+from ..config import Config, ConfigError
+from ..data.pipeline import ExampleBatchSource
+from ..data.task_data import TaskData, prepare_task_data, unk_summary
+from ..models.decoder import DecoderLM
+from .decoding import Geometry, evaluate_splits, summarize, write_predictions
+from .lm import DecoderTask, mean_loss
+from .registry import load_model, register
+
+# Model fields that must agree between a pretrained checkpoint and the model fine-tuned from
+# it (the others -- dropout, dtype, remat, scan layout -- are run-time options).
+SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "d_ff", "n_heads", "rel_buckets",
+                "rel_max_distance")
+
+
+def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
+    """The model of checkpoint task.init_step (0: latest) of run task.init_from, placed like
+    the fine-tuning model, and its step."""
+    src = Path(cfg.task.init_from)
+    try:
+        model, pre, step = load_model(src, cfg.task.init_step or None, mesh, cfg.mesh,
+                                      label="task.init_step")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"task.init_from: {e}") from None
+    for f in SHAPE_FIELDS:
+        mine, theirs = getattr(cfg.model, f), getattr(pre.model, f)
+        if mine != theirs:
+            raise ConfigError(
+                f"model.{f}: {mine} here but {theirs} in the pretrained checkpoint {src} "
+                f"(step {step}); start from its config: --config {src / 'config.json'}")
+    return model, step
+
+
+@register("prefix_lm")
+class PrefixLMTask(DecoderTask):
+    """Prefix-LM fine-tuning on a seq2seq task; evaluation = in-distribution loss on dev and
+    exact match on the evaluation splits. Every evaluation point is appended to evals.jsonl."""
+
+    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+        cfg = self.cfg
+        self.run_dir, self.primary = run_dir, primary
+        self.data: TaskData = prepare_task_data(cfg.task, cfg.data.tokenizer, cfg.model.vocab_size,
+                                                cfg.data.seq_len, run_dir, primary, barrier)
+        d = self.data
+        b = cfg.data.batch_size
+        dev = _pad_rows(d.dev, b)
+        self.dev = [{k: v[i:i + b] for k, v in dev.items()} for i in range(0, len(dev["inputs"]), b)]
+        # The same seeded subset at every evaluation point, the last one included; eval.py
+        # scores whole splits.
+        self.scored = {s: fixed_subset(d.splits[s], cfg.task.eval_max, cfg.task.seed)
+                       for s in d.eval_splits}
+        batch = cfg.task.eval_batch or cfg.data.batch_size
+        self.geometry = Geometry.fit([e for ex in self.scored.values() for e in ex],
+                                     d.tokenizer, batch)
+        self.init_step = None
+
+    def dataset(self) -> grain.MapDataset:
+        return grain.MapDataset.source(ExampleBatchSource(
+            self.data.train, global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
+            process_index=jax.process_index(), process_count=jax.process_count()))
+
+    def initial_model(self, mesh, fresh):
+        """The pretrained decoder (task.init_from), with this run's run-time options."""
+        if not self.cfg.task.init_from:
+            return None
+        model, self.init_step = load_pretrained(self.cfg, mesh)
+        return model.with_options(**dataclasses.asdict(self.cfg.model))
+
+    def evaluate(self, model: DecoderLM, step: int, sharding, final: bool) -> tuple[dict, str]:
+        loss, _ = mean_loss(model, self.dev, sharding)
+        d = self.data
+        records = evaluate_splits(model, d.tokenizer, self.scored, self.geometry)
+        res = {"dev_loss": loss, **summarize(records, d.dev_split, d.gen_splits)}
+        if self.primary:
+            with open(self.run_dir / "evals.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "final": final, **res}) + "\n")
+            if final:
+                res["predictions"] = write_predictions(self.run_dir / "predictions", records,
+                                                       {"step": step, **res})
+        msg = ", ".join(f"{k} {res[k]:.4f}" for k in ("dev_loss", "id_accuracy", "gen_accuracy",
+                                                       "lexical", "structural")
+                        if res.get(k) is not None)
+        return res, msg
+
+    def summary(self, model: DecoderLM) -> dict:
+        return {"task": self.cfg.task.name, "init_from": self.cfg.task.init_from,
+                "init_step": self.init_step, "unk": unk_summary(self.data.unk),
+                "train_examples": len(self.data.train["inputs"])}
+
+    def report(self, s: dict) -> str:
+        scores = ", ".join(f"{k} {s[k]:.3f}" for k in ("id_accuracy", "gen_accuracy", "lexical",
+                                                        "structural") if s.get(k) is not None)
+        lines = [f"dev loss {s['dev_loss']:.4f}; exact match: {scores}"]
+        unk = s["unk"]
+        if unk["examples_with_unk"]:
+            lines.append(f"warning: {unk['examples_with_unk']} of {unk['examples']} examples "
+                         f"contain pieces unknown to the tokenizer, e.g. "
+                         f"{list(unk['unknown_words'])[:5]}")
+        return "\n".join(lines)
+
+    def evaluate_checkpoint(self, run: Path, args) -> dict:
+        """Exact match of the checkpoint on whole splits; writes predictions + summary."""
+        from ..data.task_data import resolve_eval_splits, task_splits
+        from .checkpoints import load_checkpoint
+
+        cfg, model, step, tok, _ = load_checkpoint(run, args.step, args.batch)
+        task = dataclasses.replace(cfg.task, dir=args.task_dir or cfg.task.dir,
+                                   eval_splits=args.splits, eval_max=args.max)
+        all_splits, dev, gen = task_splits(task)
+        names = resolve_eval_splits(task, all_splits, dev, gen)
+        chosen = {s: fixed_subset(all_splits[s], args.max, task.seed) for s in names}
+        geo = Geometry.fit([e for ex in chosen.values() for e in ex], tok,
+                           args.batch or cfg.task.eval_batch or cfg.data.batch_size)
+        records = evaluate_splits(model, tok, chosen, geo)
+        summary = {"run": str(run), "step": step, "task": task.name, "task_dir": task.dir,
+                   **summarize(records, dev, gen)}
+        directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
+        summary["files"] = write_predictions(directory, records, summary)
+        return {k: summary[k] for k in ("step", "task", "id_accuracy", "gen_accuracy",
+                                        "lexical", "structural", "files") if k in summary}
+
+
+def _pad_rows(features: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+    """Zero rows (weight 0) appended so the row count divides `multiple`."""
+    pad = -len(features["inputs"]) % multiple
+    return {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in features.items()}
+
+
+def fixed_subset(examples: list, n: int, seed: int) -> list:
+    """A fixed seeded sample of n examples (in file order) -- the same at every evaluation."""
+    if not n or n >= len(examples):
+        return examples
+    keep = np.sort(np.random.default_rng(seed).permutation(len(examples))[:n])
+    return [examples[i] for i in keep]

@@ -1,0 +1,53 @@
+"""What the trainer asks of a task: the one interface between the generic training code and
+everything a kind of run decides for itself.
+
+The trainer (loop, step, checkpoint) never names a model class or a task: it builds the model,
+reads the data, computes the objective, counts FLOPs and evaluates only through these methods.
+Implementations live in ``jaxdepth/tasks/`` (one module per kind of run) and are chosen by
+``jaxdepth.tasks.task_for(config)``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import equinox as eqx
+import grain
+from jaxtyping import Array
+
+# (fn, totals): totals(batch) gives the normalisers of a whole batch (e.g. its target-token
+# count); fn(model, micro_batch, key, totals) -> (value, metrics) is the micro-batch's share
+# of the batch objective. With a "divisor" in totals, fn returns sums and the step divides once.
+Objective = tuple[Callable[..., tuple[Array, dict]], Callable[[dict], dict]]
+
+
+class Task(Protocol):
+    uses_dropout: bool  # the step draws a dropout key only when the model has dropout
+    reports_perplexity: bool  # the train loss is a token NLL: log exp(loss) too
+
+    def build_model(self, *, key: Array) -> eqx.Module:
+        """A freshly initialised model (also traced abstractly, under eval_shape)."""
+
+    def trainable(self, model: eqx.Module) -> Any:
+        """Filter spec of the arrays the optimiser updates."""
+
+    def prepare(self, run_dir: Path, primary: bool, barrier: Callable[[], None]) -> None:
+        """Read or build the data (tokenizer, datasets, evaluation sets) into run_dir."""
+
+    def dataset(self) -> grain.MapDataset:
+        """Global batches as a function of (seed, step): the training stream."""
+
+    def initial_model(self, mesh, fresh: eqx.Module) -> eqx.Module | None:
+        """Pretrained weights placed like `fresh`, or None to start from `fresh`."""
+
+    def objective(self) -> Objective: ...
+
+    def flops_per_token(self, model: eqx.Module) -> int: ...
+
+    def param_count(self, model: eqx.Module) -> int: ...
+
+    def evaluate(self, model: eqx.Module, step: int, sharding, final: bool) -> tuple[dict, str]:
+        """(metrics, one-line message) at an evaluation point."""
+
+    def summary(self, model: eqx.Module) -> dict:
+        """What summary.json adds for this kind of run."""
