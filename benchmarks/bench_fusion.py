@@ -1,4 +1,4 @@
-"""Train-step cost of layer fusion: FE and FT with Base, Base+n, Concat and DWAtt (DESIGN §4).
+"""Train-step cost of layer fusion: FE and FT with Base, Base+n, Concat and DWAtt (docs/design.md §4).
 
 Every configuration is the NER fusion job's real train step, built as ``train.py`` builds it
 (``make_optimizer`` AdamW, ``make_mesh``, ``state_shardings``, ``sharded_init``,

@@ -1,4 +1,4 @@
-"""Train-step benchmark across a parameter-matched depth family (DESIGN.md §2 (d), §6, §7).
+"""Train-step benchmark across a parameter-matched depth family (docs/design.md §2 (d), §6, §7).
 
 For every member of a size class (``--family``, Eq. 1 ``d_ff``) this builds the real train
 step exactly as ``train.py`` does (``make_optimizer`` -> AdamW, ``make_mesh``,

@@ -1,6 +1,6 @@
 """jaxdepth's train step against the same model and step written plainly in PyTorch.
 
-The PyTorch side is a from-scratch T5.1.1 decoder-only LM (DESIGN.md §2): pre-RMSNorm, no
+The PyTorch side is a from-scratch T5.1.1 decoder-only LM (docs/design.md §2): pre-RMSNorm, no
 biases, gated-GELU (tanh) MLP, causal T5 relative position bias (32 buckets, max distance 128)
 shared by all layers, untied embedding / output projection, query kernel scaled at init;
 AdamW (no decay on norm scales, as ``jaxdepth.trainer.optim.decay_mask``), global-norm clipping

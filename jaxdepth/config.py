@@ -170,7 +170,7 @@ def _act_require(cond: bool, name: str, msg: str) -> None:
 
 @dataclass(frozen=True)
 class ACTConfig:
-    """The adaptive-depth encoder (DESIGN.md section 3), used when model.arch is act, albert
+    """The adaptive-depth encoder (docs/design.md §3), used when model.arch is act, albert
     or bert; its vocabulary is model.vocab_size (act.vocab_size is overwritten with it)."""
     vocab_size: int = 512
     embed_dim: int = 128  # E, ALBERT's factorised embedding size
@@ -223,7 +223,7 @@ TASKS = ("semantic_parsing", "passivization", "cogs", "cogs_vf", "geoquery")
 GRAMMAR_TASKS = ("semantic_parsing", "passivization")
 # Encoder fine-tuning / probing tasks from the embedded grammar (data/probing.py).
 PROBE_TASKS = ("tense", "subj_number", "obj_number", "roles")
-# Layer fusion over any backbone (DESIGN section 4): NER from task.dir, MLM on data.corpus.
+# Layer fusion over any backbone (docs/design.md §4): NER from task.dir, MLM on data.corpus.
 FUSION_TASKS = ("ner", "mlm")
 FUSION_METHODS = ("base", "base+n", "concat", "dwatt")
 
@@ -279,7 +279,7 @@ class FusionConfig:
     method: str = "dwatt"  # base (last layer) | base+n (n fresh layers) | concat | dwatt
     extra_layers: int = 1  # n of base+n
     mode: str = "fe"  # fe: backbone frozen, only the fusion module and head train | ft: all train
-    dropout: float = 0.1  # on h before the NER head (DESIGN section 4)
+    dropout: float = 0.1  # on h before the NER head (docs/design.md §4)
 
     def __post_init__(self):
         _require(self.method in FUSION_METHODS, "fusion.method",
@@ -411,7 +411,7 @@ _PAPER_TRAINING = {  # Petty et al. pretraining (t5x): Adafactor, 1/sqrt(max(ste
 }
 
 
-# t5x fine-tuning defaults used by Petty et al. (DESIGN.md section 2). Combine with a model
+# t5x fine-tuning defaults used by Petty et al. (docs/design.md §2). Combine with a model
 # preset: --preset 134M-L4+finetune. Only the fields fine-tuning changes are set.
 PAPER_FINETUNING = {
     "model": {"dropout": 0.1},

@@ -18,9 +18,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxdepth.config import Config, MeshConfig
-from jaxdepth.train.optim import make_optimizer
-from jaxdepth.train.sharding import make_mesh
-from jaxdepth.train.state import state_shardings
+from jaxdepth.tasks import task_for
+from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.trainer.sharding import make_mesh
+from jaxdepth.trainer.step import state_shardings
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"
@@ -129,7 +130,8 @@ def load_state(run_dir, step: int | None = None):
         saved = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
         cfg = Config.from_dict(saved)
         mesh = make_mesh(MeshConfig(data=1, model=1))
-        abstract, shardings = state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh)
+        abstract, shardings = state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh,
+                                              task_for(cfg))
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                               abstract, shardings)
         state = mngr.restore(step, args=ocp.args.Composite(

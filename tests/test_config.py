@@ -267,7 +267,7 @@ def test_cli_help(capsys):
 def test_resume_check_treats_fields_added_later_as_their_defaults(tmp_path):
     """A checkpoint written before a config field existed (e.g. the fusion section) resumes
     when the field is still at its default, and is refused, naming the field, otherwise."""
-    from jaxdepth.train.checkpoint import check_compatible
+    from jaxdepth.trainer.checkpoint import check_compatible
 
     old = Config().to_dict()
     old.pop("fusion")

@@ -11,8 +11,8 @@ import pytest
 
 from jaxdepth.config import ModelConfig, OptimConfig, param_count
 from jaxdepth.models.decoder import DecoderLM, greedy_generate, prefill
-from jaxdepth.train.losses import lm_loss_sums
-from jaxdepth.train.optim import make_optimizer
+from jaxdepth.trainer.losses import lm_loss_sums
+from jaxdepth.trainer.optim import make_optimizer
 
 CFG = ModelConfig(vocab_size=80, d_model=64, n_layers=2, d_ff=96, n_heads=4)
 T = 12
@@ -57,7 +57,7 @@ def np_rms(x, scale):
 
 
 def np_decoder(model, tokens):
-    """The whole T5.1.1 decoder in float64 NumPy, written from DESIGN.md §2."""
+    """The whole T5.1.1 decoder in float64 NumPy, written from docs/design.md §2."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), eqx.filter(model, eqx.is_array))
     tok = np.asarray(tokens)
     B, Tn = tok.shape

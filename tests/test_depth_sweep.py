@@ -7,7 +7,7 @@ import pytest
 
 from jaxdepth.config import ConfigError, depth_family, param_count
 from jaxdepth.experiments.depth_sweep import Plan, Sweep, main
-from jaxdepth.train.checkpoint import open_manager
+from jaxdepth.trainer.checkpoint import open_manager
 
 PLAN = Plan(
     size="tiny", depths=(1, 2), seeds=(0,), tasks=("passivization",),

@@ -41,19 +41,20 @@ def batch():
 
 
 def _state_and_step(cfg, mesh_cfg=MeshConfig(data=1)):
-    from jaxdepth.train.encoder_job import encoder_objective
-    from jaxdepth.train.optim import make_optimizer
-    from jaxdepth.train.sharding import make_mesh
-    from jaxdepth.train.state import make_train_step, sharded_init, state_shardings
+    from jaxdepth.tasks import task_for
+    from jaxdepth.trainer.optim import make_optimizer
+    from jaxdepth.trainer.sharding import make_mesh
+    from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
 
     mesh = make_mesh(mesh_cfg)
     tx = make_optimizer(cfg.optim, cfg.run.steps)
-    _, sh = state_shardings(cfg, tx, mesh)
-    return sharded_init(cfg, tx, mesh, sh), make_train_step(cfg, tx, mesh, sh, encoder_objective(cfg)), mesh
+    task = task_for(cfg)  # EncoderPretrainTask: its objective is encoder_objective(cfg)
+    _, sh = state_shardings(cfg, tx, mesh, task)
+    return sharded_init(cfg, tx, mesh, task, sh), make_train_step(cfg, tx, mesh, sh, task), mesh
 
 
 def test_objective_equals_the_model_loss(batch):
-    from jaxdepth.train.encoder_job import encoder_objective
+    from jaxdepth.tasks.encoder_pretrain import encoder_objective
 
     cfg = _cfg(act={"halting_bias_init": -0.5})
     state, _, _ = _state_and_step(cfg)
@@ -103,7 +104,7 @@ def test_accumulation_and_sharding_leave_the_update_alone(batch, arch):
 
 
 def test_lamb_decays_weights_only():
-    from jaxdepth.train.optim import decay_mask
+    from jaxdepth.trainer.optim import decay_mask
 
     model = act.ACTEncoder(act.ACTConfig(**ACT, vocab_size=64), key=jax.random.key(0))
     mask = decay_mask(eqx.filter(model, eqx.is_array))
@@ -115,7 +116,7 @@ def test_lamb_decays_weights_only():
 
 @pytest.mark.slow
 def test_pretraining_learns_and_tau_sets_the_depth(tmp_path):
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
 
     runs = {}
     for tau in (0.0, 0.05):
@@ -149,12 +150,12 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path):
     from jaxdepth.data.probing import ROLE_NAMES
     from jaxdepth.data.tokenizer import Tokenizer
     from jaxdepth.data.probing import make_probe_data
-    from jaxdepth.train import checkpoint as ckpt
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import load_model, train
+    from jaxdepth.trainer import checkpoint as ckpt
 
     pre = tmp_path / "pre"
     s_pre = train(_cfg(pre, run={"steps": 6, "eval_every": 6, "save_every": 3}))
-    enc, _, _ = ckpt.load_model(pre, 6)
+    enc, _, _ = load_model(pre, 6)
 
     # eval.py on the pretraining run = the trainer's own final evaluation
     out = subprocess.run([sys.executable, "eval.py", "--run", str(pre)], capture_output=True,
@@ -172,24 +173,25 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path):
                    run={"steps": steps, "eval_every": steps, "save_every": steps})
         if task == "roles":  # the encoder starts from the pretrained checkpoint, the head fresh
             from jaxdepth.data.pipeline import lm_iterator
-            from jaxdepth.train.jobs import make_job
-            from jaxdepth.train.loop import restore_or_init
-            from jaxdepth.train.optim import make_optimizer
-            from jaxdepth.train.sharding import make_mesh
-            from jaxdepth.train.state import init_state
+            from jaxdepth.tasks import task_for
+            from jaxdepth.trainer.loop import restore_or_init
+            from jaxdepth.trainer.optim import make_optimizer
+            from jaxdepth.trainer.sharding import make_mesh
+            from jaxdepth.trainer.step import init_state
 
-            job = make_job(cfg, run, True, lambda: None)
+            task_ = task_for(cfg)
+            task_.prepare(run, True, lambda: None)
             tx = make_optimizer(cfg.optim, cfg.run.steps)
             state, _ = restore_or_init(cfg, tx, make_mesh(cfg.mesh), ckpt.open_manager(run, 1),
-                                       lm_iterator(job.dataset()), job)
+                                       lm_iterator(task_.dataset()), task_)
             for a, b in zip(jax.tree.leaves(eqx.filter(state.model.encoder, eqx.is_array)),
                             jax.tree.leaves(eqx.filter(enc, eqx.is_array))):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
             np.testing.assert_array_equal(np.asarray(state.model.head.w),
-                                          np.asarray(init_state(cfg, tx).model.head.w))
+                                          np.asarray(init_state(cfg, tx, task_).model.head.w))
         s = train(cfg)
         assert s["init_step"] == 6
-        model, _, _ = ckpt.load_model(run, steps)
+        model, _, _ = load_model(run, steps)
         tok = Tokenizer.load(run / "data" / "tokenizer.model")
         data = make_probe_data(task, tok, n_train=512, n_eval=128, seed=0, seq_len=32)["test"]
         logits, o = model(jnp.asarray(data["tokens"]), jnp.asarray(data["segments"]),
@@ -209,26 +211,32 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path):
 
 
 def test_encoder_task_config_errors():
+    from jaxdepth.cli import parse_args
     from jaxdepth.config import ConfigError
+    from jaxdepth.tasks import kind_of, task_for
 
     with pytest.raises(ConfigError, match="task.name"):
-        _cfg(task={"name": "semantic_parsing"})
+        kind_of(_cfg(task={"name": "semantic_parsing"}))
     with pytest.raises(ConfigError, match="task.name"):
-        Config.from_dict({"task": {"name": "tense"}})
+        task_for(Config.from_dict({"task": {"name": "tense"}}))
     with pytest.raises(ConfigError, match="act.max_len"):
-        _cfg(data={"seq_len": 64})
+        kind_of(_cfg(data={"seq_len": 64}))
+    # the command line refuses them before any work
+    with pytest.raises(ConfigError, match="task.name"):
+        parse_args(["--task.name", "tense"])
+    with pytest.raises(ConfigError, match="act.max_len"):
+        parse_args(["--model.arch", "act", "--act.max_len", "32", "--data.seq_len", "64"])
 
 
 @pytest.mark.slow
 def test_interrupted_encoder_run_resumes_bit_for_bit(tmp_path):
-    from jaxdepth.train import checkpoint as ckpt
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import load_model, train
 
     run = {"steps": 6, "save_every": 3, "eval_every": 6}
     train(_cfg(tmp_path / "straight", run=run))
     assert not train(_cfg(tmp_path / "resumed", run={**run, "stop_after": 3}))["done"]
     assert train(_cfg(tmp_path / "resumed", run=run))["done"]
-    a, _, _ = ckpt.load_model(tmp_path / "straight", 6)
-    b, _, _ = ckpt.load_model(tmp_path / "resumed", 6)
+    a, _, _ = load_model(tmp_path / "straight", 6)
+    b, _, _ = load_model(tmp_path / "resumed", 6)
     for x, y in zip(jax.tree.leaves(eqx.filter(a, eqx.is_array)), jax.tree.leaves(eqx.filter(b, eqx.is_array))):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

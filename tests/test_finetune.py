@@ -16,7 +16,7 @@ from jaxdepth.data.prefix_lm import prefix_lm_features
 from jaxdepth.data.tasks import Example
 from jaxdepth.data.tokenizer import EOS_ID, train_tokenizer
 from jaxdepth.models.decoder import DecoderLM
-from jaxdepth.train.task_eval import Geometry, predict, prompts
+from jaxdepth.tasks.decoding import Geometry, predict, prompts
 
 TINY = {"vocab_size": 96, "d_model": 32, "n_layers": 2, "d_ff": 64, "n_heads": 2}
 
@@ -77,7 +77,7 @@ def test_batched_cached_predictions_equal_uncached_argmax(getkey):
 
 
 def test_memorises_a_tiny_task_and_records_every_evaluation(tmp_path):
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
 
     run = tmp_path / "ft"
     train_tokenizer(corpus_texts(1000, seed=0), 384).save(tmp_path / "tok.model")
@@ -104,12 +104,16 @@ def test_memorises_a_tiny_task_and_records_every_evaluation(tmp_path):
 
 
 def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
-    from jaxdepth.train import checkpoint as ckpt
-    from jaxdepth.train.jobs import make_job
-    from jaxdepth.train.loop import restore_or_init
-    from jaxdepth.train.optim import make_optimizer
-    from jaxdepth.train.sharding import make_mesh
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import load_model, task_for, train
+    from jaxdepth.trainer import checkpoint as ckpt
+    from jaxdepth.trainer.loop import restore_or_init
+    from jaxdepth.trainer.optim import make_optimizer
+    from jaxdepth.trainer.sharding import make_mesh
+
+    def prepared(cfg, run_dir):
+        task = task_for(cfg)
+        task.prepare(run_dir, True, lambda: None)
+        return task
 
     pre = tmp_path / "pre"
     train(Config.from_dict({"model": TINY, "data": {"batch_size": 8, "seq_len": 32, "grammar_docs": 300},
@@ -118,26 +122,26 @@ def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
     cfg = _cfg(tmp_path / "ft", task={"init_from": str(pre), "init_step": 2},
                model={"dropout": 0.1})
     mesh = make_mesh(cfg.mesh)
-    job = make_job(cfg, tmp_path / "ft", True, lambda: None)
+    job = prepared(cfg, tmp_path / "ft")
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     mngr = ckpt.open_manager(tmp_path / "ft", 1)
     from jaxdepth.data.pipeline import lm_iterator
     state, _ = restore_or_init(cfg, tx, mesh, mngr, lm_iterator(job.dataset()), job)
-    want, _, _ = ckpt.load_model(pre, 2)
+    want, _, _ = load_model(pre, 2)
     for a, b in zip(jax.tree.leaves(state.model), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert state.model.cfg.dropout == 0.1 and int(state.step) == 0  # this run's options, fresh optimizer
     assert (tmp_path / "ft" / "data" / "tokenizer.model").read_bytes() == \
         (pre / "data" / "tokenizer.model").read_bytes()  # one tokenizer for both
     with pytest.raises(ConfigError, match="model.d_ff: 80 here but 64"):
-        make_job(_cfg(tmp_path / "x", model={"d_ff": 80}, task={"init_from": str(pre)}),
-                 tmp_path / "x", True, lambda: None).initial_model(mesh, None)
+        prepared(_cfg(tmp_path / "x", model={"d_ff": 80}, task={"init_from": str(pre)}),
+                 tmp_path / "x").initial_model(mesh, None)
     with pytest.raises(ValueError, match="task.init_step 3: not a checkpoint"):
-        make_job(_cfg(tmp_path / "y", task={"init_from": str(pre), "init_step": 3}),
-                 tmp_path / "y", True, lambda: None).initial_model(mesh, None)
+        prepared(_cfg(tmp_path / "y", task={"init_from": str(pre), "init_step": 3}),
+                 tmp_path / "y").initial_model(mesh, None)
     with pytest.raises(FileNotFoundError, match="task.init_from"):
-        make_job(_cfg(tmp_path / "z", task={"init_from": str(tmp_path / "nowhere")}),
-                 tmp_path / "z", True, lambda: None)
+        prepared(_cfg(tmp_path / "z", task={"init_from": str(tmp_path / "nowhere")}),
+                 tmp_path / "z")
 
 
 def test_task_config_errors_name_the_field():
@@ -154,17 +158,27 @@ def test_task_config_errors_name_the_field():
     assert cfg.model.n_layers == 2 and cfg.model.dropout == 0.1
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.schedule) == ("adafactor", 1e-3, "constant")
     assert (cfg.data.batch_size, cfg.run.steps, cfg.run.eval_every) == (128, 10_000, 250)
-    # naming a task on a pretraining config starts from the same defaults; explicit fields win
+    # the explicit +finetune preset starts a task from the same defaults; explicit fields win
+    import dataclasses
+
     from jaxdepth.cli import parse_args
-    ft = parse_args(["--preset", "tiny-L2", "--task.name", "passivization", "--run.steps", "50"])
+    ft = parse_args(["--preset", "tiny-L2+finetune", "--task.name", "passivization",
+                     "--run.steps", "50"])
     assert (ft.optim.name, ft.optim.lr, ft.model.dropout, ft.run.eval_every, ft.run.steps) == \
         ("adafactor", 1e-3, 0.1, 250, 50)
+    # naming a task on a pretraining config changes nothing else (no silent fine-tuning preset)
+    pre = parse_args(["--preset", "tiny-L2", "--run.steps", "50"])
+    bare = parse_args(["--preset", "tiny-L2", "--task.name", "passivization", "--run.steps", "50"])
+    assert bare.task.name == "passivization" and bare.preset == "tiny-L2"
+    assert dataclasses.replace(bare, task=pre.task) == pre
+    assert (bare.optim.name, bare.optim.lr, bare.model.dropout, bare.run.eval_every) == \
+        ("adamw", 1e-2, 0.0, 100)
     assert parse_args(["--preset", "tiny-L2"]).optim.name == "adamw"  # pretraining untouched
 
 
 @pytest.mark.slow
 def test_real_cogs_fine_tunes_and_scores_a_slice_of_gen(tmp_path, shared_data):
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
 
     run = tmp_path / "cogs"
     cfg = apply_overrides(_cfg(run), {

@@ -1,6 +1,6 @@
 """FusedModel (models/fused.py) and the fusion backbones (models/backbone.py), end to end.
 
-FE vs FT through the real train step (train/state.py): which arrays move, which get optimizer
+FE vs FT through the real train step (trainer/step.py): which arrays move, which get optimizer
 moments, and that the step's gradient is the gradient of the NER objective w.r.t. the fusion
 module and head alone. Gathering before fusion equals gathering after it; layer_states equals
 every backbone's layer outputs recomputed layer by layer; fusion_param_count equals the arrays
@@ -25,10 +25,11 @@ from jaxdepth.models.encoder import Encoder, EncoderConfig
 from jaxdepth.models.encoder_mlm import EncoderMLM, gather_positions
 from jaxdepth.models.fused import ExtraLayers, FusedModel, fusion_param_count
 from jaxdepth.models.fusion import KEY_DIM, DWAtt, fusion_trainable
-from jaxdepth.train.ner_job import ner_objective
-from jaxdepth.train.optim import make_optimizer
-from jaxdepth.train.sharding import make_mesh
-from jaxdepth.train.state import init_state, make_train_step, state_shardings, trainable
+from jaxdepth.tasks import task_for
+from jaxdepth.tasks.ner import ner_objective
+from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.trainer.sharding import make_mesh
+from jaxdepth.trainer.step import init_state, make_train_step, state_shardings
 
 B, T, P, D, V = 4, 16, 5, 32, 64
 # The shape of ner_cfg's backbone, so eager initialisation ops compiled once serve every test.
@@ -100,9 +101,10 @@ def state_and_step(cfg):
     one program per config) and then placed in the step's layout, so the step compiles once."""
     mesh = make_mesh(cfg.mesh)
     tx = make_optimizer(cfg.optim, cfg.run.steps)
-    _, sh = state_shardings(cfg, tx, mesh)
-    state = eqx.filter_shard(init_state(cfg, tx), sh)
-    return state, make_train_step(cfg, tx, mesh, sh, ner_objective())
+    task = task_for(cfg)  # NERTask: its objective is ner_objective()
+    _, sh = state_shardings(cfg, tx, mesh, task)
+    state = eqx.filter_shard(init_state(cfg, tx, task), sh)
+    return state, make_train_step(cfg, tx, mesh, sh, task)
 
 
 def backbone_of(model):
@@ -127,6 +129,7 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
     # step's single micro-batch (fold_in(fold_in(key, step), 0)).
     fn, totals = ner_objective()
     key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.key), 0), 0)
+    trainable = task_for(cfg).trainable  # what the train step differentiates
     params, static = eqx.partition(model0, trainable(model0))
     g = eqx.filter_jit(eqx.filter_grad(
         lambda p: fn(eqx.combine(p, static), batch, key, totals(batch))[0]))(params)
@@ -174,7 +177,8 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
 def test_base_n_fe_spec_and_update(ner_dir):
     """Base+n in FE: its fresh layers are what trains (with the head); the backbone is not."""
     cfg = ner_cfg(ner_dir, "base+n", "fe")
-    model0 = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps)).model
+    trainable = task_for(cfg).trainable
+    model0 = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps), task_for(cfg)).model
     assert isinstance(model0.fusion, ExtraLayers) and model0.fusion.n == 1
     spec = model0.trainable_spec()
     assert not any(jax.tree.leaves(spec.backbone))
@@ -223,7 +227,7 @@ def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
     state, step = state_and_step(cfg)
     model0 = state.model
     assert model0.mode == "ft"
-    spec = trainable(model0)
+    spec = task_for(cfg).trainable(model0)
     assert all(jax.tree.leaves(eqx.filter(spec.backbone, lambda x: x is not None)))
     n_trainable = len(jax.tree.leaves(eqx.filter(model0, spec)))
     moments = [x for x in jax.tree.leaves(state.opt_state) if eqx.is_inexact_array(x)]

@@ -1,4 +1,4 @@
-"""Layer fusion (DESIGN §4) against float64 NumPy references written from the equations."""
+"""Layer fusion (docs/design.md §4) against float64 NumPy references written from the equations."""
 import math
 
 import equinox as eqx

@@ -1,4 +1,4 @@
-"""NER and MLM fusion jobs (jaxdepth/train/ner_job.py, mlm_job.py) end to end through train(cfg),
+"""NER and MLM fusion tasks (jaxdepth/tasks/ner.py, mlm.py) end to end through train(cfg),
 and the data pieces they add: task directories, sentence encoding / decoding, HF word pieces.
 
 Every reported number is checked against an independent recomputation: best-of over
@@ -310,7 +310,7 @@ def _ner_cfg(run_dir, task_dir, **sections):
 
 @pytest.fixture(scope="module")
 def ner_run(tmp_path_factory, wikiann_dir):
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
 
     run = tmp_path_factory.mktemp("ner") / "run"
     cfg = _ner_cfg(run, wikiann_dir, run={"steps": 30, "eval_every": 10, "save_every": 30},
@@ -345,8 +345,8 @@ def test_ner_run_reports_best_dev_and_test_at_best(ner_run, wikiann_dir):
 def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir):
     from jaxdepth.data.subwords import SentencePieceWords
     from jaxdepth.data.tokenizer import Tokenizer
-    from jaxdepth.train.checkpoint import load_model
-    from jaxdepth.train.ner_job import predict_tags
+    from jaxdepth.tasks import load_model
+    from jaxdepth.tasks.ner import predict_tags
 
     run, cfg, _ = ner_run
     model, saved, step = load_model(run)
@@ -380,7 +380,7 @@ def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir)
     for k in ("precision", "recall", "f1"):
         assert got[k] == pytest.approx(final[f"test_{k}"], abs=1e-12)
     # eval.py on the checkpoint: the same dev/test scores, and the tagged test sentences
-    out = _eval_py().evaluate_ner_checkpoint(run, None, "dev,test", str(run / "eval_out"))
+    out = _eval_py().evaluate(run, splits="dev,test", out=str(run / "eval_out"))
     for split in ("dev", "test"):
         for k in ("precision", "recall", "f1"):
             assert out[split][k] == pytest.approx(final[f"{split}_{k}"], abs=1e-12)
@@ -397,7 +397,8 @@ def _eval_py():
 
 
 def test_n_shot_trains_on_n_times_c_sentences(ner_run, wikiann_dir, tmp_path):
-    from jaxdepth.train.ner_job import NERJob
+    from jaxdepth.tasks import task_for
+    from jaxdepth.tasks.ner import NERTask
 
     src_tok = ner_run[0] / "data" / "tokenizer.model"
     train_pool = read_wikiann(wikiann_dir / "train")
@@ -407,7 +408,10 @@ def test_n_shot_trains_on_n_times_c_sentences(ner_run, wikiann_dir, tmp_path):
         (run / "data").mkdir(parents=True)
         shutil.copyfile(src_tok, run / "data" / "tokenizer.model")  # kept: no training on 6
         cfg = _ner_cfg(run, wikiann_dir, task={"n_shot": 2, "seed": seed})
-        return NERJob(cfg, run, True, lambda: None)
+        task = task_for(cfg)
+        assert isinstance(task, NERTask)
+        task.prepare(run, True, lambda: None)
+        return task
 
     a, b, c = job("a", 5), job("b", 5), job("c", 6)
     sa = a.sentences["train"]
@@ -428,7 +432,7 @@ def test_n_shot_trains_on_n_times_c_sentences(ner_run, wikiann_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
 
     run = tmp_path_factory.mktemp("pre") / "run"
     train(_cfg(run, model={**TINY, "vocab_size": 128},
@@ -439,8 +443,7 @@ def pretrained(tmp_path_factory):
 def test_ner_fe_from_a_pretrained_run_leaves_the_backbone_alone(pretrained, wikiann_dir,
                                                                 tmp_path):
     from jaxdepth.models.backbone import strip_to_backbone
-    from jaxdepth.train.checkpoint import load_model
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import load_model, train
 
     run = tmp_path / "ner_fe"
     summary = train(_ner_cfg(run, wikiann_dir, task={"init_from": str(pretrained)},
@@ -461,9 +464,8 @@ def test_ner_fe_from_a_pretrained_run_leaves_the_backbone_alone(pretrained, wiki
 
 
 def test_mlm_fusion_perplexity_recomputed(pretrained, tmp_path):
-    from jaxdepth.train.checkpoint import load_model
-    from jaxdepth.train.loop import train
-    from jaxdepth.train.mlm_job import MLMJob, mlm_perplexity
+    from jaxdepth.tasks import load_model, task_for, train
+    from jaxdepth.tasks.mlm import FusionMLMTask, mlm_perplexity
 
     run = tmp_path / "mlm"
     cfg = _cfg(run, task={"name": "mlm", "init_from": str(pretrained)},
@@ -475,7 +477,9 @@ def test_mlm_fusion_perplexity_recomputed(pretrained, tmp_path):
     assert summary["mlm_predictions"] > 0
     model, _, step = load_model(run)
     assert step == 4
-    job = MLMJob(cfg, run, True, lambda: None)  # the run's tokenizer and held-out batches
+    job = task_for(cfg)
+    assert isinstance(job, FusionMLMTask)
+    job.prepare(run, True, lambda: None)  # the run's tokenizer and held-out batches
     assert len(job.valid) == 2
     got = mlm_perplexity(model, job.valid)
     # the held-out loss recomputed in NumPy from the model's logits at the masked slots
@@ -490,7 +494,9 @@ def test_mlm_fusion_perplexity_recomputed(pretrained, tmp_path):
         n += float(b["mlm_weights"].sum())
     assert summary["mlm_loss"] == pytest.approx(nll / n, rel=1e-5)
     assert summary["mlm_perplexity"] == pytest.approx(math.exp(nll / n), rel=1e-5)
-    by_eval_py = _eval_py().evaluate_mlm_checkpoint(run)
+    by_eval_py = _eval_py().evaluate(run)
+    # what eval.py prints is also written, by default to <run>/eval_step<N>.json
+    assert json.loads((run / "eval_step4.json").read_text()) == by_eval_py
     for k in ("mlm_loss", "mlm_perplexity", "mlm_predictions"):
         assert by_eval_py[k] == pytest.approx(summary[k], rel=1e-6), k
     for k in ("mlm_loss", "mlm_accuracy", "mlm_perplexity", "mlm_predictions"):
@@ -510,8 +516,7 @@ def _bert_arrays(V, D, L, F, P):
 def test_ner_on_a_hugging_face_backbone(wikiann_dir, tmp_path):
     pytest.importorskip("tokenizers")
     from jaxdepth.models.hf_import import load_hf_encoder, save_hf_checkpoint
-    from jaxdepth.train.checkpoint import load_model
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import load_model, train
 
     hf = tmp_path / "bert"
     words = sorted({w for s in read_wikiann(wikiann_dir / "train") + read_wikiann(
@@ -543,7 +548,7 @@ def test_ner_on_a_hugging_face_backbone(wikiann_dir, tmp_path):
 # ----------------------------------------------------------------------------- 7. errors
 
 def test_init_from_that_is_neither_hf_nor_a_run(wikiann_dir, tmp_path):
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -560,7 +565,8 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
     sentence-transformers' do)."""
     from jaxdepth.data.mlm import KIND_RANDOM
     from jaxdepth.models.hf_import import save_hf_checkpoint
-    from jaxdepth.train.mlm_job import MLMJob
+    from jaxdepth.tasks import task_for
+    from jaxdepth.tasks.mlm import FusionMLMTask
 
     words = ["alpha", "beta", "gamma", "delta", "went", "home", "the", "a", "to", "."]
     hf = tmp_path / "hf"
@@ -586,7 +592,9 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
                data={"corpus": str(corpus), "seq_len": 32, "valid_fraction": 0.2,
                      "batch_size": 8, "max_predictions": 6},
                fusion={"method": "concat", "mode": "fe"}, run={"eval_batches": 3})
-    job = MLMJob(cfg, tmp_path / "run", True, lambda: None)
+    job = task_for(cfg)
+    assert isinstance(job, FusionMLMTask)
+    job.prepare(tmp_path / "run", True, lambda: None)
     assert not (tmp_path / "run" / "data" / "tokenizer.model").exists()
     cls, sep, mask_id = vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"]
     assert job.mlm.first_random_id == max(cls, sep, vocab["[PAD]"], vocab["[UNK]"]) + 1
@@ -636,8 +644,7 @@ def test_ner_fe_on_the_real_minilm_checkpoint(wikiann_dir, tmp_path):
 
     from jaxdepth.data.subwords import HFWords
     from jaxdepth.models.hf_import import load_hf_encoder
-    from jaxdepth.train.checkpoint import load_model
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import load_model, train
 
     archive = Path(pkg.__file__).resolve().parent / "model.zip"
     if not archive.is_file():

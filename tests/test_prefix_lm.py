@@ -6,7 +6,7 @@ import pytest
 from jaxdepth.data.prefix_lm import batch_features, count_unk, prefix_lm_features
 from jaxdepth.data.tasks import Example
 from jaxdepth.data.tokenizer import train_tokenizer
-from jaxdepth.train.losses import lm_loss_sums
+from jaxdepth.trainer.losses import lm_loss_sums
 
 
 def test_hand_example():

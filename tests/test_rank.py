@@ -116,14 +116,15 @@ def test_rank_by_depth(tiny_model, getkey, tmp_path):
 def _save_checkpoint(run_dir, steps):
     """A run directory with checkpoints at the given steps, without training anything."""
     from jaxdepth.data.pipeline import lm_dataset, lm_iterator
-    from jaxdepth.train import checkpoint as ckpt
-    from jaxdepth.train.optim import make_optimizer
-    from jaxdepth.train.state import init_state
+    from jaxdepth.tasks import task_for
+    from jaxdepth.trainer import checkpoint as ckpt
+    from jaxdepth.trainer.optim import make_optimizer
+    from jaxdepth.trainer.step import init_state
 
     cfg = Config.from_dict({"model": {"vocab_size": 32, "d_model": 16, "n_layers": 2, "d_ff": 24},
                             "data": {"seq_len": 8, "batch_size": 2},
                             "run": {"dir": "runs/rank-test", "steps": 10}})
-    state = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps))
+    state = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps), task_for(cfg))
     tokens = np.random.default_rng(0).integers(0, 32, size=200).astype(np.int32)
     it = lm_iterator(lm_dataset(tokens, seq_len=8, global_batch=2, seed=0), prefetch=0)
     mngr = ckpt.open_manager(run_dir)
@@ -135,7 +136,7 @@ def _save_checkpoint(run_dir, steps):
 
 
 def test_load_model_and_cli(tmp_path, capsys):
-    from jaxdepth.train.checkpoint import load_model
+    from jaxdepth.tasks import load_model
 
     run = tmp_path / "run"
     state, cfg = _save_checkpoint(run, steps=(3, 5))

@@ -22,9 +22,10 @@ from jaxdepth.cli import parse_args
 from jaxdepth.config import Config, ConfigError, depth_family_dff
 from jaxdepth.data import grammar
 from jaxdepth.data.tokenizer import train_tokenizer
-from jaxdepth.train.optim import make_optimizer
-from jaxdepth.train.sharding import make_mesh
-from jaxdepth.train.state import state_shardings
+from jaxdepth.tasks import task_for
+from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.trainer.sharding import make_mesh
+from jaxdepth.trainer.step import state_shardings
 
 VOCAB = 512  # tiny-L2's vocabulary
 
@@ -74,7 +75,7 @@ SHARD_STEPS = 6
 @pytest.fixture(scope="module")
 def single_device_run(tmp_path_factory, tokenizer):
     """In-process train(cfg) on a 1 x 1 mesh: (run dir, per-step losses, final state)."""
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
     run = tmp_path_factory.mktemp("single")
     cfg = parse_args(base_args(run, tokenizer, SHARD_STEPS,
                                **{"mesh.data": 1, "mesh.model": 1}))
@@ -85,7 +86,7 @@ def single_device_run(tmp_path_factory, tokenizer):
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["dp4xtp2", "fsdp4xtp2"])
 def test_sharded_equals_single_device(tmp_path, tokenizer, single_device_run, fsdp):
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
     assert jax.device_count() == 8
     cfg = parse_args(base_args(tmp_path, tokenizer, SHARD_STEPS,
                                **{"mesh.data": 4, "mesh.model": 2, "mesh.fsdp": fsdp}))
@@ -94,7 +95,7 @@ def test_sharded_equals_single_device(tmp_path, tokenizer, single_device_run, fs
     # (tensor parallel) and, with FSDP, over "data".
     mesh = make_mesh(cfg.mesh)
     assert dict(mesh.shape) == {"data": 4, "model": 2}
-    _, sh = state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh)
+    _, sh = state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh, task_for(cfg))
     p_axes = [_spec_axes(s) for s in jax.tree.leaves(sh.model)]
     assert any("model" in a for a in p_axes)
     assert any("data" in a for a in p_axes) == fsdp
@@ -122,7 +123,7 @@ def test_sharded_equals_single_device(tmp_path, tokenizer, single_device_run, fs
 
 def test_gradient_accumulation_matches(tmp_path, tokenizer, single_device_run):
     """accum_steps 2 splits each batch of 8 into two micro-batches of 4: same losses."""
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
     cfg = parse_args(base_args(tmp_path, tokenizer, SHARD_STEPS,
                                **{"mesh.data": 1, "mesh.model": 1, "optim.accum_steps": 2}))
     train(cfg)
@@ -378,24 +379,28 @@ def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path)
 
     from jaxdepth.config import MeshConfig
     from jaxdepth.data.tokenizer import Tokenizer
-    from jaxdepth.train import checkpoint as ckpt
+    from jaxdepth.trainer import checkpoint as ckpt
 
     spec = importlib.util.spec_from_file_location("eval_py", REPO / "eval.py")
     eval_py = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(eval_py)
     s = json.loads((straight_run / "summary.json").read_text())
-    out = eval_py.evaluate_checkpoint(straight_run)
+    out = eval_py.evaluate(straight_run)
     assert out["step"] == RESUME_STEPS
+    # what it prints is also written, by default next to the checkpoints
+    assert json.loads((straight_run / f"eval_step{RESUME_STEPS}.json").read_text()) == out
     assert out["loss"] == pytest.approx(s["valid_loss"], rel=1e-6)
     assert out["tokens"] == s["valid_tokens"]
 
     text = tmp_path / "held_out.txt"
     text.write_text("the cat saw a dog .\n\nsome birds slept .\n")
-    got = eval_py.evaluate_checkpoint(straight_run, data=str(text), batch=2)
+    got = eval_py.evaluate(straight_run, data=str(text), batch=2, out=str(tmp_path / "ppl.json"))
+    assert json.loads((tmp_path / "ppl.json").read_text()) == got
     cfg = Config.from_dict(json.loads((straight_run / "config.json").read_text()))
     mngr = ckpt.open_manager(straight_run, read_only=True)
     mesh = make_mesh(MeshConfig(data=1))
-    state = ckpt.restore(mngr, RESUME_STEPS, *state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh))
+    state = ckpt.restore(mngr, RESUME_STEPS, *state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh,
+                                                              task_for(cfg)))
     mngr.close()
     tok = Tokenizer.load(straight_run / "data" / "tokenizer.model")
     stream = []
@@ -408,7 +413,7 @@ def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path)
     assert got["loss"] == pytest.approx(nll, rel=1e-5)
 
     with pytest.raises(ValueError, match="--step 3"):
-        eval_py.evaluate_checkpoint(straight_run, step=3)
+        eval_py.evaluate(straight_run, step=3)
 
 
 def test_adafactor_sharded_equals_single_device(tmp_path, tokenizer):
@@ -418,7 +423,7 @@ def test_adafactor_sharded_equals_single_device(tmp_path, tokenizer):
     d_model 128 / d_ff 256 so the embedding, head and MLP matrices reach Adafactor's factoring
     threshold (both dims >= 128); the statistics sharded here are then the factored ones.
     """
-    from jaxdepth.train.loop import train
+    from jaxdepth.tasks import train
     recipe = {"optim.name": "adafactor", "optim.schedule": "rsqrt", "optim.lr": 1.0,
               "optim.warmup_steps": 100, "optim.clip_norm": 0, "optim.weight_decay": 0,
               "model.d_model": 128, "model.d_ff": 256}

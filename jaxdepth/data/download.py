@@ -7,33 +7,36 @@ content. A file is only moved into place once its hash matches, so the cache nev
 truncated or silently changed file, and a file already there with the right hash costs no
 network at all.
 
-Layout: ``<cache>/<dataset>/<filename>``, the layout of ``shared/data`` and the file names the
-readers in ``jaxdepth.data.tasks`` / ``jaxdepth.data.ner`` expect, e.g.
+Layout: ``<cache>/<dataset>/<filename>``, the file names the readers in
+``jaxdepth.data.tasks`` / ``jaxdepth.data.ner`` expect (docs/datasets.md §1), e.g.
 ``read_cogs(download("cogs", cache), "train")``. The cache is ``$JAXDEPTH_DATA`` if set, else
 ``~/.cache/jaxdepth``.
 
-Provenance (repositories, commits, licenses) is recorded in shared/data/SOURCES.md. The hashes
-below are of the copies in shared/data that SOURCES.md records as taken from (or verified
-byte-identical to, by git blob hash) the upstream file at the pinned commit; a wrong hash can
-only make a download fail loudly, never accept different bytes.
+Provenance (repositories, commits, licenses), formats and quirks of every dataset are in
+docs/datasets.md (§2-§9). Each hash below is the sha256 of the published file at the pinned
+commit, as the downloader fetches it. The hashes were recorded when the project was built, from
+copies shown to be byte-identical to the upstream files (same git blob hash as upstream at that
+commit; docs/datasets.md §1); a wrong hash can only make a download fail loudly, never accept
+different bytes.
 
 What is not a plain download:
   * ``geoquery``: the NQG-format ``train.tsv`` / ``test.tsv`` that ``read_geoquery`` reads are
     not published anywhere. What is registered are their upstream inputs: the GeoQuery-880
     corpus (``raw/corpus.xml``, GPL-2.0), ``raw/geobase``, and the standard split
-    (``splits/standard.json``). SOURCES.md describes the conversion only in outline, so it is
-    not re-implemented here. Build the TSVs with google-research/language (commit 13fd14e1)::
+    (``splits/standard.json``). The conversion (outlined in docs/datasets.md §4) is not
+    re-implemented here. Build the TSVs with google-research/language (commit 13fd14e1)::
 
         python -m language.compgen.nqg.tasks.geoquery.write_dataset \\
             --corpus raw/corpus.xml --geobase raw/geobase --output all.tsv
         python -m language.compgen.nqg.tasks.split_dataset \\
             --input all.tsv --split splits/standard.json --output_dir .
 
-    ``GEOQUERY_REBUILT_SHA256`` holds the hashes of the copies rebuilt that way in
-    shared/data, for comparison; they are not checked against any official output (none is
-    public).
-  * ``cogs``: ``train_100.tsv`` is not registered (SOURCES.md could not obtain or hash it).
-  * ``wikiann``: only English; the upstream repository states no license.
+    ``GEOQUERY_REBUILT_SHA256`` holds the sha256 of the TSVs the project built that way, for
+    comparison; they are not checked against any official output (none is public).
+  * ``cogs``: ``train_100.tsv`` is not registered (it could not be obtained or hashed when
+    the project was built; docs/datasets.md §2).
+  * ``wikiann``: only English; the upstream repository states no license (docs/datasets.md §7).
+  * CoNLL-2003 is not registered: its text may not be redistributed (docs/datasets.md §8).
 
 CLI::
 
@@ -181,7 +184,8 @@ REGISTRY: dict[str, Dataset] = {
     ),
 }
 
-# sha256 of shared/data/geoquery/{train,test}.tsv, rebuilt from the registered inputs.
+# sha256 of geoquery/{train,test}.tsv as the project built them from the registered inputs
+# with NQG's scripts (docs/datasets.md §4); for comparison, not an official output.
 GEOQUERY_REBUILT_SHA256 = {
     "train.tsv": "5877e93652d70b33239cc162487784c391ba173386b66e1e03be0f6222b8d24d",
     "test.tsv": "8f6d65fdcde86ec10125e321dffbbe3eea975b9484a93f9cfa0ab5e71753238e",

@@ -1,4 +1,6 @@
-"""NER data (DESIGN §4, SOURCES.md §6-7): readers, IOB1 -> IOB2, sub-token labels, few-shot.
+"""NER data (docs/design.md §4): readers, IOB1 -> IOB2, sub-token labels, few-shot.
+
+Sources and file formats: docs/datasets.md §7 (WikiAnn) and §8 (CoNLL-2003).
 
 Sentences are returned with IOB2 tags whatever the file's scheme, so the span scorer
 (``jaxdepth.analysis.seqeval``) and the label set only ever see IOB2. Every malformed line

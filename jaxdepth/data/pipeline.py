@@ -195,15 +195,9 @@ def lm_dataset(
     process_count: int = 1,
 ) -> grain.MapDataset:
     """grain dataset whose item i is this process's [global_batch/process_count, seq_len] batch."""
-    source = LMBatchSource(
-        tokens,
-        seq_len=seq_len,
-        global_batch=global_batch,
-        seed=seed,
-        process_index=process_index,
-        process_count=process_count,
-    )
-    return grain.MapDataset.source(source)
+    return grain.MapDataset.source(LMBatchSource(
+        tokens, seq_len=seq_len, global_batch=global_batch, seed=seed,
+        process_index=process_index, process_count=process_count))
 
 
 def lm_iterator(dataset: grain.MapDataset, start: int = 0, prefetch: int = 2) -> grain.DatasetIterator:

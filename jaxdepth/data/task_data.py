@@ -41,7 +41,7 @@ def task_splits(cfg: TaskConfig) -> tuple[dict[str, list[Example]], str, tuple[s
         return (make_task(cfg.name, cfg.n_train, cfg.n_eval, cfg.seed), "dev",
                 ("gen_lexical", "gen_structural"))
     if cfg.name == "geoquery":
-        # No dev split is published: hold out a seeded share of train (DESIGN section 5).
+        # No dev split is published: hold out a seeded share of train (docs/design.md §5).
         train, dev = split_validation(load_task("geoquery", cfg.dir, "train"),
                                       cfg.dev_fraction, cfg.seed)
         return {"train": train, "dev": dev, "test": load_task("geoquery", cfg.dir, "test")}, \

@@ -2,8 +2,8 @@
 
 Every reader returns a list of `Example`s, one per line, in file order, and keeps the text
 exactly as published (case, tokenization, the `tv` / `lended` quirks of COGS, GeoQuery's
-anonymised entities `m0`/`m1`, the passivization task marker). Formats and quirks are described
-in `shared/data/SOURCES.md` §1-4. Malformed input raises ValueError naming `file:line`, so a bad
+anonymised entities `m0`/`m1`, the passivization task marker). Sources, formats and quirks are
+described in docs/datasets.md §2-§5. Malformed input raises ValueError naming `file:line`, so a bad
 line in a 100,000-line file is found at once.
 
 Validation sets:
@@ -83,7 +83,7 @@ def _read_columns(path: Path, n_columns: int) -> list[tuple[int, list[str]]]:
     blank_at: Optional[int] = None
     with path.open("r", encoding="utf-8", newline="") as f:
         for lineno, raw in enumerate(f, start=1):
-            # Some copies of these files have CRLF line ends (see SOURCES.md §4); the published
+            # Some copies of these files have CRLF line ends (docs/datasets.md §5); the published
             # versions use LF, so strip either.
             line = raw.rstrip("\r\n")
             if not line.strip():
@@ -105,7 +105,8 @@ def _read_columns(path: Path, n_columns: int) -> list[tuple[int, list[str]]]:
 
 def read_cogs(directory: str | Path, split: str) -> list[Example]:
     """COGS or COGS-vf (`sentence \\t lf \\t type`). Splits: train, dev, test, gen, and
-    train_100 when `train_100.tsv` is present (it is not in shared/data).
+    train_100 when `train_100.tsv` is present (the downloader does not fetch it:
+    docs/datasets.md §2).
 
     `primitive` and `exposure_example_*` lines are kept as they are: they belong to training.
     """

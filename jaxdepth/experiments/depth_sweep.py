@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .plan_file import PlannedExperiment
 from ..config import (PAPER_FINETUNING, SIZE_CLASSES, TASKS, Config, ConfigError, apply_overrides,
                       from_preset)
 
@@ -96,17 +97,12 @@ def _nested(flat: dict) -> dict:
     return out
 
 
-class Sweep:
-    def __init__(self, out: Path, plan: Plan):
-        self.out, self.plan = out, plan
-        self.results = out / "results.jsonl"
-
-    # ------------------------------------------------------------------ plan and results
+class Sweep(PlannedExperiment):
+    PLAN_FILE = "sweep.json"
 
     @classmethod
-    def open(cls, out: Path, plan: Plan | None) -> "Sweep":
-        from .plan_file import open_plan
-        return cls(out, open_plan(out, "sweep.json", plan, Plan))
+    def plan_class(cls):
+        return Plan
 
     def rows(self) -> list[dict]:
         from ..analysis.report import dedupe, load_rows

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from ..config import FUSION_METHODS, Config, ConfigError, apply_overrides
 from .depth_sweep import _nested, _overrides
+from .plan_file import PlannedExperiment
 
-# Few-shot fine-tuning as DESIGN section 4: AdamW, linear decay to 0, lr 5e-5, batch 16.
+# Few-shot fine-tuning as docs/design.md §4: AdamW, linear decay to 0, lr 5e-5, batch 16.
 PAPER_FINETUNE = {"optim.name": "adamw", "optim.lr": 5e-5, "optim.schedule": "linear",
                   "optim.warmup_steps": 0, "optim.min_lr_ratio": 0.0, "optim.weight_decay": 0.01,
                   "data.batch_size": 16, "data.seq_len": 128, "run.steps": 1000,
@@ -88,15 +89,10 @@ class Plan:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
-class Experiment:
-    def __init__(self, out: Path, plan: Plan):
-        self.out, self.plan = out, plan
-        self.results = out / "results.jsonl"
-
+class Experiment(PlannedExperiment):
     @classmethod
-    def open(cls, out: Path, plan: Plan | None) -> "Experiment":
-        from .plan_file import open_plan
-        return cls(out, open_plan(out, "plan.json", plan, Plan))
+    def plan_class(cls):
+        return Plan
 
     def rows(self) -> list[dict]:
         if not self.results.is_file():

@@ -24,3 +24,22 @@ def open_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan.to_json(), indent=2))
     return plan
+
+
+class PlannedExperiment:
+    """An experiment directory: its plan (``PLAN_FILE``, checked by every later command) and
+    the results.jsonl its units append to."""
+
+    PLAN_FILE = "plan.json"
+
+    def __init__(self, out: Path, plan):
+        self.out, self.plan = out, plan
+        self.results = out / "results.jsonl"
+
+    @classmethod
+    def open(cls, out: Path, plan):
+        return cls(out, open_plan(out, cls.PLAN_FILE, plan, cls.plan_class()))
+
+    @classmethod
+    def plan_class(cls):
+        raise NotImplementedError

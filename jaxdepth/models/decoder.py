@@ -1,8 +1,7 @@
 """T5.1.1-style decoder-only LM (t5x examples/decoder_only), layers stacked and scanned.
 
-Layers are built with ``eqx.filter_vmap`` (one pytree whose leaves have a leading layer axis)
-and run with ``lax.scan``, so compile time does not grow with depth. ``cfg.scan_layers=False``
-runs the same weights through a Python loop; tests check both agree.
+The layers are one stack (models/stack.py): built with ``eqx.filter_vmap`` and run with
+``lax.scan``, or a Python loop when ``cfg.scan_layers=False``.
 """
 from __future__ import annotations
 
@@ -12,13 +11,9 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..config import ModelConfig
-from ..layers import DecoderBlock, RelativePositionBias, RMSNorm, dropout, kernel_init
+from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
 from .options import with_options
-
-_REMAT_POLICIES = {
-    "full": None,  # save nothing inside a layer; recompute it all on the backward pass
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+from .stack import init_stack, run_stack
 
 
 def cast_floating(tree, dtype):
@@ -47,8 +42,7 @@ class DecoderLM(eqx.Module):
     def __init__(self, cfg: ModelConfig, *, key: Array):
         ke, kb, kr, kh = jax.random.split(key, 4)
         self.embed = jax.random.normal(ke, (cfg.vocab_size, cfg.d_model), jnp.float32)
-        layer_keys = jax.random.split(kb, cfg.n_layers)
-        self.blocks = eqx.filter_vmap(lambda k: DecoderBlock(cfg, key=k))(layer_keys)
+        self.blocks = init_stack(lambda k: DecoderBlock(cfg, key=k), cfg.n_layers, key=kb)
         self.rel_bias = RelativePositionBias(cfg.rel_buckets, cfg.heads, cfg.rel_max_distance, key=kr)
         self.final_norm = RMSNorm(cfg.d_model)
         self.lm_head = kernel_init(kh, (cfg.d_model, cfg.vocab_size), jnp.float32)
@@ -63,37 +57,48 @@ class DecoderLM(eqx.Module):
     def compute_dtype(self):
         return jnp.dtype(self.cfg.compute_dtype)
 
-    def _layer(self, i: int) -> DecoderBlock:
-        return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, self.blocks)
+    # ------------------------------------------------------------------ the Backbone protocol
+
+    @property
+    def n_layer_states(self) -> int:
+        return self.cfg.n_layers
+
+    @property
+    def width(self) -> int:
+        return self.cfg.d_model
+
+    @property
+    def heads(self) -> int:
+        return self.cfg.heads
+
+    @property
+    def dropout_rate(self) -> float:
+        return self.cfg.dropout
+
+    def layer_states(self, tokens_BT: Array, segments_BT: Array | None = None,
+                     mask_BT: Array | None = None, *, key: Array | None = None) -> Array:
+        """Every layer's output [L, B, T, D] (causal, before the final norm); segments and the
+        padding mask do not apply to a causal LM whose padding comes last."""
+        return self.hidden(tokens_BT, key=key, all_layers=True)[1]
+
+    def post_ln_layer(self, *, key: Array) -> PostLNLayer:
+        """A fresh post-LN layer for Base+n, with BERT's defaults (eps 1e-12, exact GELU)."""
+        return PostLNLayer(self.cfg.d_model, self.cfg.heads, self.cfg.d_ff, key=key)
+
+    # ------------------------------------------------------------------ forward
 
     def _run_layers(self, x_BTD: Array, bias_NTT: Array, key: Array | None,
                     all_layers: bool) -> tuple[Array, Array | None]:
         cfg = self.cfg
         train = key is not None and cfg.dropout > 0.0
-        keys = jax.random.split(key, cfg.n_layers) if train else None
-        blocks = cast_floating(self.blocks, self.compute_dtype)
-        params, static = eqx.partition(blocks, eqx.is_array)
-
-        def body(x, layer):
-            p, k = layer
-            x = eqx.combine(p, static)(x, bias_NTT, cfg.dropout, k if train else None)
-            return x, (x if all_layers else None)
-
-        if cfg.remat != "none":
-            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
-        if cfg.scan_layers:
-            xs = (params, keys if train else jnp.zeros((cfg.n_layers,), jnp.uint32))
-            # A scan of one or two layers only adds loop overhead (stacked residuals, dynamic
-            # slices); unrolling it keeps compile time flat where depth is what we vary.
-            unroll = cfg.scan_unroll or (cfg.n_layers if cfg.n_layers <= 2 else 1)
-            x_BTD, ys = jax.lax.scan(body, x_BTD, xs, unroll=unroll)
-            return x_BTD, ys
-        ys = []
-        for i in range(cfg.n_layers):
-            p_i = jax.tree.map(lambda a: a[i], params)
-            x_BTD, y = body(x_BTD, (p_i, keys[i] if train else None))
-            ys.append(y)
-        return x_BTD, (jnp.stack(ys) if all_layers else None)
+        # A scan of one or two layers only adds loop overhead (stacked residuals, dynamic
+        # slices); unrolling it keeps compile time flat where depth is what we vary.
+        unroll = cfg.scan_unroll or (cfg.n_layers if cfg.n_layers <= 2 else 1)
+        return run_stack(cast_floating(self.blocks, self.compute_dtype), x_BTD,
+                         lambda block, x, k: block(x, bias_NTT, cfg.dropout, k),
+                         keys=jax.random.split(key, cfg.n_layers) if train else None,
+                         scan=cfg.scan_layers, remat=cfg.remat, unroll=unroll,
+                         all_layers=all_layers)
 
     def hidden(self, tokens_BT: Array, *, key: Array | None = None,
                all_layers: bool = False) -> tuple[Array, Array | None]:

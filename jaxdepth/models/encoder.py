@@ -1,15 +1,16 @@
-"""A BERT/RoBERTa encoder that reproduces Hugging Face's forward pass, for pretrained backbones.
+"""The BERT-style encoder: embeddings, then a stack of post-LN layers (models/stack.py).
 
-The fusion modules (``models/fusion.py``, DESIGN §4) read the outputs of every layer, so the
-encoder returns them all: ``Encoder(...)(tokens_BT, mask_BT) -> (h_BTD, states_LBTD)`` with
-``states_LBTD[-1] == h_BTD`` (the embedding output is not included).
+``Encoder`` reproduces Hugging Face's BERT/RoBERTa forward pass, for pretrained backbones; the
+fusion modules (``models/fusion.py``, docs/design.md §4) read the outputs of every layer, so
+``Encoder(...)(tokens_BT, mask_BT) -> (h_BTD, states_LBTD)`` with ``states_LBTD[-1] == h_BTD``
+(the embedding output is not included). Its embeddings are a field, so the same class runs
+ALBERT's factorised embeddings too: ``models/act.py``'s ``UntiedEncoder`` is this encoder with
+ALBERT's embeddings, tanh-GELU layers and its pretraining heads.
 
-Differences from ``layers.PostLNEncoderLayer`` (ALBERT's layer, left unchanged for its callers):
-that layer uses the tanh GELU and LayerNorm eps 1e-12 fixed; HF BERT/RoBERTa use the exact
-(erf) GELU (``hidden_act="gelu"``) and ``layer_norm_eps`` from the config (RoBERTa: 1e-5). So the
-layer here, ``BertLayer``, takes both as static options; it reuses ``BertSelfAttention`` (run-time
-1/sqrt(head_dim) scaling, like HF) unchanged. Masked keys get probability exactly 0 here, whereas
-HF adds ``finfo.min`` to their logits, which underflows to the same 0 after the softmax, so the
+HF BERT/RoBERTa use the exact (erf) GELU (``hidden_act="gelu"``) and ``layer_norm_eps`` from the
+config (RoBERTa: 1e-5); ``PostLNLayer`` takes both as options. Attention scales by
+1/sqrt(head_dim) at run time, like HF. Masked keys get probability exactly 0 here, whereas HF
+adds ``finfo.min`` to their logits, which underflows to the same 0 after the softmax, so the
 outputs agree (at every position, including padded queries, which attend to the real keys).
 
 Positions: BERT uses ``0..T-1``. RoBERTa (``position_offset = pad_id + 1``) numbers non-pad
@@ -17,9 +18,8 @@ tokens ``offset, offset+1, ...`` by a running count and gives pad tokens ``pad_i
 HF's ``create_position_ids_from_input_ids``. Attention-probability dropout is not applied (only
 the hidden dropouts: embeddings, attention output, MLP output).
 
-Layers are stacked (every leaf of ``Encoder.layers`` has a leading axis L) and run with
-``lax.scan`` (``scan_layers=True``, the default) or a Python loop (``scan_layers=False``), same
-numbers either way.
+Layers run with ``lax.scan`` (``scan_layers=True``, the default) or a Python loop
+(``scan_layers=False``), same numbers either way.
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..layers import BertSelfAttention, Dense, LayerNorm, bert_init, dropout, split_or_none
+from .layers import ACTIVATIONS, LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
 from .options import with_options
+from .stack import folded_keys, init_stack, run_stack
 
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")
 _SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions",
                  "type_vocab_size")
 
@@ -90,119 +90,124 @@ class EncoderConfig:
         return dataclasses.replace(self, **changes)
 
 
-def activation_fn(name: str):
-    if name == "gelu":
-        return lambda x: jax.nn.gelu(x, approximate=False)
-    if name in ("gelu_new", "gelu_tanh"):
-        return lambda x: jax.nn.gelu(x, approximate=True)
-    if name == "relu":
-        return jax.nn.relu
-    raise ValueError(f"unknown activation {name!r}; expected one of {ACTIVATIONS}")
+def default_inputs(tokens_BT: Array, segments_BT: Array | None,
+                   mask_BT: Array | None) -> tuple[Array, Array]:
+    """Segments default to 0 and the mask to all-real; the mask comes back boolean."""
+    segments_BT = jnp.zeros_like(tokens_BT) if segments_BT is None else segments_BT
+    mask_BT = jnp.ones(tokens_BT.shape, bool) if mask_BT is None else mask_BT.astype(bool)
+    return segments_BT, mask_BT
 
 
-class BertLayer(eqx.Module):
-    """HF BertLayer: h = LN(x + Attn(x)); out = LN(h + W2 act(W1 h)), LN eps and act configurable."""
-
-    attn: BertSelfAttention
-    attn_norm: LayerNorm
-    ff_in: Dense
-    ff_out: Dense
-    ff_norm: LayerNorm
-    activation: str = eqx.field(static=True, default="gelu")
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, eps: float = 1e-12,
-                 activation: str = "gelu", key: Array):
-        ka, ki, ko = jax.random.split(key, 3)
-        self.attn = BertSelfAttention(d_model, n_heads, key=ka)
-        self.attn_norm = LayerNorm(d_model, eps)
-        self.ff_in = Dense(d_model, d_ff, key=ki)
-        self.ff_out = Dense(d_ff, d_model, key=ko)
-        self.ff_norm = LayerNorm(d_model, eps)
-        self.activation = activation
-
-    def __call__(self, x_BTD: Array, key_mask_BT: Array, rate: float = 0.0,
-                 key: Array | None = None) -> Array:
-        k1, k2 = split_or_none(key, 2)
-        h_BTD = self.attn_norm(x_BTD + dropout(self.attn(x_BTD, key_mask_BT), rate, k1))
-        f_BTD = self.ff_out(activation_fn(self.activation)(self.ff_in(h_BTD)))
-        return self.ff_norm(h_BTD + dropout(f_BTD, rate, k2))
-
-
-class Encoder(eqx.Module):
-    """Embeddings (word + position + token type, LayerNorm, dropout) then L stacked BertLayers."""
+class BertEmbeddings(eqx.Module):
+    """word + position + token type embeddings (HF layout), LayerNorm, dropout."""
 
     word_VD: Array
     position_PD: Array
     token_type_YD: Array
-    embed_norm: LayerNorm
-    layers: BertLayer  # every leaf has a leading layer axis L
+    norm: LayerNorm
+    position_offset: int = eqx.field(static=True)
+    pad_id: int = eqx.field(static=True)
+
+    def __init__(self, cfg: EncoderConfig, *, keys: tuple[Array, Array, Array]):
+        # One key per table, as the encoder has always split its own key (initial weights stay).
+        kw, kp, kt = keys
+        self.word_VD = bert_init(kw, (cfg.vocab_size, cfg.d_model), jnp.float32)
+        self.position_PD = bert_init(kp, (cfg.max_positions, cfg.d_model), jnp.float32)
+        self.token_type_YD = bert_init(kt, (cfg.type_vocab_size, cfg.d_model), jnp.float32)
+        self.norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.position_offset = cfg.position_offset
+        self.pad_id = cfg.pad_id
+
+    def position_ids(self, tokens_BT: Array) -> Array:
+        T = tokens_BT.shape[1]
+        if self.position_offset == 0:
+            return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], tokens_BT.shape)
+        not_pad = (tokens_BT != self.pad_id).astype(jnp.int32)
+        run = jnp.cumsum(not_pad, axis=1) - 1 + self.position_offset
+        return jnp.where(not_pad == 1, run, self.position_offset - 1).astype(jnp.int32)
+
+    def __call__(self, tokens_BT: Array, token_types_BT: Array | None = None, rate: float = 0.0,
+                 key: Array | None = None) -> Array:
+        T, P = tokens_BT.shape[1], self.position_PD.shape[0]
+        if T > P - self.position_offset:
+            raise ValueError(f"sequence length {T} exceeds the {P - self.position_offset} "
+                             f"positions of the encoder (max_positions={P}, "
+                             f"position_offset={self.position_offset})")
+        if token_types_BT is None:
+            token_types_BT = jnp.zeros(tokens_BT.shape, jnp.int32)
+        x_BTD = (self.word_VD[tokens_BT] + self.position_PD[self.position_ids(tokens_BT)]
+                 + self.token_type_YD[token_types_BT])
+        return dropout(self.norm(x_BTD), rate, key)
+
+
+class Encoder(eqx.Module):
+    """Embeddings (``embed(tokens_BT, segments_BT, rate, key) -> x_BTD``), then L stacked
+    post-LN layers. Built here with BERT/RoBERTa's embeddings; ``act.UntiedEncoder`` builds it
+    with ALBERT's."""
+
+    embed: eqx.Module  # BertEmbeddings here; act.ALBERTEmbeddings in UntiedEncoder
+    layers: PostLNLayer  # every leaf has a leading layer axis L
     cfg: EncoderConfig = eqx.field(static=True)
 
     def __init__(self, cfg: EncoderConfig, *, key: Array):
         kw, kp, kt, kl = jax.random.split(key, 4)
-        self.word_VD = bert_init(kw, (cfg.vocab_size, cfg.d_model), jnp.float32)
-        self.position_PD = bert_init(kp, (cfg.max_positions, cfg.d_model), jnp.float32)
-        self.token_type_YD = bert_init(kt, (cfg.type_vocab_size, cfg.d_model), jnp.float32)
-        self.embed_norm = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
-        make = lambda k: BertLayer(cfg.d_model, cfg.n_heads, cfg.d_ff,  # noqa: E731
-                                   eps=cfg.layer_norm_eps, activation=cfg.activation, key=k)
-        self.layers = eqx.filter_vmap(make)(jax.random.split(kl, cfg.n_layers))
+        self.embed = BertEmbeddings(cfg, keys=(kw, kp, kt))
+        make = lambda k: PostLNLayer(cfg.d_model, cfg.n_heads, cfg.d_ff,  # noqa: E731
+                                     eps=cfg.layer_norm_eps, activation=cfg.activation, key=k)
+        self.layers = init_stack(make, cfg.n_layers, key=kl)
         self.cfg = cfg
 
     def with_options(self, **changes) -> "Encoder":
         """Same weights, other run-time options (scan_layers, remat, dropout)."""
         return with_options(self, _SHAPE_FIELDS, **changes)
 
-    def position_ids(self, tokens_BT: Array) -> Array:
-        cfg = self.cfg
-        T = tokens_BT.shape[1]
-        if cfg.position_offset == 0:
-            return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], tokens_BT.shape)
-        not_pad = (tokens_BT != cfg.pad_id).astype(jnp.int32)
-        run = jnp.cumsum(not_pad, axis=1) - 1 + cfg.position_offset
-        return jnp.where(not_pad == 1, run, cfg.position_offset - 1).astype(jnp.int32)
+    @property
+    def scan_layers(self) -> bool:
+        return self.cfg.scan_layers
 
-    def embed(self, tokens_BT: Array, token_types_BT: Array | None = None, *,
-              key: Array | None = None) -> Array:
-        cfg = self.cfg
-        T = tokens_BT.shape[1]
-        if T > cfg.max_len:
-            raise ValueError(f"sequence length {T} exceeds the {cfg.max_len} positions of the "
-                             f"encoder (max_positions={cfg.max_positions}, "
-                             f"position_offset={cfg.position_offset})")
-        if token_types_BT is None:
-            token_types_BT = jnp.zeros(tokens_BT.shape, jnp.int32)
-        x_BTD = (self.word_VD[tokens_BT] + self.position_PD[self.position_ids(tokens_BT)]
-                 + self.token_type_YD[token_types_BT])
-        return dropout(self.embed_norm(x_BTD), cfg.dropout, key)
+    def forward(self, tokens_BT: Array, segments_BT: Array | None = None,
+                mask_BT: Array | None = None, *, key: Array | None = None,
+                all_layers: bool = True) -> tuple[Array, Array | None]:
+        """(h_BTD, states_LBTD or None): the last layer's output and, if asked, every layer's.
+        Dropout is active iff a key is given."""
+        segments_BT, mask_BT = default_inputs(tokens_BT, segments_BT, mask_BT)
+        rate = self.cfg.dropout
+        k_emb, k_layers = split_or_none(key, 2)
+        h0_BTD = self.embed(tokens_BT, segments_BT, rate, k_emb)
+        return run_stack(self.layers, h0_BTD, lambda layer, h, k: layer(h, mask_BT, rate, k),
+                         keys=folded_keys(k_layers, self.n_layer_states), scan=self.scan_layers,
+                         remat="full" if self.cfg.remat else "none", all_layers=all_layers)
 
     def __call__(self, tokens_BT: Array, mask_BT: Array | None = None,
                  token_types_BT: Array | None = None, *,
                  key: Array | None = None) -> tuple[Array, Array]:
         """Returns (h_BTD, states_LBTD): the last layer's output and every layer's output."""
-        cfg = self.cfg
-        if mask_BT is None:
-            mask_BT = jnp.ones(tokens_BT.shape, bool)
-        mask_BT = mask_BT.astype(bool)
-        k_emb, k_layers = split_or_none(key, 2)
-        h0 = self.embed(tokens_BT, token_types_BT, key=k_emb)
-        params, static = eqx.partition(self.layers, eqx.is_array)
+        return self.forward(tokens_BT, token_types_BT, mask_BT, key=key)
 
-        def body(h, xs):
-            p, n = xs
-            k = None if k_layers is None else jax.random.fold_in(k_layers, n)
-            h = eqx.combine(p, static)(h, mask_BT, cfg.dropout, k)
-            return h, h
+    # ------------------------------------------------------------------ the Backbone protocol
 
-        if cfg.remat:
-            body = jax.checkpoint(body)
-        ns = jnp.arange(cfg.n_layers, dtype=jnp.int32)
-        if cfg.scan_layers:
-            h, states = jax.lax.scan(body, h0, (params, ns))
-            return h, states
-        h, outs = h0, []
-        for i in range(cfg.n_layers):
-            p_i = jax.tree.map(lambda x: x[i], params)
-            h, _ = body(h, (p_i, ns[i]))
-            outs.append(h)
-        return h, jnp.stack(outs)
+    @property
+    def n_layer_states(self) -> int:
+        return self.cfg.n_layers
+
+    @property
+    def width(self) -> int:
+        return self.cfg.d_model
+
+    @property
+    def heads(self) -> int:
+        return self.cfg.n_heads
+
+    @property
+    def dropout_rate(self) -> float:
+        return self.cfg.dropout
+
+    def layer_states(self, tokens_BT: Array, segments_BT: Array | None = None,
+                     mask_BT: Array | None = None, *, key: Array | None = None) -> Array:
+        return self.forward(tokens_BT, segments_BT, mask_BT, key=key)[1]
+
+    def post_ln_layer(self, *, key: Array) -> PostLNLayer:
+        """A fresh layer like this encoder's own (its eps and activation), for Base+n."""
+        c = self.cfg
+        return PostLNLayer(c.d_model, c.n_heads, c.d_ff, eps=c.layer_norm_eps,
+                           activation=c.activation, key=key)

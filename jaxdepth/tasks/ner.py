@@ -136,10 +136,10 @@ class NERTask(FusionTask):
             if self.primary:
                 out = self.run_dir / "analysis"
                 out.mkdir(parents=True, exist_ok=True)
-                (out / "ner.json").write_text(json.dumps(self.report(res, curve), indent=2))
+                (out / "ner.json").write_text(json.dumps(self.results_file(res, curve), indent=2))
         return res, f"dev F1 {res['dev_f1']:.4f}, test F1 {res['test_f1']:.4f}"
 
-    def report(self, res: dict, curve: list[dict]) -> dict:
+    def results_file(self, res: dict, curve: list[dict]) -> dict:
         c, t = self.cfg, self.cfg.task
         return {"task": "ner", "dir": t.dir, "n_shot": t.n_shot, "trial_seed": t.seed,
                 "method": c.fusion.method, "mode": c.fusion.mode, "backbone": t.init_from,

@@ -65,11 +65,14 @@ def _predict(model, tokens, segments, mask, inference: bool):
 class ProbeTask(EncoderTask):
     """An encoder under a classification head, fine-tuned on a grammar probing task."""
 
+    def __init__(self, cfg: Config, *, token_level: bool, **encoder):
+        super().__init__(cfg, **encoder)
+        self.token_level = token_level
+
     def build_model(self, *, key):
         k_enc, k_head = jax.random.split(key)
-        name = self.cfg.task.name
-        return EncoderClassifier(self.build_encoder(key=k_enc), len(label_names(name)),
-                                 name == "roles", key=k_head)
+        return EncoderClassifier(self.build_encoder(key=k_enc), len(label_names(self.cfg.task.name)),
+                                 self.token_level, key=k_head)
 
     def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
         cfg = self.cfg

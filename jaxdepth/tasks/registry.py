@@ -44,7 +44,9 @@ def kind_of(cfg: Config) -> tuple[str, dict]:
         # ALBERT is the ACT layer iterated exactly M times; BERT unties the M layers.
         options = {"arch": arch, "untied": arch == "bert", "adaptive": arch == "act",
                    "halting": "fixed" if arch == "albert" else cfg.act.halting}
-        return ("probe" if name else "encoder_pretrain"), options
+        if name:  # roles labels every token; the other probing tasks classify [CLS]
+            return "probe", {**options, "token_level": name == "roles"}
+        return "encoder_pretrain", options
     if name in PROBE_TASKS:
         raise ConfigError(f"task.name: {name!r} fine-tunes an encoder: set model.arch to act, "
                           f"albert or bert")

@@ -15,15 +15,17 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..config import ModelConfig
+from ..config import ModelConfig, layer_constants
 
 # Dense peak FLOP/s per device by device_kind, for the bf16 compute path.
 _PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12, "TPU v5": 459e12}
 
 
 def matmul_params(m: ModelConfig) -> int:
-    per_layer = 3 * m.d_model * m.d_ff + 4 * m.d_model * m.d_model
-    return m.n_layers * per_layer + m.d_model * m.vocab_size
+    """Eq. 1's per-layer count without the two RMSNorm scales (no matmul), plus the output
+    projection."""
+    beta, a = layer_constants(m.d_model)
+    return m.n_layers * (beta * m.d_ff + a - 2 * m.d_model) + m.d_model * m.vocab_size
 
 
 def train_flops_per_token(m: ModelConfig, seq_len: int) -> int:

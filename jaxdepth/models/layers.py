@@ -1,4 +1,5 @@
-"""Building blocks shared by the models: norms, T5 relative position bias, attention, MLPs.
+"""Building blocks shared by the models: norms, T5 relative position bias, attention, MLPs,
+the decoder's pre-norm block and the encoders' post-LN layer.
 
 Shape suffixes: B batch, T query positions, S key positions, D d_model, N heads, H head dim,
 F d_ff, V vocab. Parameters are float32; ``__call__`` runs in the dtype of its input.
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .config import ModelConfig
+from ..config import ModelConfig
 
 _NEG_INF = float(np.finfo(np.float32).min)
 kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
@@ -107,6 +108,31 @@ class RelativePositionBias(eqx.Module):
         return jnp.moveaxis(self.table[buckets], -1, -3)
 
 
+def split_heads(y_BTX: Array, n_heads: int) -> Array:
+    """[..., N*H] -> [..., N, H]."""
+    return y_BTX.reshape(*y_BTX.shape[:-1], n_heads, -1)
+
+
+def attend(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask_BNTS: Array, *,
+           bias_BNTS: Array | None = None, scale: float | None = None) -> Array:
+    """softmax(scale * q k^T + bias) v over the keys mask allows: the heads concatenated,
+    [B, T, N*H], before any output projection. Logits and softmax run in float32.
+
+    T5 folds 1/sqrt(H) into its query kernel and adds a position bias; BERT scales at run time
+    and has no bias. A masked key gets probability exactly 0 (its logit is float32's minimum).
+    ``mask_BNTS`` may be any shape that broadcasts to [B, N, T, S].
+    """
+    logits = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32)
+    if scale is not None:
+        logits = logits * scale
+    if bias_BNTS is not None:
+        logits = logits + bias_BNTS.astype(jnp.float32)
+    logits = jnp.where(mask_BNTS, logits, _NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v_BSNH.dtype)
+    out_BTNH = jnp.einsum("bnts,bsnh->btnh", probs, v_BSNH)
+    return out_BTNH.reshape(*out_BTNH.shape[:-2], -1)
+
+
 class Attention(eqx.Module):
     """Multi-head attention without biases; the query kernel carries the 1/sqrt(H) scale (t5x)."""
 
@@ -126,17 +152,14 @@ class Attention(eqx.Module):
         self.n_heads = n_heads
 
     def project_qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
-        split = lambda y: y.reshape(*y.shape[:-1], self.n_heads, -1)  # noqa: E731
-        return split(x_BTD @ self.wq), split(x_BTD @ self.wk), split(x_BTD @ self.wv)
+        n = self.n_heads
+        return (split_heads(x_BTD @ self.wq, n), split_heads(x_BTD @ self.wk, n),
+                split_heads(x_BTD @ self.wv, n))
 
     def attend(self, q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, bias_BNTS: Array,
                mask_BNTS: Array) -> Array:
-        """softmax(q k^T + bias) v over allowed keys; logits and softmax in float32."""
-        logits = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32)
-        logits = jnp.where(mask_BNTS, logits + bias_BNTS.astype(jnp.float32), _NEG_INF)
-        probs = jax.nn.softmax(logits, axis=-1).astype(v_BSNH.dtype)
-        out_BTNH = jnp.einsum("bnts,bsnh->btnh", probs, v_BSNH)
-        return out_BTNH.reshape(*out_BTNH.shape[:-2], -1) @ self.wo
+        """softmax(q k^T + bias) v over allowed keys, then the output projection."""
+        return attend(q_BTNH, k_BSNH, v_BSNH, mask_BNTS, bias_BNTS=bias_BNTS) @ self.wo
 
     def __call__(self, x_BTD: Array, bias_NTT: Array) -> Array:
         q, k, v = self.project_qkv(x_BTD)
@@ -236,20 +259,33 @@ class BertSelfAttention(eqx.Module):
         self.n_heads = n_heads
 
     def __call__(self, x_BTD: Array, key_mask_BS: Array) -> Array:
-        split = lambda y: y.reshape(*y.shape[:-1], self.n_heads, -1)  # noqa: E731
-        q_BTNH, k_BSNH, v_BSNH = split(self.q(x_BTD)), split(self.k(x_BTD)), split(self.v(x_BTD))
+        n = self.n_heads
+        q_BTNH = split_heads(self.q(x_BTD), n)
+        k_BSNH, v_BSNH = split_heads(self.k(x_BTD), n), split_heads(self.v(x_BTD), n)
         scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
-        logits = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32)
-        logits = jnp.where(key_mask_BS[:, None, None, :], logits * scale, _NEG_INF)
-        probs = jax.nn.softmax(logits, axis=-1).astype(v_BSNH.dtype)
-        out_BTNH = jnp.einsum("bnts,bsnh->btnh", probs, v_BSNH)
-        return self.o(out_BTNH.reshape(*out_BTNH.shape[:-2], -1))
+        return self.o(attend(q_BTNH, k_BSNH, v_BSNH, key_mask_BS[:, None, None, :], scale=scale))
 
 
-class PostLNEncoderLayer(eqx.Module):
-    """BERT/ALBERT layer: h = LN(x + Attn(x)), out = LN(h + MLP(h)); MLP = dense, GELU, dense.
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")
 
-    GELU is the tanh approximation (ALBERT's ``gelu_new``).
+
+def activation_fn(name: str):
+    """HF's names: "gelu" is the exact (erf) GELU, "gelu_new"/"gelu_tanh" its tanh approximation
+    (ALBERT's)."""
+    if name == "gelu":
+        return lambda x: jax.nn.gelu(x, approximate=False)
+    if name in ("gelu_new", "gelu_tanh"):
+        return lambda x: jax.nn.gelu(x, approximate=True)
+    if name == "relu":
+        return jax.nn.relu
+    raise ValueError(f"unknown activation {name!r}; expected one of {ACTIVATIONS}")
+
+
+class PostLNLayer(eqx.Module):
+    """BERT/ALBERT layer: h = LN(x + Attn(x)), out = LN(h + W2 act(W1 h)).
+
+    The LayerNorm eps (in the norms) and the activation are options: HF BERT/RoBERTa take both
+    from their config (RoBERTa: eps 1e-5; "gelu" is exact), ALBERT uses eps 1e-12 and "gelu_new".
     """
 
     attn: BertSelfAttention
@@ -257,18 +293,21 @@ class PostLNEncoderLayer(eqx.Module):
     ff_in: Dense
     ff_out: Dense
     ff_norm: LayerNorm
+    activation: str = eqx.field(static=True, default="gelu")
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, key: Array):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, eps: float = 1e-12,
+                 activation: str = "gelu", key: Array):
         ka, ki, ko = jax.random.split(key, 3)
         self.attn = BertSelfAttention(d_model, n_heads, key=ka)
-        self.attn_norm = LayerNorm(d_model)
+        self.attn_norm = LayerNorm(d_model, eps)
         self.ff_in = Dense(d_model, d_ff, key=ki)
         self.ff_out = Dense(d_ff, d_model, key=ko)
-        self.ff_norm = LayerNorm(d_model)
+        self.ff_norm = LayerNorm(d_model, eps)
+        self.activation = activation
 
     def __call__(self, x_BTD: Array, key_mask_BT: Array, rate: float = 0.0,
                  key: Array | None = None) -> Array:
         k1, k2 = split_or_none(key, 2)
         h_BTD = self.attn_norm(x_BTD + dropout(self.attn(x_BTD, key_mask_BT), rate, k1))
-        f_BTD = self.ff_out(jax.nn.gelu(self.ff_in(h_BTD), approximate=True))
+        f_BTD = self.ff_out(activation_fn(self.activation)(self.ff_in(h_BTD)))
         return self.ff_norm(h_BTD + dropout(f_BTD, rate, k2))
