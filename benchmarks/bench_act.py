@@ -28,56 +28,26 @@ iteration's states, N, R, final h) for each bias; ``max_abs_diff`` is stored per
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import os
-import platform
 import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from jaxdepth.runtime import tune_malloc  # noqa: E402
+# first: puts the checkout on sys.path and tunes malloc before anything allocates
+from common import (BACKEND_COMPILE_EVENT, CompileEvents, arg_parser, environment,
+                    interleaved_times, print_table as _print_rows, write_json)
 
-MALLOC_TUNED = tune_malloc()  # before any large allocation, as in the other benchmarks
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from jaxdepth.models.act import PRESETS, ACTConfig, ACTEncoder  # noqa: E402
+from jaxdepth.models.act import PRESETS, ACTConfig, ACTEncoder
 
 TARGET = 1.15  # t_while <= TARGET * (iterations_run / M) * t_fixed
 # The scan path's time counts as bias-independent if t_scan / t_fixed (both timed in the same
 # interleaved rounds, so machine drift cancels; t_fixed does not depend on the bias) spreads by
 # no more than 15% of its median over the biases.
 SCAN_SPREAD_TOL = 0.15
-_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 PATHS = ("while", "scan", "fixed", "embed")
-
-
-class CompileCounter:
-    """Counts XLA backend compiles, attributed to the path named in ``self.current``."""
-
-    def __init__(self):
-        self.counts: dict[str, int] = {}
-        self.seconds: dict[str, float] = {}
-        self.current = "other"
-
-    def _listener(self, event: str, duration: float, **_) -> None:
-        if event == _BACKEND_COMPILE:
-            self.counts[self.current] = self.counts.get(self.current, 0) + 1
-            self.seconds[self.current] = self.seconds.get(self.current, 0.0) + duration
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listener)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listener)
 
 
 def make_inputs(cfg: ACTConfig, batch: int, seq_len: int, seed: int = 0):
@@ -138,7 +108,7 @@ def bench_bias(model, paths, counter, inputs, bias: float, *, warmup: int, repea
     mask = np.asarray(inputs[2])
 
     outs = {}
-    for name in ("check_while", "check_scan") + PATHS:
+    for name in ("check_while", "check_scan") + PATHS:  # compile counts go to the path's name
         counter.current = name
         outs[name] = jax.block_until_ready(paths[name](*args))
     counter.current = "other"
@@ -156,13 +126,8 @@ def bench_bias(model, paths, counter, inputs, bias: float, *, warmup: int, repea
     for name in PATHS:
         for _ in range(max(warmup - 1, 0)):  # the first call above was one warmup call
             jax.block_until_ready(paths[name](*args))
-    times = {name: [] for name in PATHS}
-    for r in range(repeats):  # alternate the paths, rotating the order, to share the drift
-        k = r % len(PATHS)
-        for name in PATHS[k:] + PATHS[:k]:
-            t0 = time.perf_counter()
-            jax.block_until_ready(paths[name](*args))
-            times[name].append(time.perf_counter() - t0)
+    # alternate the paths, rotating the order, to share the drift
+    times = interleaved_times({name: (lambda f=paths[name]: f(*args)) for name in PATHS}, repeats)
     t = {name: statistics.median(v) for name, v in times.items()}
 
     expected = iters / M
@@ -196,18 +161,16 @@ def bench_bias(model, paths, counter, inputs, bias: float, *, warmup: int, repea
 
 
 def print_table(rows: list[dict], M: int) -> None:
-    hdr = (f"{'b_h':>6} {'mean N':>7} {'iters':>5} {'while ms':>9} {'scan ms':>8} "
-           f"{'fixed ms':>9} {'embed ms':>9} {'w/fixed':>8} {'expected':>8} {'adj':>6} "
-           f"{'(min)':>6} {'within':>6} {'max|diff|':>9}")
-    print(hdr)
-    print("-" * len(hdr))
-    for r in rows:
-        print(f"{r['bias']:>6g} {r['mean_N']:>7.3f} {r['iterations_run']:>2}/{M:<2} "
-              f"{1e3 * r['t_while']:>9.2f} {1e3 * r['t_scan']:>8.2f} {1e3 * r['t_fixed']:>9.2f} "
-              f"{1e3 * r['t_embed']:>9.2f} {r['ratio_while_over_fixed']:>8.3f} "
-              f"{r['expected']:>8.3f} {r['adjusted_ratio']:>6.3f} "
-              f"{r['ratio_while_over_fixed_min']:>6.3f} "
-              f"{'yes' if r['within_target'] else 'NO':>6} {r['max_abs_diff']:>9.1e}")
+    _print_rows(
+        f"{'b_h':>6} {'mean N':>7} {'iters':>5} {'while ms':>9} {'scan ms':>8} "
+        f"{'fixed ms':>9} {'embed ms':>9} {'w/fixed':>8} {'expected':>8} {'adj':>6} "
+        f"{'(min)':>6} {'within':>6} {'max|diff|':>9}",
+        (f"{r['bias']:>6g} {r['mean_N']:>7.3f} {r['iterations_run']:>2}/{M:<2} "
+         f"{1e3 * r['t_while']:>9.2f} {1e3 * r['t_scan']:>8.2f} {1e3 * r['t_fixed']:>9.2f} "
+         f"{1e3 * r['t_embed']:>9.2f} {r['ratio_while_over_fixed']:>8.3f} "
+         f"{r['expected']:>8.3f} {r['adjusted_ratio']:>6.3f} "
+         f"{r['ratio_while_over_fixed_min']:>6.3f} "
+         f"{'yes' if r['within_target'] else 'NO':>6} {r['max_abs_diff']:>9.1e}" for r in rows))
 
 
 def _spread(values: list[float]) -> float:
@@ -215,8 +178,7 @@ def _spread(values: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = arg_parser(__doc__)
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--max-iters", type=int, default=None, help="M (default: the preset's)")
     p.add_argument("--d-model", type=int, default=None, help="override the preset's d_model")
@@ -249,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     paths = make_paths(model)
     rows = []
-    with CompileCounter() as counter:
+    with CompileEvents([BACKEND_COMPILE_EVENT]) as counter:
         for b in biases:
             rows.append(bench_bias(model, paths, counter, inputs, b, warmup=max(args.warmup, 1),
                                    repeats=args.repeats))
@@ -257,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  b_h={b:g}: mean N {r['mean_N']:.2f}, {r['iterations_run']} iterations, "
                   f"while/fixed {r['ratio_while_over_fixed']:.3f} (expected "
                   f"{r['expected']:.3f})", flush=True)
-    compiles = {name: counter.counts.get(name, 0) for name in paths}
+    compiles = {name: counter.count(name) for name in paths}
     cache_sizes = {name: (f._cache_size() if hasattr(f, "_cache_size") else None)
                    for name, f in paths.items()}
     print_table(rows, M)
@@ -277,10 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "bench_act", "preset": args.preset, "config": dataclasses.asdict(cfg),
         "max_iters": M, "batch": args.batch, "seq_len": args.seq_len, "real_tokens": n_real,
         "biases": biases, "repeats": args.repeats, "warmup": max(args.warmup, 1),
-        "seed": args.seed, "jax": jax.__version__, "equinox": eqx.__version__,
-        "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-        "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
-        "platform": platform.platform(), "malloc_tuned": MALLOC_TUNED,
+        "seed": args.seed, **environment(),
         "timing": "median of --repeats block_until_ready calls, paths interleaved",
         "target": f"t_while <= {TARGET} * (iterations_run / M) * t_fixed",
         "target_met_all": all(r["within_target"] for r in rows),
@@ -290,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
         "within_target_min_times": [bool(r["ratio_while_over_fixed_min"] <= TARGET * r["expected"])
                                     for r in rows],
         "compile_counts": compiles,
-        "compile_seconds": {k: counter.seconds.get(k, 0.0) for k in paths},
+        "compile_seconds": {k: counter.seconds(k) for k in paths},
         "jit_cache_sizes": cache_sizes,
         "one_compile_per_path": all(v == 1 for v in compiles.values()),
         "scan_time_spread": scan_spread,
@@ -303,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
         "max_abs_diff_while_vs_scan": max(r["max_abs_diff"] for r in rows),
         "records": rows,
     }
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    write_json(args.out, out)
     print(f"wrote {args.out}")
     return out
 

@@ -28,33 +28,28 @@ Checks of the issue:
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from jaxdepth.runtime import tune_malloc  # noqa: E402
+# first: puts the checkout on sys.path and tunes malloc before anything allocates
+from common import (arg_parser, environment, interleaved_times, print_table as _print_rows,
+                    timed, write_json)
 
-MALLOC_TUNED = tune_malloc()  # before any large allocation, as in the other benchmarks
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from jaxdepth.config import Config, apply_overrides  # noqa: E402
-from jaxdepth.data.ner import ner_labels  # noqa: E402
-from jaxdepth.models.backbone import depth_and_width  # noqa: E402
-from jaxdepth.tasks import task_for  # noqa: E402
-from jaxdepth.trainer.optim import make_optimizer  # noqa: E402
-from jaxdepth.trainer.sharding import batch_sharding, make_mesh  # noqa: E402
-from jaxdepth.trainer.step import init_state, make_train_step, state_shardings  # noqa: E402
+from jaxdepth.config import Config, apply_overrides
+from jaxdepth.data.ner import ner_labels
+from jaxdepth.models.backbone import depth_and_width
+from jaxdepth.tasks import task_for
+from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh
+from jaxdepth.trainer.step import init_state, make_train_step, state_shardings
 
 METHODS = ("base", "base+n", "concat", "dwatt")
 MODES = ("fe", "ft")
@@ -140,15 +135,16 @@ def analytic_flops(B: int, T: int, P: int, L: int, d: int, d_ff: int) -> dict:
 
 def print_table(res: dict) -> None:
     t = res["step_s"]
-    hdr = f"{'method':>8} {'FE ms':>9} {'FT ms':>9} {'FT-FE ms':>9} {'/bb bwd':>8} {'FE/base FE':>10}"
-    print(hdr)
-    print("-" * len(hdr))
     base_fe = t[config_name("base", "fe")]
-    for m in res["methods"]:
+
+    def row(m: str) -> str:
         fe, ft = t[config_name(m, "fe")], t[config_name(m, "ft")]
         c = res["checks"]["ft_minus_fe"][m]
-        print(f"{m:>8} {1e3 * fe:>9.2f} {1e3 * ft:>9.2f} {1e3 * c['ft_minus_fe_s']:>9.2f} "
-              f"{c['ratio']:>8.2f} {fe / base_fe:>10.3f}")
+        return (f"{m:>8} {1e3 * fe:>9.2f} {1e3 * ft:>9.2f} {1e3 * c['ft_minus_fe_s']:>9.2f} "
+                f"{c['ratio']:>8.2f} {fe / base_fe:>10.3f}")
+
+    _print_rows(f"{'method':>8} {'FE ms':>9} {'FT ms':>9} {'FT-FE ms':>9} {'/bb bwd':>8} "
+                f"{'FE/base FE':>10}", (row(m) for m in res["methods"]))
     bb = res["backbone"]
     print(f"backbone: forward {1e3 * bb['forward_s']:.2f} ms, value_and_grad "
           f"{1e3 * bb['value_and_grad_s']:.2f} ms, backward {1e3 * bb['backward_s']:.2f} ms")
@@ -159,8 +155,7 @@ def print_table(res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = arg_parser(__doc__)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
@@ -251,9 +246,7 @@ def _run(args, ner_dir: str) -> dict:
     losses = {}
 
     def warm(name):  # the first call compiles; it is not timed
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(call(name))
-        first_call[name] = time.perf_counter() - t0
+        out, first_call[name] = timed(call, name)
         if name not in BACKBONE_PATHS:
             losses[name] = float(out[1]["loss"])
         print(f"  compiled {name}: first call {first_call[name]:.2f} s", flush=True)
@@ -263,13 +256,8 @@ def _run(args, ner_dir: str) -> dict:
         warm(name)
     compile_wall = time.perf_counter() - t0
 
-    times = {name: [] for name in names}
-    for r in range(args.repeats):  # interleaved rounds, rotating the order
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            t0 = time.perf_counter()
-            jax.block_until_ready(call(name))
-            times[name].append(time.perf_counter() - t0)
+    # interleaved rounds, rotating the order
+    times = interleaved_times({name: partial(call, name) for name in names}, args.repeats)
     med = {name: statistics.median(v) for name, v in times.items()}
 
     t_fwd, t_vag = med["backbone_forward"], med["backbone_value_and_grad"]
@@ -300,9 +288,7 @@ def _run(args, ner_dir: str) -> dict:
         "positions": batch_np["positions"][0].tolist(),
         "repeats": args.repeats, "seed": args.seed, "optimizer": "adamw lr 5e-5",
         "same_backbone_all_configs": bool(same_backbone),
-        "jax": jax.__version__, "equinox": eqx.__version__, "backend": jax.default_backend(),
-        "device_kind": jax.devices()[0].device_kind, "device_count": mesh.size,
-        "cpu_count": os.cpu_count(), "platform": platform.platform(), "malloc_tuned": MALLOC_TUNED,
+        **environment(device_count=mesh.size),
         "timing": "median of --repeats block_until_ready calls after one compiling call; all "
                   "configurations and the backbone functions interleaved, rotating order",
         "methods": list(methods), "modes": list(MODES),
@@ -321,10 +307,7 @@ def _run(args, ner_dir: str) -> dict:
         "checks": checks,
     }
     print_table(res)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, res)}")
     return res
 
 

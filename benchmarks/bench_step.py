@@ -32,55 +32,22 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from jaxdepth.runtime import tune_malloc  # noqa: E402
+# first: puts the checkout on sys.path and tunes malloc before anything allocates
+from common import (CompileEvents, TrainStep, arg_parser, environment, print_table as _print_rows,
+                    random_lm_batch, timed, write_json)
 
-MALLOC_TUNED = tune_malloc()  # before any large allocation; applies to every contestant alike
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
 from jaxdepth.config import (SIZE_CLASSES, Config, DataConfig, MeshConfig, ModelConfig, OptimConfig,
                              RunConfig, depth_family, param_count)
 from jaxdepth.trainer.flops import device_peak_flops, measure_matmul_peak, train_flops_per_token
-from jaxdepth.trainer.optim import make_optimizer
-from jaxdepth.trainer.sharding import batch_sharding, make_mesh
-from jaxdepth.tasks import task_for
-from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
-
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
-                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
-
-
-class _CompileTimer:
-    """Sums JAX's compile-duration events (trace, lower, XLA compile) while active."""
-
-    def __init__(self):
-        self.seconds = {e: 0.0 for e in _COMPILE_EVENTS}
-
-    def _listener(self, event: str, duration: float, **_) -> None:
-        if event in self.seconds:
-            self.seconds[event] += duration
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listener)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listener)
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
 
 
 def peak_memory() -> tuple[int, str]:
@@ -113,49 +80,25 @@ def make_config(model: ModelConfig, *, seq_len: int, batch: int, steps: int,
                   run=RunConfig(steps=max(steps, 1), seed=seed))
 
 
-def random_batch(cfg: Config, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    shape = (cfg.data.batch_size, cfg.data.seq_len)
-    toks = rng.integers(3, cfg.model.vocab_size, size=(shape[0], shape[1] + 1), dtype=np.int32)
-    return {"inputs": toks[:, :-1], "targets": toks[:, 1:],
-            "weights": np.ones(shape, np.float32)}
-
-
 def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 10,
                  warmup: int = 2, mesh: MeshConfig | None = None, peak_flops: float | None = None,
                  peak_source: str = "", seed: int = 0) -> dict:
     """Compile and time the real train step of one model; one JSON-able record."""
     cfg = make_config(model, seq_len=seq_len, batch=batch, steps=warmup + steps, mesh=mesh,
                       seed=seed)
-    mesh_ = make_mesh(cfg.mesh)
-    if batch % mesh_.shape["data"]:
-        raise ValueError(f"--batch {batch} is not divisible by the data axis ({mesh_.shape['data']} "
-                         f"devices); pick a multiple")
+    train_step = TrainStep(cfg, random_lm_batch(cfg, seed))  # checks the batch splits
+    mesh_ = train_step.mesh
     if peak_flops is None:
         peak_flops, peak_source, _ = stated_peak(model.compute_dtype)
-    tx = make_optimizer(cfg.optim, cfg.run.steps)
-    task = task_for(cfg)
-    _, shardings = state_shardings(cfg, tx, mesh_, task)
-    state = sharded_init(cfg, tx, mesh_, task, shardings)
-    step_fn = make_train_step(cfg, tx, mesh_, shardings, task)
-    b_sh = batch_sharding(mesh_)
-    data = {k: jax.device_put(v, b_sh) for k, v in random_batch(cfg, seed).items()}
-    jax.block_until_ready((state, data))
+    jax.block_until_ready((train_step.state, train_step.batch))
 
-    with _CompileTimer() as ct:
-        t0 = time.perf_counter()
-        state, metrics = step_fn(state, data)
-        jax.block_until_ready((state, metrics))
-        first_call = time.perf_counter() - t0
+    with CompileEvents() as ct:
+        _, first_call = timed(train_step)
     for _ in range(max(warmup - 1, 0)):
-        state, metrics = step_fn(state, data)
-    jax.block_until_ready((state, metrics))
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        state, metrics = step_fn(state, data)
-        jax.block_until_ready((state, metrics))
-        times.append(time.perf_counter() - t0)
+        train_step()
+    jax.block_until_ready((train_step.state, train_step.metrics))
+    times = [timed(train_step)[1] for _ in range(steps)]
+    metrics = train_step.metrics
     mem, mem_kind = peak_memory()
 
     tokens = batch * seq_len
@@ -167,8 +110,7 @@ def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 1
         "n_heads": model.heads, "vocab_size": model.vocab_size, "params": param_count(model),
         "compute_dtype": model.compute_dtype, "remat": model.remat,
         "seq_len": seq_len, "batch": batch, "devices": mesh_.size, "steps": steps, "warmup": warmup,
-        "compile_s": ct.total, "compile_breakdown_s": {k.rsplit("/", 1)[1]: v
-                                                       for k, v in ct.seconds.items()},
+        "compile_s": ct.seconds(), "compile_breakdown_s": ct.breakdown(),
         "first_call_s": first_call,
         "step_s_mean": statistics.fmean(times), "step_s_median": median, "step_s_min": min(times),
         "step_s_all": times,
@@ -202,16 +144,14 @@ def _run_isolated(args, n_layers: int, peak: float, source: str) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    hdr = (f"{'L':>3} {'d_ff':>6} {'params':>9} {'compile s':>9} {'1st call':>8} {'step ms':>9} "
-           f"{'(mean)':>9} {'tok/s':>10} {'GFLOP/tok':>9} {'MFU %':>6} {'peak MiB':>9}")
-    print(hdr)
-    print("-" * len(hdr))
-    for r in rows:
-        print(f"{r['n_layers']:>3} {r['d_ff']:>6} {r['params'] / 1e6:>8.2f}M {r['compile_s']:>9.2f} "
-              f"{r['first_call_s']:>8.2f} {1e3 * r['step_s_median']:>9.2f} "
-              f"{1e3 * r['step_s_mean']:>9.2f} {r['tokens_per_s']:>10,.0f} "
-              f"{r['flops_per_token'] / 1e9:>9.4f} {100 * r['mfu']:>6.2f} "
-              f"{r['peak_memory_bytes'] / 2**20:>9.0f}")
+    _print_rows(
+        f"{'L':>3} {'d_ff':>6} {'params':>9} {'compile s':>9} {'1st call':>8} {'step ms':>9} "
+        f"{'(mean)':>9} {'tok/s':>10} {'GFLOP/tok':>9} {'MFU %':>6} {'peak MiB':>9}",
+        (f"{r['n_layers']:>3} {r['d_ff']:>6} {r['params'] / 1e6:>8.2f}M {r['compile_s']:>9.2f} "
+         f"{r['first_call_s']:>8.2f} {1e3 * r['step_s_median']:>9.2f} "
+         f"{1e3 * r['step_s_mean']:>9.2f} {r['tokens_per_s']:>10,.0f} "
+         f"{r['flops_per_token'] / 1e9:>9.4f} {100 * r['mfu']:>6.2f} "
+         f"{r['peak_memory_bytes'] / 2**20:>9.0f}" for r in rows))
 
 
 def latency_table(rows: list[dict]) -> str:
@@ -249,8 +189,7 @@ def plot_latency(rows: list[dict], path: Path, title: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = arg_parser(__doc__)
     p.add_argument("--family", default="small", choices=sorted(SIZE_CLASSES))
     p.add_argument("--depths", default="", help="comma-separated subset of the family's depths")
     p.add_argument("--seq-len", type=int, default=128)
@@ -300,10 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {
         "benchmark": "bench_step", "family": args.family, "seq_len": args.seq_len,
         "batch": args.batch, "compute_dtype": args.dtype, "remat": args.remat,
-        "isolated_processes": not args.no_isolate,
-        "jax": jax.__version__, "backend": jax.default_backend(),
-        "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count(),
-        "cpu_count": os.cpu_count(), "platform": platform.platform(),
+        "isolated_processes": not args.no_isolate, **environment(),
         "peak_flops_per_device": peak, "peak_source": source, "measured_fp32_matmul_flops": fp32,
         "flops_convention": "train_flops_per_token: 6*N_matmul + 12*L*T*d_model (PaLM App. B)",
         "memory_convention": shallow["peak_memory_kind"],
@@ -311,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
         "compile_ratio_deepest_over_shallowest_scanned": ratio_looped,
         "members": rows,
     }
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    write_json(args.out, out)
     stem = Path(args.out).with_suffix("")
     Path(f"{stem}_latency.md").write_text(latency_table(rows))
     plot_latency(rows, Path(f"{stem}_latency.png"),

@@ -26,37 +26,28 @@ update) to show where the time goes.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 import os
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from jaxdepth.runtime import tune_malloc  # noqa: E402
+# first: puts the checkout on sys.path and tunes malloc before anything allocates
+from common import (TrainStep, arg_parser, environment, median_time as _time, random_lm_batch,
+                    timed, write_json)
 
-MALLOC_TUNED = tune_malloc()  # before any large allocation; applies to every contestant alike
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import equinox as eqx
 
-import equinox as eqx  # noqa: E402
-
-from jaxdepth.config import (Config, DataConfig, MeshConfig, ModelConfig, OptimConfig,  # noqa: E402
-                             RunConfig, from_preset, param_count)
-from jaxdepth.models.decoder import DecoderLM  # noqa: E402
-from jaxdepth.trainer.losses import lm_loss_sums  # noqa: E402
-from jaxdepth.trainer.flops import measure_matmul_peak, train_flops_per_token  # noqa: E402
-from jaxdepth.trainer.optim import make_optimizer  # noqa: E402
-from jaxdepth.trainer.sharding import batch_sharding, make_mesh  # noqa: E402
-from jaxdepth.tasks import task_for  # noqa: E402
-from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings  # noqa: E402
+from jaxdepth.config import (Config, DataConfig, MeshConfig, ModelConfig, OptimConfig, RunConfig,
+                             from_preset, param_count)
+from jaxdepth.models.decoder import DecoderLM
+from jaxdepth.trainer.losses import lm_loss_sums
+from jaxdepth.trainer.flops import measure_matmul_peak, train_flops_per_token
+from jaxdepth.trainer.optim import make_optimizer
 
 try:
     import torch
@@ -216,31 +207,16 @@ def bench_config(model: ModelConfig, seq_len: int, batch: int) -> Config:
                   mesh=MeshConfig(data=1), run=RunConfig(steps=1000))
 
 
-def random_batch(cfg: Config, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    B, T = cfg.data.batch_size, cfg.data.seq_len
-    toks = rng.integers(3, cfg.model.vocab_size, size=(B, T + 1), dtype=np.int32)
-    return {"inputs": toks[:, :-1], "targets": toks[:, 1:], "weights": np.ones((B, T), np.float32)}
-
-
-class JaxSide:
+class JaxSide(TrainStep):
     """The real jaxdepth train step, as train.py builds it (on one device)."""
 
     def __init__(self, cfg: Config, batch: dict):
-        self.cfg = cfg
-        self.mesh = make_mesh(cfg.mesh)
-        self.tx = make_optimizer(cfg.optim, cfg.run.steps)
-        task = task_for(cfg)
-        _, sh = state_shardings(cfg, self.tx, self.mesh, task)
-        self.state = sharded_init(cfg, self.tx, self.mesh, task, sh)
-        self.step_fn = make_train_step(cfg, self.tx, self.mesh, sh, task)
-        b_sh = batch_sharding(self.mesh)
-        self.batch = {k: jax.device_put(v, b_sh) for k, v in batch.items()}
+        super().__init__(cfg, batch)
         self.initial_model = jax.tree.map(lambda x: np.array(x) if eqx.is_array(x) else x,
                                           self.state.model)
 
     def step(self) -> float:
-        self.state, metrics = self.step_fn(self.state, self.batch)
+        _, metrics = self()
         return float(jax.block_until_ready(metrics)["loss"])
 
 
@@ -264,17 +240,6 @@ class TorchSide:
 
 
 # ============================================================================ profiling
-
-def _time(fn, reps: int) -> float:
-    """Median seconds of fn() (which must block) after one untimed call."""
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
 
 def profile_jax(cfg: Config, batch: dict, reps: int = 3) -> dict:
     """Seconds of each piece of a jaxdepth train step, each jitted on its own (fwd+bwd)."""
@@ -382,8 +347,7 @@ def model_from_args(args) -> ModelConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = arg_parser(__doc__)
     p.add_argument("--preset", default="41M-L2", help="model shape from a preset (41M-L2: baseline)")
     p.add_argument("--n-layers", type=int)
     p.add_argument("--d-ff", type=int)
@@ -417,7 +381,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     m = model_from_args(args)
     cfg = bench_config(m, args.seq_len, args.batch)
-    batch = random_batch(cfg)
+    batch = random_lm_batch(cfg)
     tokens = args.batch * args.seq_len
     fpt = train_flops_per_token(m, args.seq_len)
     peak = measure_matmul_peak(jnp.float32)
@@ -440,9 +404,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     for name in list(contestants):  # warmup: the first call of jax and torch.compile compiles
         try:
-            t = time.perf_counter()
-            first_loss[name] = contestants[name]()
-            compile_s[name] = time.perf_counter() - t
+            first_loss[name], compile_s[name] = timed(contestants[name], block=False)
             for _ in range(args.warmup - 1):
                 contestants[name]()
         except Exception as e:  # noqa: BLE001  (torch.compile may fail on a bare machine)
@@ -455,9 +417,9 @@ def main(argv: list[str] | None = None) -> dict:
     for r in range(args.rounds):
         for name, fn in contestants.items():
             for _ in range(args.block):
-                t = time.perf_counter()
-                losses[name].append(fn())
-                times[name].append(time.perf_counter() - t)
+                loss, seconds = timed(fn, block=False)  # fn returns a float: it has waited
+                losses[name].append(loss)
+                times[name].append(seconds)
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{k} {1e3 * times[k][-1]:.0f} ms" for k in times), flush=True)
 
@@ -487,9 +449,8 @@ def main(argv: list[str] | None = None) -> dict:
         "batch": args.batch, "tokens_per_step": tokens, "flops_per_token": fpt,
         "warmup": args.warmup, "rounds": args.rounds, "block": args.block,
         "torch_attention": args.attn, "torch_adamw": args.torch_adamw, "torch_device": dev,
-        "jax": jax.__version__, "torch": torch.__version__, "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "malloc_tuned": MALLOC_TUNED,
-        "device_kind": jax.devices()[0].device_kind, "platform": platform.platform(),
+        **environment(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                      xla_flags=os.environ.get("XLA_FLAGS", "")),
         "measured_fp32_matmul_flops": peak,
         "results": results, "errors": errors,
         "jax_over_torch_eager": ratio,
@@ -518,7 +479,7 @@ def main(argv: list[str] | None = None) -> dict:
             tv = pt.get(k, float("nan"))
             print(f"{k:40}{pj[k]:>10.4f}{tv:>10.4f}{pj[k] / tv:>10.2f}")
         out["profile"] = {"jax": pj, "torch_eager": pt}
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    write_json(args.out, out)
     print(f"wrote {args.out}")
     return out
 

@@ -9,7 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 
 class ConfigError(ValueError):
@@ -32,6 +32,10 @@ ARCHS = ("decoder", "act", "albert", "bert", "encoder")
 
 @dataclass(frozen=True)
 class ModelConfig:
+    # Fields that fix parameter shapes (or what the weights mean): a checkpoint only loads into
+    # a model that agrees on them. Every other field is a run-time option.
+    SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "d_model", "n_layers", "d_ff", "n_heads",
+                                        "rel_buckets", "rel_max_distance")
     vocab_size: int = 512
     d_model: int = 128
     n_layers: int = 4
@@ -172,6 +176,8 @@ def _act_require(cond: bool, name: str, msg: str) -> None:
 class ACTConfig:
     """The adaptive-depth encoder (docs/design.md §3), used when model.arch is act, albert
     or bert; its vocabulary is model.vocab_size (act.vocab_size is overwritten with it)."""
+    SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "embed_dim", "d_model", "n_heads", "d_ff",
+                                        "max_len", "n_segments")
     vocab_size: int = 512
     embed_dim: int = 128  # E, ALBERT's factorised embedding size
     d_model: int = 128

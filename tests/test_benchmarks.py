@@ -16,7 +16,7 @@ import bench_step  # noqa: E402
 import bench_vs_torch  # noqa: E402
 
 from jaxdepth.config import MeshConfig, ModelConfig, depth_family  # noqa: E402
-from jaxdepth.layers import relative_position_bucket  # noqa: E402
+from jaxdepth.models.layers import relative_position_bucket  # noqa: E402
 from jaxdepth.models.decoder import DecoderLM  # noqa: E402
 from jaxdepth.trainer.losses import lm_loss_sums  # noqa: E402
 

@@ -1,5 +1,6 @@
 """The downloader against a loopback HTTP server (no network), and the real registry checked
-against the readers' file names and, when present, the files in ../shared/data."""
+against the readers' file names and, when present, the files of the shared data directory
+(the shared_data fixture)."""
 import hashlib
 import re
 import shutil

@@ -200,7 +200,7 @@ def test_bf16_checkpoint_loads(tmp_path):
     arrays = random_arrays("bert")
     save_hf_checkpoint(tmp_path, arrays, cfg, dtype="BF16")
     model, _, _ = load_hf_encoder(tmp_path)
-    assert model.word_VD.dtype == jnp.float32
+    assert model.embed.word_VD.dtype == jnp.float32
     # the bf16-rounded weights as stored, through the NumPy HF forward
     stored = read_safetensors(tmp_path / "model.safetensors")
     for k, v in arrays.items():  # bf16 keeps 8 significant bits: relative error <= 2^-8

@@ -195,7 +195,7 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path):
         tok = Tokenizer.load(run / "data" / "tokenizer.model")
         data = make_probe_data(task, tok, n_train=512, n_eval=128, seed=0, seq_len=32)["test"]
         logits, o = model(jnp.asarray(data["tokens"]), jnp.asarray(data["segments"]),
-                          jnp.asarray(data["mask"]))  # scan path; the job used the while loop
+                          jnp.asarray(data["mask"]))  # scan path; the task used the while loop
         pred, N = np.asarray(jnp.argmax(logits, -1)), np.asarray(o.N_BT)
         probe = json.loads((run / "analysis" / "probe.json").read_text())["test"]
         labels = data["labels"]

@@ -122,11 +122,11 @@ def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
     cfg = _cfg(tmp_path / "ft", task={"init_from": str(pre), "init_step": 2},
                model={"dropout": 0.1})
     mesh = make_mesh(cfg.mesh)
-    job = prepared(cfg, tmp_path / "ft")
+    task = prepared(cfg, tmp_path / "ft")
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     mngr = ckpt.open_manager(tmp_path / "ft", 1)
     from jaxdepth.data.pipeline import lm_iterator
-    state, _ = restore_or_init(cfg, tx, mesh, mngr, lm_iterator(job.dataset()), job)
+    state, _ = restore_or_init(cfg, tx, mesh, mngr, lm_iterator(task.dataset()), task)
     want, _, _ = load_model(pre, 2)
     for a, b in zip(jax.tree.leaves(state.model), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

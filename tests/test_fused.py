@@ -19,12 +19,13 @@ import pytest
 from jaxdepth.config import ACTConfig, Config, ModelConfig, apply_overrides
 from jaxdepth.data.ner import LABELS
 from jaxdepth.models.act import ACTEncoder, UntiedEncoder
-from jaxdepth.models.backbone import depth_and_width, layer_states, strip_to_backbone
+from jaxdepth.models.backbone import depth_and_width, strip_to_backbone
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.models.encoder import Encoder, EncoderConfig
-from jaxdepth.models.encoder_mlm import EncoderMLM, gather_positions
+from jaxdepth.models.encoder_mlm import EncoderMLM
 from jaxdepth.models.fused import ExtraLayers, FusedModel, fusion_param_count
 from jaxdepth.models.fusion import KEY_DIM, DWAtt, fusion_trainable
+from jaxdepth.models.heads import gather_positions
 from jaxdepth.tasks import task_for
 from jaxdepth.tasks.ner import ner_objective
 from jaxdepth.trainer.optim import make_optimizer
@@ -293,7 +294,7 @@ def _assert_stacked_layer_states(model, n_layers: int, inp, mode: str) -> None:
     def run(model, fused):
         want = layers_by_hand(model.embed(inp["tokens"], inp["segments"]), model.layers,
                               n_layers, inp["mask"].astype(bool))
-        return layer_states(model, *args), want, fused.features(*args)
+        return model.layer_states(*args), want, fused.features(*args)
 
     z, want, h = run(model, fused)
     assert z.shape == (n_layers, B, T, D)
@@ -331,7 +332,7 @@ def test_layer_states_act(halting):
         else:  # the inference driver (while_loop, filled past its last iteration) is independent
             out = model.forward_while(*args, return_states=True)
             want, last, ran = out.states_MBTD, out.h_BTD, out.iterations_run
-        return layer_states(model, *args), want, last, ran, fused.features(*args)
+        return model.layer_states(*args), want, last, ran, fused.features(*args)
 
     z, want, last, ran, h = run(model, fused)
     assert z.shape == (cfg.max_iters, B, T, D)
@@ -359,9 +360,9 @@ def test_layer_states_decoder():
         bias = model.rel_bias(pos, pos)
         want = []
         for i in range(cfg.n_layers):
-            x = model._layer(i)(x, bias, 0.0, None)
+            x = stacked_layer(model.blocks, i)(x, bias, 0.0, None)
             want.append(x)
-        return (layer_states(model, inp["tokens"], None, None), jnp.stack(want),
+        return (model.layer_states(inp["tokens"], None, None), jnp.stack(want),
                 model.hidden(inp["tokens"])[0], model.final_norm(x),
                 fused.features(inp["tokens"], None, None))
 
@@ -449,7 +450,7 @@ def test_encoder_mlm_masked_logits_match_numpy():
     mean = u.mean(-1, keepdims=True)
     var = ((u - mean) ** 2).mean(-1, keepdims=True)
     u = (u - mean) / np.sqrt(var + ENC.layer_norm_eps) * f(hd.norm.scale) + f(hd.norm.bias)
-    want = u @ f(enc.word_VD).T + f(hd.bias_V)
+    want = u @ f(enc.embed.word_VD).T + f(hd.bias_V)
     np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-5, atol=1e-5)
     # The fusion model's MLM head (Base, FE) on the same encoder and head: the same logits.
     np.testing.assert_allclose(np.asarray(fused_logits), want, rtol=1e-5, atol=1e-5)

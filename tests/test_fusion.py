@@ -10,7 +10,7 @@ import pytest
 from jaxdepth.models.fusion import Concat, DWAtt, added_params, fusion_trainable
 
 L, D, B, T = 4, 16, 2, 3
-EPS = 1e-12  # LayerNorm eps of jaxdepth.layers.LayerNorm
+EPS = 1e-12  # LayerNorm eps of jaxdepth.models.layers.LayerNorm
 
 
 def randomize(module, seed):

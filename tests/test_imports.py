@@ -30,8 +30,9 @@ What does not:
   rules (b) and (c) do count them: a type-only import of the trainer from a model is still the
   dependency those rules forbid.
 
-Imports inside ``try`` blocks that catch ImportError (optional imports, fallbacks) are edges
-like any other when they resolve; only the resolution check lets them name a missing module.
+Imports inside ``try`` blocks that catch ImportError (or Exception, or everything: optional
+imports, fallbacks) are edges like any other when they resolve; only the resolution check lets
+them name a missing module.
 
 Rule (d), precisely. The files: every ``.py`` and ``.md`` under jaxdepth/, benchmarks/ and
 tests/, and train.py and eval.py (this file excepted: it has to spell out what it forbids). A
@@ -41,7 +42,8 @@ file fails if it
   (the design now lives in docs/design.md);
 - names the shared folder beside the checkout by a path: ``../shared`` or ``shared/data``
   (prose such as "the shared data directory" and the ``shared_data`` fixture are fine), or
-  an absolute path to a sibling of the checkout (``/work/shared/...`` here);
+  an absolute path to a sibling of the checkout (``/work/shared/...`` for a checkout at
+  /work/main);
 - builds a path above the repository root from ``__file__``
   (``Path(__file__).resolve().parents[k]``, ``.parent``, ``/ ".."``, ``os.path.dirname``).
 
@@ -52,7 +54,6 @@ that reads real data takes that fixture.
 from __future__ import annotations
 
 import ast
-import os
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -353,8 +354,8 @@ def test_import_resolution_on_a_synthetic_package(tmp_path):
                      "    from pkg.sub import c\nelse:\n    import pkg.a\n"
                      "def f():\n    from .sub import helper, c as cc\n    return helper\n"),
         "pkg/sub/__init__.py": "helper = 2\n",
-        "pkg/sub/c.py": ("import importlib\nclass K:\n    def m(self):\n"
-                         "        from .. import a\n        return importlib.import_module('pkg.b')\n"
+        "pkg/sub/c.py": ("import importlib\nclass K:\n    def m(self):\n        from .. import a\n"
+                         "        return importlib.import_module('pkg.b')\n"
                          "try:\n    from ..gone import x\nexcept ImportError:\n    x = None\n"),
     }
     for name, text in files.items():

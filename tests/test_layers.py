@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdepth.layers import (
+from jaxdepth.models.layers import (
     Attention, GatedMLP, RelativePositionBias, RMSNorm, dropout, relative_position_bucket)
 
 
@@ -174,7 +174,7 @@ def test_dropout_function(getkey):
 
 
 def test_layer_norm_against_numpy(getkey):
-    from jaxdepth.layers import LayerNorm
+    from jaxdepth.models.layers import LayerNorm
 
     x = np.asarray(jax.random.normal(getkey(), (3, 5, 16)), np.float64) * 3 + 1
     ln = LayerNorm(16, eps=1e-5)

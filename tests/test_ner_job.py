@@ -354,7 +354,7 @@ def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir)
     words = SentencePieceWords(Tokenizer.load(run / "data" / "tokenizer.model"))
     longest = max(len(s.tokens) for split in ("train", "dev", "test")
                   for s in read_wikiann(wikiann_dir / split))
-    assert longest <= 16  # max_words 16 caps nothing (the job's own choice is 16 as well)
+    assert longest <= 16  # max_words 16 caps nothing (the task's own choice is 16 as well)
     encoded = {split: encode_sentences(read_wikiann(wikiann_dir / split), words.word_ids, LABELS,
                                        seq_len=SEQ_LEN, max_words=16,
                                        cls_id=words.cls_id, sep_id=words.sep_id,
@@ -367,7 +367,7 @@ def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir)
     assert encoded["test"][1] > 0
     test = read_wikiann(wikiann_dir / "test")
     arrays = encoded["test"][0]
-    # argmax of the model's logits here (not the job's predict_tags), decoded by hand-tested
+    # argmax of the model's logits here (not the task's predict_tags), decoded by hand-tested
     # decode_tags: words past the fitted ones count as O
     logits = model(*(jnp.asarray(arrays[k]) for k in ("tokens", "segments", "mask", "positions")))
     pred = decode_tags(np.argmax(np.asarray(logits), -1), arrays["labels"],
@@ -403,7 +403,7 @@ def test_n_shot_trains_on_n_times_c_sentences(ner_run, wikiann_dir, tmp_path):
     src_tok = ner_run[0] / "data" / "tokenizer.model"
     train_pool = read_wikiann(wikiann_dir / "train")
 
-    def job(name, seed):
+    def prepared(name, seed):
         run = tmp_path / name
         (run / "data").mkdir(parents=True)
         shutil.copyfile(src_tok, run / "data" / "tokenizer.model")  # kept: no training on 6
@@ -413,7 +413,7 @@ def test_n_shot_trains_on_n_times_c_sentences(ner_run, wikiann_dir, tmp_path):
         task.prepare(run, True, lambda: None)
         return task
 
-    a, b, c = job("a", 5), job("b", 5), job("c", 6)
+    a, b, c = prepared("a", 5), prepared("b", 5), prepared("c", 6)
     sa = a.sentences["train"]
     assert len(sa) == 6 == len(set(sa))  # N * C = 2 * 3, without replacement
     assert all(s in train_pool for s in sa)
@@ -477,14 +477,14 @@ def test_mlm_fusion_perplexity_recomputed(pretrained, tmp_path):
     assert summary["mlm_predictions"] > 0
     model, _, step = load_model(run)
     assert step == 4
-    job = task_for(cfg)
-    assert isinstance(job, FusionMLMTask)
-    job.prepare(run, True, lambda: None)  # the run's tokenizer and held-out batches
-    assert len(job.valid) == 2
-    got = mlm_perplexity(model, job.valid)
+    task = task_for(cfg)
+    assert isinstance(task, FusionMLMTask)
+    task.prepare(run, True, lambda: None)  # the run's tokenizer and held-out batches
+    assert len(task.valid) == 2
+    got = mlm_perplexity(model, task.valid)
     # the held-out loss recomputed in NumPy from the model's logits at the masked slots
     nll = n = 0.0
-    for b in job.valid:
+    for b in task.valid:
         logits = np.asarray(model.masked_logits(b["tokens"], b["segments"], b["mask"],
                                                 b["mlm_positions"]), np.float64)
         logp = logits - logits.max(-1, keepdims=True)
@@ -592,14 +592,14 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
                data={"corpus": str(corpus), "seq_len": 32, "valid_fraction": 0.2,
                      "batch_size": 8, "max_predictions": 6},
                fusion={"method": "concat", "mode": "fe"}, run={"eval_batches": 3})
-    job = task_for(cfg)
-    assert isinstance(job, FusionMLMTask)
-    job.prepare(tmp_path / "run", True, lambda: None)
+    task = task_for(cfg)
+    assert isinstance(task, FusionMLMTask)
+    task.prepare(tmp_path / "run", True, lambda: None)
     assert not (tmp_path / "run" / "data" / "tokenizer.model").exists()
     cls, sep, mask_id = vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"]
-    assert job.mlm.first_random_id == max(cls, sep, vocab["[PAD]"], vocab["[UNK]"]) + 1
+    assert task.mlm.first_random_id == max(cls, sep, vocab["[PAD]"], vocab["[UNK]"]) + 1
     un, es, co = vocab["UN"], vocab["##ES"], vocab["##CO"]
-    for batch in job.valid:
+    for batch in task.valid:
         for r in range(len(batch["tokens"])):
             n = int(batch["mask"][r].sum())
             orig = batch["tokens"][r].copy()
@@ -612,7 +612,7 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
             got = batch["tokens"][r][pos]
             assert all(t == mask_id or kinds[p] != 1 for t, p in zip(got, pos))
             random_ = [t for t, p in zip(got, pos) if kinds[p] == KIND_RANDOM]
-            assert all(t >= job.mlm.first_random_id for t in random_)
+            assert all(t >= task.mlm.first_random_id for t in random_)
             masked = set(pos.tolist())
             for i in range(1, n - 2):  # whole words: UN ##ES ##CO masked together or not at all
                 if orig[i] == un and orig[i + 1] == es and orig[i + 2] == co:

@@ -32,7 +32,8 @@ from jaxdepth.trainer import loop
 
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-EVERY_2 = {"run.eval_every": 2, "run.save_every": 2, "run.keep": 4}  # evaluate, checkpoint (all kept)
+# an evaluation and a checkpoint every 2 steps, every checkpoint kept
+EVERY_2 = {"run.eval_every": 2, "run.save_every": 2, "run.keep": 4}
 
 
 class TraceCounter:

@@ -1,5 +1,6 @@
 """Benchmark readers: hand-made fixtures in each published format, malformed input, and the
-real files in ../shared/data checked against the counts and examples of SOURCES.md."""
+real files of the shared data directory (the shared_data fixture) checked against the counts
+and examples of docs/datasets.md."""
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
@@ -141,7 +142,7 @@ def test_generalization_type_classification():
 
 
 # ---------------------------------------------------------------------------------------
-# The real files (skipped when ../shared/data is absent)
+# The real files (skipped when the shared data directory is absent)
 
 
 @lru_cache(maxsize=None)

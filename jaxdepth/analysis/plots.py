@@ -2,7 +2,7 @@
 
 Every function takes the (deduplicated) rows, an output path and optionally the size class
 (needed only when the rows hold several), writes a PNG and returns ``(path, series)``:
-`series` holds exactly what was plotted, as aggregates of `report.aggregate` reduced to
+`series` holds exactly what was plotted, as aggregates of `results.aggregate` reduced to
 ``{"x": [...], "mean": [...], "ci95": [...], "n": [...]}`` (ci95 None for a single seed; drawn
 without an error bar). Accuracies are fractions in [0, 1].
 """
@@ -17,8 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jaxdepth.analysis.report import aggregate, relative_perplexity as _relative_perplexity
-from jaxdepth.analysis.report import size_classes, tasks  # noqa: E402
+from jaxdepth.analysis.results import aggregate, relative_perplexity as _relative_perplexity  # noqa: E402
+from jaxdepth.analysis.results import size_classes, tasks  # noqa: E402
 
 DPI = 120
 

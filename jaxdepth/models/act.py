@@ -2,7 +2,7 @@
 
 One shared post-LN layer is applied up to ``max_iters`` times. After each application every
 token still running draws a halting probability from the layer output and is interpolated
-towards it (DESIGN.md §3, the semantics of the authors' released code):
+towards it (docs/design.md §3, the semantics of the authors' released code):
 
     h_hat = layer(h[n-1]);  p = sigmoid(w_h . h_hat + b_h);  run = c < 1
     new_halted = run & (c + p > 1 - eps);  still_running = run & (c + p <= 1 - eps)
@@ -16,7 +16,8 @@ differentiable, always M iterations; halted tokens no longer change, so it is ex
 as a function, so tests can inject it and the model reuses them unchanged.
 
 ``UntiedEncoder`` is the BERT-style baseline with M separate layers and the same embeddings and
-heads, for fixed-depth comparisons; ``halting="fixed"`` is the weight-tied one (ALBERT).
+heads, for fixed-depth comparisons: models/encoder.py's ``Encoder`` with ALBERT's embeddings.
+``halting="fixed"`` is the weight-tied one (ALBERT).
 """
 from __future__ import annotations
 
@@ -29,8 +30,12 @@ from jaxtyping import Array
 
 from ..config import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
 from ..config import ACTConfig
-from ..layers import Dense, LayerNorm, PostLNEncoderLayer, bert_init, dropout, split_or_none
+from .backbone import Backbone
+from .encoder import Encoder, default_inputs
+from .heads import MLMHead, gather_positions
+from .layers import Dense, LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
 from .options import with_options
+from .stack import init_stack
 
 
 # The config (ACTConfig, with the presets) lives in jaxdepth/config.py as the `act` section.
@@ -64,7 +69,7 @@ def init_halt_state(h0_BTD: Array, mask_BT: Array) -> HaltState:
 
 def halting_step(state: HaltState, h_hat_BTD: Array, p_BT: Array,
                  eps: float) -> tuple[HaltState, Array]:
-    """One ACT update (DESIGN §3, line for line); returns the new state and lam [B, T].
+    """One ACT update (docs/design.md §3, line for line); returns the new state and lam [B, T].
 
     c + (1 - c) rounds to exactly 1 in float32 for any c in [0, 1), so ``run = c < 1`` is a
     reliable halted flag and no separate boolean has to be carried.
@@ -171,24 +176,14 @@ class ALBERTEmbeddings(eqx.Module):
         return self.proj(dropout(self.norm(x_BTE), rate, key))
 
 
-class MLMHead(eqx.Module):
-    """ALBERT's MLM head: dense d_model -> E, GELU, LayerNorm, then the TIED token embedding
-    (E -> vocab) plus an output bias. There is no vocab-sized matrix of its own."""
+def albert_layer(cfg: ACTConfig, *, key: Array) -> PostLNLayer:
+    """ALBERT's post-LN layer: tanh GELU ("gelu_new"), LayerNorm eps 1e-12."""
+    return PostLNLayer(cfg.d_model, cfg.n_heads, cfg.ff, activation="gelu_new", key=key)
 
-    dense: Dense
-    norm: LayerNorm
-    bias_V: Array
 
-    def __init__(self, cfg: ACTConfig, *, key: Array):
-        self.dense = Dense(cfg.d_model, cfg.embed_dim, key=key)
-        self.norm = LayerNorm(cfg.embed_dim)
-        self.bias_V = jnp.zeros((cfg.vocab_size,), jnp.float32)
-
-    def __call__(self, h_BPD: Array, token_VE: Array) -> Array:
-        x_BPE = self.norm(jax.nn.gelu(self.dense(h_BPD), approximate=True))
-        logits = jnp.einsum("bpe,ve->bpv", x_BPE, token_VE.astype(x_BPE.dtype),
-                            preferred_element_type=jnp.float32)
-        return logits + self.bias_V[None, None]
+def albert_mlm_head(cfg: ACTConfig, *, key: Array) -> MLMHead:
+    """ALBERT's MLM head: d_model -> E, tanh GELU, LayerNorm, then the tied token embedding."""
+    return MLMHead(cfg.d_model, cfg.embed_dim, cfg.vocab_size, activation="gelu_new", key=key)
 
 
 class SOPHead(eqx.Module):
@@ -207,13 +202,13 @@ class SOPHead(eqx.Module):
         return self.classifier(dropout(pooled_BD, rate, key)).astype(jnp.float32)
 
 
-class _Pretrainable(eqx.Module):
-    """Heads and run-time options shared by ACTEncoder and UntiedEncoder (no fields of its own)."""
+class _Pretrainable(Backbone):
+    """Heads, run-time options and the Backbone methods shared by ACTEncoder and UntiedEncoder
+    (no fields of its own)."""
 
     def mlm_logits(self, h_BTD: Array, positions_BP: Array) -> Array:
         """Float32 logits [B, P, V] at the given positions."""
-        h_BPD = jnp.take_along_axis(h_BTD, positions_BP[..., None], axis=1)
-        return self.mlm(h_BPD, self.embed.token_VE)
+        return self.mlm(gather_positions(h_BTD, positions_BP), self.embed.token_VE)
 
     def sop_logits(self, h_BTD: Array, *, key: Array | None = None) -> Array:
         return self.sop(h_BTD, self.cfg.dropout, key)
@@ -222,19 +217,26 @@ class _Pretrainable(eqx.Module):
         """Same weights, other run-time options (dropout, tau, eps, halting, max_iters, remat)."""
         return with_options(self, _SHAPE_FIELDS + self._extra_shape_fields, **changes)
 
+    @property
+    def n_layer_states(self) -> int:
+        """M: the states after each iteration (ACT: a halted token's state stays as it was)."""
+        return self.cfg.max_iters
 
-def _inputs(tokens_BT: Array, segments_BT: Array | None,
-            mask_BT: Array | None) -> tuple[Array, Array]:
-    segments_BT = jnp.zeros_like(tokens_BT) if segments_BT is None else segments_BT
-    mask_BT = jnp.ones(tokens_BT.shape, bool) if mask_BT is None else mask_BT.astype(bool)
-    return segments_BT, mask_BT
+    def layer_states(self, tokens_BT: Array, segments_BT: Array | None = None,
+                     mask_BT: Array | None = None, *, key: Array | None = None) -> Array:
+        return self(tokens_BT, segments_BT, mask_BT, key=key, return_states=True).states_MBTD
+
+    def post_ln_layer(self, *, key: Array) -> PostLNLayer:
+        """A fresh post-LN layer for Base+n. It has BERT's defaults (eps 1e-12, exact GELU), not
+        ALBERT's tanh GELU: what Base+n has always stacked on these encoders."""
+        return PostLNLayer(self.cfg.d_model, self.cfg.n_heads, self.cfg.ff, key=key)
 
 
 # ----------------------------------------------------------------------------------- ACT model
 
 class ACTEncoder(_Pretrainable):
     embed: ALBERTEmbeddings
-    layer: PostLNEncoderLayer  # the one shared layer
+    layer: PostLNLayer  # the one shared layer
     halt_w_D: Array
     halt_b: Array  # scalar
     mlm: MLMHead
@@ -245,10 +247,10 @@ class ACTEncoder(_Pretrainable):
     def __init__(self, cfg: ACTConfig, *, key: Array):
         ke, kl, kh, km, ks = jax.random.split(key, 5)
         self.embed = ALBERTEmbeddings(cfg, key=ke)
-        self.layer = PostLNEncoderLayer(cfg.d_model, cfg.n_heads, cfg.ff, key=kl)
+        self.layer = albert_layer(cfg, key=kl)
         self.halt_w_D = bert_init(kh, (cfg.d_model,), jnp.float32)
         self.halt_b = jnp.asarray(cfg.halting_bias_init, jnp.float32)
-        self.mlm = MLMHead(cfg, key=km)
+        self.mlm = albert_mlm_head(cfg, key=km)
         self.sop = SOPHead(cfg, key=ks)
         self.cfg = cfg
 
@@ -274,7 +276,7 @@ class ACTEncoder(_Pretrainable):
         return step
 
     def _embed(self, tokens_BT, segments_BT, mask_BT, key):
-        segments_BT, mask_BT = _inputs(tokens_BT, segments_BT, mask_BT)
+        segments_BT, mask_BT = default_inputs(tokens_BT, segments_BT, mask_BT)
         k_emb, k_layer = split_or_none(key, 2)
         return self.embed(tokens_BT, segments_BT, self.cfg.dropout, k_emb), mask_BT, k_layer
 
@@ -319,11 +321,12 @@ class ACTEncoder(_Pretrainable):
 
 # ------------------------------------------------------------------------ untied BERT baseline
 
-class UntiedEncoder(_Pretrainable):
-    """M separate post-LN layers (stacked, run with ``lax.scan``); same embeddings and heads."""
+class UntiedEncoder(_Pretrainable, Encoder):
+    """M separate post-LN layers: the ``Encoder`` of models/encoder.py with ALBERT's embeddings
+    and layers, and the same MLM and SOP heads as ACTEncoder."""
 
     embed: ALBERTEmbeddings
-    layers: PostLNEncoderLayer  # every leaf has a leading layer axis M
+    layers: PostLNLayer  # every leaf has a leading layer axis M
     mlm: MLMHead
     sop: SOPHead
     cfg: ACTConfig = eqx.field(static=True)
@@ -332,33 +335,21 @@ class UntiedEncoder(_Pretrainable):
     def __init__(self, cfg: ACTConfig, *, key: Array):
         ke, kl, km, ks = jax.random.split(key, 4)
         self.embed = ALBERTEmbeddings(cfg, key=ke)
-        make = lambda k: PostLNEncoderLayer(cfg.d_model, cfg.n_heads, cfg.ff, key=k)  # noqa: E731
-        self.layers = eqx.filter_vmap(make)(jax.random.split(kl, cfg.max_iters))
-        self.mlm = MLMHead(cfg, key=km)
+        self.layers = init_stack(lambda k: albert_layer(cfg, key=k), cfg.max_iters, key=kl)
+        self.mlm = albert_mlm_head(cfg, key=km)
         self.sop = SOPHead(cfg, key=ks)
         self.cfg = cfg
 
     ponder_weight = 0.0
+    scan_layers = True  # ACTConfig has no unrolled option
 
     def __call__(self, tokens_BT: Array, segments_BT: Array | None = None,
                  mask_BT: Array | None = None, *, key: Array | None = None,
                  return_states: bool = False) -> ACTOutput:
-        cfg = self.cfg
-        segments_BT, mask_BT = _inputs(tokens_BT, segments_BT, mask_BT)
-        k_emb, k_layers = split_or_none(key, 2)
-        h0 = self.embed(tokens_BT, segments_BT, cfg.dropout, k_emb)
-        params, static = eqx.partition(self.layers, eqx.is_array)
-
-        def body(h, xs):
-            p, n = xs
-            k = None if k_layers is None else jax.random.fold_in(k_layers, n)
-            h = eqx.combine(p, static)(h, mask_BT, cfg.dropout, k)
-            return h, (h if return_states else None)
-
-        if cfg.remat:
-            body = jax.checkpoint(body)
-        h, states = jax.lax.scan(body, h0, (params, jnp.arange(cfg.max_iters, dtype=jnp.int32)))
-        N = cfg.max_iters * mask_BT.astype(jnp.float32)
+        segments_BT, mask_BT = default_inputs(tokens_BT, segments_BT, mask_BT)
+        h, states = self.forward(tokens_BT, segments_BT, mask_BT, key=key,
+                                 all_layers=return_states)
+        N = self.cfg.max_iters * mask_BT.astype(jnp.float32)
         return ACTOutput(h, N, jnp.zeros_like(N), states, _iterations(N))
 
     forward_scan = forward_while = __call__

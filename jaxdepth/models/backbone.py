@@ -13,11 +13,47 @@ Where a backbone's weights come from (``task.init_from``) is the tasks' business
 """
 from __future__ import annotations
 
+import abc
+from typing import Any
+
 import equinox as eqx
 from jaxtyping import Array
 
 from ..config import ConfigError
-from .encoder import Encoder
+from .layers import PostLNLayer
+
+
+class Backbone(eqx.Module):
+    """What a fusion model (models/fused.py) needs of the deep model under it. Its sizes are
+    read from the model's ``cfg`` (``n_layers``, ``d_model``, ``dropout``) unless a subclass
+    says otherwise."""
+
+    cfg: eqx.AbstractVar[Any]
+
+    @property
+    def n_layer_states(self) -> int:
+        """L: how many layer outputs ``layer_states`` returns."""
+        return self.cfg.n_layers
+
+    @property
+    def width(self) -> int:
+        """d: the width of every layer output."""
+        return self.cfg.d_model
+
+    @property
+    def dropout_rate(self) -> float:
+        """Its hidden dropout rate, which Base+n's fresh layers train with too."""
+        return self.cfg.dropout
+
+    @abc.abstractmethod
+    def layer_states(self, tokens_BT: Array, segments_BT: Array | None = None,
+                     mask_BT: Array | None = None, *, key: Array | None = None) -> Array:
+        """z_LBTD: the output of every layer (iteration), embeddings excluded. Dropout is
+        active iff a key is given."""
+
+    @abc.abstractmethod
+    def post_ln_layer(self, *, key: Array) -> PostLNLayer:
+        """A freshly initialised post-LN layer of its width and heads (Base+n stacks n)."""
 
 
 def strip_to_backbone(model) -> eqx.Module:
@@ -29,36 +65,8 @@ def strip_to_backbone(model) -> eqx.Module:
     return model
 
 
-def depth_and_width(backbone) -> tuple[int, int]:
+def depth_and_width(backbone: Backbone) -> tuple[int, int]:
     """(L, d): how many layer outputs the backbone yields and their width."""
-    from .act import ACTEncoder, UntiedEncoder
-    from .decoder import DecoderLM
-    if isinstance(backbone, Encoder):
-        return backbone.cfg.n_layers, backbone.cfg.d_model
-    if isinstance(backbone, (ACTEncoder, UntiedEncoder)):
-        return backbone.cfg.max_iters, backbone.cfg.d_model
-    if isinstance(backbone, DecoderLM):
-        return backbone.cfg.n_layers, backbone.cfg.d_model
-    raise ConfigError(f"task.init_from: a {type(backbone).__name__} is not a fusion backbone")
-
-
-def layer_states(backbone, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
-                 *, key: Array | None = None) -> Array:
-    """z_LBTD: the output of every layer (iteration) of the backbone, embeddings excluded."""
-    from .act import ACTEncoder, UntiedEncoder
-    from .decoder import DecoderLM
-    if isinstance(backbone, Encoder):
-        return backbone(tokens_BT, mask_BT, segments_BT, key=key)[1]
-    if isinstance(backbone, (ACTEncoder, UntiedEncoder)):
-        return backbone(tokens_BT, segments_BT, mask_BT, key=key, return_states=True).states_MBTD
-    if isinstance(backbone, DecoderLM):
-        return backbone.hidden(tokens_BT, key=key, all_layers=True)[1]
-    raise TypeError(f"{type(backbone).__name__} is not a fusion backbone")
-
-
-def backbone_heads(backbone) -> int:
-    """Attention heads of the backbone's layers (for Base+n's fresh layers)."""
-    c = backbone.cfg
-    return c.heads if hasattr(c, "heads") else c.n_heads
-
-
+    if not isinstance(backbone, Backbone):
+        raise ConfigError(f"task.init_from: a {type(backbone).__name__} is not a fusion backbone")
+    return backbone.n_layer_states, backbone.width

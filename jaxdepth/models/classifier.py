@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array
 
-from ..layers import Dense, dropout, split_or_none
+from .layers import Dense, dropout, split_or_none
 
 
 class EncoderClassifier(eqx.Module):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..config import ModelConfig
+from .backbone import Backbone
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
 from .options import with_options
 from .stack import init_stack, run_stack
@@ -31,7 +32,7 @@ class KVCache(eqx.Module):
         return self.k_LBSNH.shape[2]
 
 
-class DecoderLM(eqx.Module):
+class DecoderLM(Backbone):
     embed: Array  # [V, D], N(0, 1)
     blocks: DecoderBlock  # every leaf has a leading layer axis L
     rel_bias: RelativePositionBias
@@ -57,23 +58,7 @@ class DecoderLM(eqx.Module):
     def compute_dtype(self):
         return jnp.dtype(self.cfg.compute_dtype)
 
-    # ------------------------------------------------------------------ the Backbone protocol
-
-    @property
-    def n_layer_states(self) -> int:
-        return self.cfg.n_layers
-
-    @property
-    def width(self) -> int:
-        return self.cfg.d_model
-
-    @property
-    def heads(self) -> int:
-        return self.cfg.heads
-
-    @property
-    def dropout_rate(self) -> float:
-        return self.cfg.dropout
+    # ------------------------------------------------------------------ as a Backbone
 
     def layer_states(self, tokens_BT: Array, segments_BT: Array | None = None,
                      mask_BT: Array | None = None, *, key: Array | None = None) -> Array:

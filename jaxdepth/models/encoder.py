@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
+from .backbone import Backbone
 from .layers import ACTIVATIONS, LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
 from .options import with_options
 from .stack import folded_keys, init_stack, run_stack
@@ -98,6 +99,12 @@ def default_inputs(tokens_BT: Array, segments_BT: Array | None,
     return segments_BT, mask_BT
 
 
+def bert_layer(cfg: EncoderConfig, *, key: Array) -> PostLNLayer:
+    """BERT/RoBERTa's post-LN layer: the config's LayerNorm eps and activation."""
+    return PostLNLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, eps=cfg.layer_norm_eps,
+                       activation=cfg.activation, key=key)
+
+
 class BertEmbeddings(eqx.Module):
     """word + position + token type embeddings (HF layout), LayerNorm, dropout."""
 
@@ -140,7 +147,7 @@ class BertEmbeddings(eqx.Module):
         return dropout(self.norm(x_BTD), rate, key)
 
 
-class Encoder(eqx.Module):
+class Encoder(Backbone):
     """Embeddings (``embed(tokens_BT, segments_BT, rate, key) -> x_BTD``), then L stacked
     post-LN layers. Built here with BERT/RoBERTa's embeddings; ``act.UntiedEncoder`` builds it
     with ALBERT's."""
@@ -152,9 +159,7 @@ class Encoder(eqx.Module):
     def __init__(self, cfg: EncoderConfig, *, key: Array):
         kw, kp, kt, kl = jax.random.split(key, 4)
         self.embed = BertEmbeddings(cfg, keys=(kw, kp, kt))
-        make = lambda k: PostLNLayer(cfg.d_model, cfg.n_heads, cfg.d_ff,  # noqa: E731
-                                     eps=cfg.layer_norm_eps, activation=cfg.activation, key=k)
-        self.layers = init_stack(make, cfg.n_layers, key=kl)
+        self.layers = init_stack(lambda k: bert_layer(cfg, key=k), cfg.n_layers, key=kl)
         self.cfg = cfg
 
     def with_options(self, **changes) -> "Encoder":
@@ -184,30 +189,12 @@ class Encoder(eqx.Module):
         """Returns (h_BTD, states_LBTD): the last layer's output and every layer's output."""
         return self.forward(tokens_BT, token_types_BT, mask_BT, key=key)
 
-    # ------------------------------------------------------------------ the Backbone protocol
-
-    @property
-    def n_layer_states(self) -> int:
-        return self.cfg.n_layers
-
-    @property
-    def width(self) -> int:
-        return self.cfg.d_model
-
-    @property
-    def heads(self) -> int:
-        return self.cfg.n_heads
-
-    @property
-    def dropout_rate(self) -> float:
-        return self.cfg.dropout
+    # ------------------------------------------------------------------ as a Backbone
 
     def layer_states(self, tokens_BT: Array, segments_BT: Array | None = None,
                      mask_BT: Array | None = None, *, key: Array | None = None) -> Array:
         return self.forward(tokens_BT, segments_BT, mask_BT, key=key)[1]
 
     def post_ln_layer(self, *, key: Array) -> PostLNLayer:
-        """A fresh layer like this encoder's own (its eps and activation), for Base+n."""
-        c = self.cfg
-        return PostLNLayer(c.d_model, c.n_heads, c.d_ff, eps=c.layer_norm_eps,
-                           activation=c.activation, key=key)
+        """A fresh layer like this encoder's own, for Base+n."""
+        return bert_layer(self.cfg, key=key)

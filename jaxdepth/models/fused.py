@@ -1,9 +1,11 @@
-"""A backbone, a layer-fusion module and a task head: the model of the fusion tasks (DESIGN §4).
+"""A backbone, a layer-fusion module and a task head: the model of the fusion tasks
+(docs/design.md §4). The backbone is any ``Backbone`` (models/backbone.py).
 
 ``h`` is computed from the backbone's layer outputs ``z_LBTD`` by the method of ``fusion.method``:
 
 - ``base``: ``h = z_L`` (only the head is added);
-- ``base+n``: ``n`` freshly initialised transformer layers run on ``z_L``;
+- ``base+n``: ``n`` freshly initialised post-LN layers (``backbone.post_ln_layer``) run on
+  ``z_L``;
 - ``concat`` / ``dwatt``: the modules of models/fusion.py over all L outputs.
 
 Heads: token classification (NER: dropout then a linear map over ``h``) or BERT's MLM head tied
@@ -23,41 +25,35 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..layers import Dense, dropout, split_or_none
-from .backbone import backbone_heads, depth_and_width, layer_states
-from .encoder import BertLayer, Encoder
-from .encoder_mlm import BertMLMHead, gather_positions
+from .backbone import Backbone
+from .encoder import BertEmbeddings
+from .encoder_mlm import bert_mlm_head
 from .fusion import Concat, DWAtt, added_params, fusion_trainable
+from .heads import MLMHead, gather_positions
+from .layers import Dense, PostLNLayer, dropout, split_or_none
+from .stack import folded_keys, init_stack, run_stack
 
 
 class ExtraLayers(eqx.Module):
-    """Base+n: n fresh post-LN BERT layers (stacked, scanned) on top of the backbone."""
+    """Base+n: n fresh post-LN layers (one stack, scanned) on top of the backbone."""
 
-    layers: BertLayer  # every leaf has a leading axis n
+    layers: PostLNLayer  # every leaf has a leading axis n
     n: int = eqx.field(static=True)
 
-    def __init__(self, n: int, d_model: int, n_heads: int, d_ff: int, *, eps: float = 1e-12,
-                 activation: str = "gelu", key: Array):
-        make = lambda k: BertLayer(d_model, n_heads, d_ff, eps=eps,  # noqa: E731
-                                   activation=activation, key=k)
-        self.layers = eqx.filter_vmap(make)(jax.random.split(key, n))
+    def __init__(self, n: int, make_layer, *, key: Array):
+        """make_layer(key) -> a PostLNLayer; the backbone's ``post_ln_layer``."""
+        self.layers = init_stack(lambda k: make_layer(key=k), n, key=key)
         self.n = n
 
     def __call__(self, x_BTD: Array, mask_BT: Array, rate: float = 0.0,
                  key: Array | None = None) -> Array:
-        params, static = eqx.partition(self.layers, eqx.is_array)
-
-        def body(h, xs):
-            p, i = xs
-            k = None if key is None else jax.random.fold_in(key, i)
-            return eqx.combine(p, static)(h, mask_BT, rate, k), None
-
-        h, _ = jax.lax.scan(body, x_BTD, (params, jnp.arange(self.n, dtype=jnp.int32)))
-        return h
+        h_BTD, _ = run_stack(self.layers, x_BTD, lambda layer, h, k: layer(h, mask_BT, rate, k),
+                             keys=folded_keys(key, self.n))
+        return h_BTD
 
 
-def make_fusion(method: str, backbone, n_extra: int, *, key: Array):
-    L, d = depth_and_width(backbone)
+def make_fusion(method: str, backbone: Backbone, n_extra: int, *, key: Array):
+    L, d = backbone.n_layer_states, backbone.width
     if method == "base":
         return None
     if method == "dwatt":
@@ -65,20 +61,14 @@ def make_fusion(method: str, backbone, n_extra: int, *, key: Array):
     if method == "concat":
         return Concat(L, d, key=key)
     if method == "base+n":
-        c = backbone.cfg
-        eps = c.layer_norm_eps if isinstance(backbone, Encoder) else 1e-12
-        act = c.activation if isinstance(backbone, Encoder) else "gelu"
-        d_ff = getattr(c, "d_ff", 0) or 4 * d
-        return ExtraLayers(n_extra, d, backbone_heads(backbone), d_ff, eps=eps, activation=act,
-                           key=key)
+        return ExtraLayers(n_extra, backbone.post_ln_layer, key=key)
     raise ValueError(f"unknown fusion method {method!r}")
 
 
-def fusion_param_count(method: str, backbone, n_extra: int = 1) -> int:
+def fusion_param_count(method: str, backbone: Backbone, n_extra: int = 1) -> int:
     """Trainable parameters the fusion method adds on this backbone (Table 2; head excluded)."""
-    L, d = depth_and_width(backbone)
     if method in ("dwatt", "concat"):
-        return added_params(method, L, d)
+        return added_params(method, backbone.n_layer_states, backbone.width)
     if method == "base":
         return 0
     abstract = eqx.filter_eval_shape(make_fusion, method, backbone, n_extra, key=jax.random.key(0))
@@ -86,9 +76,9 @@ def fusion_param_count(method: str, backbone, n_extra: int = 1) -> int:
 
 
 class FusedModel(eqx.Module):
-    backbone: eqx.Module
+    backbone: Backbone
     fusion: eqx.Module | None
-    head: eqx.Module  # Dense (token classification) or BertMLMHead
+    head: Dense | MLMHead  # token classification, or BERT's MLM head
     method: str = eqx.field(static=True)
     mode: str = eqx.field(static=True)  # fe | ft
     rate: float = eqx.field(static=True)  # dropout on h before a classification head
@@ -96,18 +86,15 @@ class FusedModel(eqx.Module):
     def __init__(self, backbone, *, method: str, mode: str, n_labels: int = 0, mlm: bool = False,
                  n_extra: int = 1, rate: float = 0.1, key: Array):
         kf, kh = jax.random.split(key)
-        _, d = depth_and_width(backbone)
         self.backbone = backbone
         self.fusion = make_fusion(method, backbone, n_extra, key=kf)
         if mlm:
-            if not isinstance(backbone, Encoder):
+            if not isinstance(getattr(backbone, "embed", None), BertEmbeddings):
                 raise ValueError(f"MLM with fusion needs a BERT/RoBERTa backbone (its tied word "
                                  f"embeddings), not a {type(backbone).__name__}")
-            c = backbone.cfg
-            self.head = BertMLMHead(d, c.vocab_size, eps=c.layer_norm_eps,
-                                    activation=c.activation, key=kh)
+            self.head = bert_mlm_head(backbone.cfg, key=kh)
         else:
-            self.head = Dense(d, n_labels, key=kh)
+            self.head = Dense(backbone.width, n_labels, key=kh)
         self.method, self.mode, self.rate = method, mode, rate
 
     @property
@@ -124,9 +111,9 @@ class FusedModel(eqx.Module):
 
     def layer_states(self, tokens_BT, segments_BT, mask_BT, *, key=None) -> Array:
         if self.frozen_backbone:  # a fixed feature extractor: no dropout, no gradient
-            return jax.lax.stop_gradient(layer_states(self.backbone, tokens_BT, segments_BT,
-                                                      mask_BT))
-        return layer_states(self.backbone, tokens_BT, segments_BT, mask_BT, key=key)
+            return jax.lax.stop_gradient(self.backbone.layer_states(tokens_BT, segments_BT,
+                                                                    mask_BT))
+        return self.backbone.layer_states(tokens_BT, segments_BT, mask_BT, key=key)
 
     def features(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                  positions_BP: Array | None = None, *, key: Array | None = None) -> Array:
@@ -135,15 +122,12 @@ class FusedModel(eqx.Module):
         z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT, key=k_bb)
         if self.method == "base+n":
             mask = jnp.ones(tokens_BT.shape, bool) if mask_BT is None else mask_BT.astype(bool)
-            rate = 0.0 if k_fu is None else self._backbone_rate()
+            rate = 0.0 if k_fu is None else self.backbone.dropout_rate
             h_BTD = self.fusion(z_LBTD[-1], mask, rate, k_fu)
             return h_BTD if positions_BP is None else gather_positions(h_BTD, positions_BP)
         if positions_BP is not None:
             z_LBTD = gather_positions(z_LBTD, positions_BP[None])
         return z_LBTD[-1] if self.fusion is None else self.fusion(z_LBTD)
-
-    def _backbone_rate(self) -> float:
-        return float(getattr(self.backbone.cfg, "dropout", 0.0))
 
     def __call__(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                  positions_BP: Array | None = None, *, key: Array | None = None) -> Array:
@@ -156,4 +140,4 @@ class FusedModel(eqx.Module):
                       positions_BP: Array, *, key: Array | None = None) -> Array:
         """MLM logits [B, P, V] (float32) at the masked positions."""
         h = self.features(tokens_BT, segments_BT, mask_BT, positions_BP, key=key)
-        return self.head(h, self.backbone.word_VD)
+        return self.head(h, self.backbone.embed.word_VD)

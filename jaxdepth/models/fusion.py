@@ -1,4 +1,5 @@
-"""Layer fusion modules (DESIGN §4): combine the outputs of every backbone layer into one h.
+"""Layer fusion modules (docs/design.md §4): combine the outputs of every backbone layer into
+one h.
 
 Both modules read ``z_LBTD``: the outputs ``z_1..z_L`` of the L transformer layers stacked on a
 leading axis (the embedding output is not included), and return ``h_BTD`` for the task head.
@@ -8,9 +9,9 @@ leading axis (the embedding output is not included), and return ``h_BTD`` for th
   bottleneck MLPs, the query from the last layer.
 - ``Concat``: one affine map from the L*d concatenation of the layer outputs to d.
 
-Every linear map here is affine (weight and bias): the equations in DESIGN §4 only say "affine"
-for W_K, and we give the bottleneck maps U and W and the Concat map biases too, as usual for
-added heads; ``added_params`` counts them. Parameters are float32 and are cast to the dtype of
+Every linear map here is affine (weight and bias): the equations in docs/design.md §4 only say
+"affine" for W_K, and we give the bottleneck maps U and W and the Concat map biases too, as usual
+for added heads; ``added_params`` counts them. Parameters are float32 and are cast to the dtype of
 the input, so a bf16 backbone stays bf16 under strict dtype promotion; the softmax over layers
 always runs in float32.
 
@@ -24,9 +25,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..layers import Dense, LayerNorm, kernel_init
+from .layers import Dense, LayerNorm, kernel_init
 
-KEY_DIM = 24  # size of DWAtt's random layer-position vectors (DESIGN §4)
+KEY_DIM = 24  # size of DWAtt's random layer-position vectors (docs/design.md §4)
 
 
 class Frozen(eqx.Module):

@@ -182,13 +182,13 @@ def config_from_hf(hf: Mapping) -> EncoderConfig:
 # ------------------------------------------------------------------------------ tensor mapping
 
 _EMBED = {
-    "embeddings.word_embeddings.weight": lambda m: m.word_VD,
-    "embeddings.position_embeddings.weight": lambda m: m.position_PD,
-    "embeddings.token_type_embeddings.weight": lambda m: m.token_type_YD,
-    "embeddings.LayerNorm.weight": lambda m: m.embed_norm.scale,
-    "embeddings.LayerNorm.bias": lambda m: m.embed_norm.bias,
+    "embeddings.word_embeddings.weight": lambda m: m.embed.word_VD,
+    "embeddings.position_embeddings.weight": lambda m: m.embed.position_PD,
+    "embeddings.token_type_embeddings.weight": lambda m: m.embed.token_type_YD,
+    "embeddings.LayerNorm.weight": lambda m: m.embed.norm.scale,
+    "embeddings.LayerNorm.bias": lambda m: m.embed.norm.bias,
 }
-# per-layer HF suffix -> (getter on the stacked BertLayer, transpose?)
+# per-layer HF suffix -> (getter on the stacked PostLNLayer, transpose?)
 _LAYER = {
     "attention.self.query.weight": (lambda l: l.attn.q.w, True),
     "attention.self.query.bias": (lambda l: l.attn.q.b, False),

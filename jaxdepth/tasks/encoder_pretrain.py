@@ -26,7 +26,7 @@ from ..data.mlm import (MLMConfig, eval_mlm_batches, grammar_documents, mlm_data
 from ..data.pipeline import split_documents
 from ..data.prepare import run_tokenizer, tokenizer_source
 from ..models.act import ACTEncoder, UntiedEncoder
-from ..layers import split_or_none
+from ..models.layers import split_or_none
 from ..trainer.losses import softmax_xent as _xent
 from .base import TaskBase
 from .registry import register

@@ -12,19 +12,13 @@ import grain
 import jax
 import numpy as np
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, ModelConfig
 from ..data.pipeline import ExampleBatchSource
 from ..data.task_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
 from .lm import DecoderTask, mean_loss
 from .registry import load_model, register
-
-# Model fields that must agree between a pretrained checkpoint and the model fine-tuned from
-# it (the others -- dropout, dtype, remat, scan layout -- are run-time options).
-SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "d_ff", "n_heads", "rel_buckets",
-                "rel_max_distance")
-
 
 def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
     """The model of checkpoint task.init_step (0: latest) of run task.init_from, placed like
@@ -35,7 +29,7 @@ def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
                                       label="task.init_step")
     except FileNotFoundError as e:
         raise FileNotFoundError(f"task.init_from: {e}") from None
-    for f in SHAPE_FIELDS:
+    for f in ModelConfig.SHAPE:  # the others (dropout, dtype, remat...) are run-time options
         mine, theirs = getattr(cfg.model, f), getattr(pre.model, f)
         if mine != theirs:
             raise ConfigError(

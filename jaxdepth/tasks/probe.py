@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import Config, ConfigError
+from ..config import ACTConfig, Config, ConfigError
 from ..data import grammar
 from ..data.pipeline import ExampleBatchSource
 from ..data.probing import ROLE_NAMES, label_names, make_probe_data
@@ -27,9 +27,6 @@ from ..models.classifier import EncoderClassifier
 from ..trainer.losses import softmax_xent as _xent
 from .encoder_pretrain import EncoderTask
 from .registry import load_model, register, task_for
-
-SHAPE_FIELDS = ("embed_dim", "d_model", "n_heads", "d_ff", "max_len", "n_segments")
-
 
 def probe_objective(cfg: Config):
     def objective(model, mb, key, totals):
@@ -110,7 +107,7 @@ class ProbeTask(EncoderTask):
         if not isinstance(source, EncoderTask):
             raise ConfigError(f"task.init_from: {src} is not an encoder run (act, albert or bert)")
         mine, theirs = self.encoder_cfg, source.encoder_cfg
-        for f in SHAPE_FIELDS + ("vocab_size",):
+        for f in ACTConfig.SHAPE:
             if getattr(mine, f) != getattr(theirs, f):
                 raise ConfigError(f"act.{f}: {getattr(mine, f)} here but {getattr(theirs, f)} in "
                                   f"the pretrained checkpoint {src}; use its config: "

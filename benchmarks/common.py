@@ -1,0 +1,181 @@
+"""What the benchmarks share: running from a checkout, malloc tuning, JAX's compile events,
+timing, the record of the machine, tables, JSON output and the real LM train step.
+
+A benchmark imports this module before anything that allocates (jax, numpy arrays): importing
+it puts the checkout on ``sys.path`` (the scripts run uninstalled) and applies
+``jaxdepth.runtime.tune_malloc()`` as ``train.py`` does, so that every contestant runs with the
+same allocator settings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+from jaxdepth.runtime import tune_malloc  # noqa: E402
+
+MALLOC_TUNED = tune_malloc()  # before any large allocation; applies to every contestant alike
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxdepth.config import Config  # noqa: E402
+from jaxdepth.tasks import task_for  # noqa: E402
+from jaxdepth.trainer.optim import make_optimizer  # noqa: E402
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh  # noqa: E402
+from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings  # noqa: E402
+
+TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+COMPILE_EVENTS = (TRACE_EVENT, LOWER_EVENT, BACKEND_COMPILE_EVENT)
+
+
+# ----------------------------------------------------------------------------- compile events
+
+class CompileEvents:
+    """JAX's compile-duration events (by default: trace, lowering, XLA compile) while active,
+    counted and summed per label: the value of ``current`` when the event came."""
+
+    def __init__(self, events: Iterable[str] = COMPILE_EVENTS):
+        self.events = tuple(events)
+        self.current = "other"
+        self._counts: dict[tuple[str, str], int] = {}
+        self._seconds: dict[tuple[str, str], float] = {}
+
+    def _listener(self, event: str, duration: float, **_) -> None:
+        if event in self.events:
+            key = (self.current, event)
+            self._counts[key] = self._counts.get(key, 0) + 1
+            self._seconds[key] = self._seconds.get(key, 0.0) + duration
+
+    def _labels(self, label: str | None) -> list[str]:
+        return sorted({lab for lab, _ in self._counts}) if label is None else [label]
+
+    def count(self, label: str | None = None, event: str = BACKEND_COMPILE_EVENT) -> int:
+        """How many `event`s came under `label` (None: under any label)."""
+        return sum(self._counts.get((lab, event), 0) for lab in self._labels(label))
+
+    def seconds(self, label: str | None = None, event: str | None = None) -> float:
+        """Seconds of `event` (None: of every watched event) under `label` (None: any)."""
+        events = self.events if event is None else (event,)
+        return sum(self._seconds.get((lab, e), 0.0) for e in events for lab in self._labels(label))
+
+    def breakdown(self, label: str | None = None) -> dict[str, float]:
+        """Seconds per watched event, keyed by the event's last path part."""
+        return {e.rsplit("/", 1)[1]: self.seconds(label, e) for e in self.events}
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+# ----------------------------------------------------------------------------- timing
+
+def timed(fn: Callable, *args, block: bool = True):
+    """(fn(*args), seconds it took). With block, the time includes waiting for every array in
+    the result (jax.block_until_ready); without, fn must return only when its work is done."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    if block:
+        out = jax.block_until_ready(out)
+    return out, time.perf_counter() - t0
+
+
+def interleaved_times(calls: dict[str, Callable[[], object]],
+                      repeats: int) -> dict[str, list[float]]:
+    """Seconds of every call (blocked until ready) in `repeats` rounds. Each round calls all of
+    them, starting one further along than the round before, so machine drift hits all alike."""
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            times[name].append(timed(calls[name])[1])
+    return times
+
+
+def median_time(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds of fn() (which must block) over reps calls after one untimed call."""
+    fn()
+    return statistics.median(timed(fn, block=False)[1] for _ in range(reps))
+
+
+# ----------------------------------------------------------------------------- the record
+
+def environment(**extra) -> dict:
+    """The software and machine a result was measured on (extra: more fields, or overrides)."""
+    return {"jax": jax.__version__, "equinox": eqx.__version__, "backend": jax.default_backend(),
+            "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count(),
+            "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "malloc_tuned": MALLOC_TUNED, **extra}
+
+
+def write_json(path, record: dict) -> Path:
+    """Write record as indented JSON to path (creating its folder); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
+    return path
+
+
+def print_table(header: str, rows: Iterable[str]) -> None:
+    """A text table: the header, a rule as wide as the header, then the rows."""
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(row)
+
+
+def arg_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser whose description is the first paragraph of the benchmark's docstring."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+# ----------------------------------------------------------------------------- the LM train step
+
+def random_lm_batch(cfg: Config, seed: int = 0) -> dict:
+    """A causal-LM batch of cfg's shape: random tokens 3..V-1 (no special ids), all weighted."""
+    rng = np.random.default_rng(seed)
+    B, T = cfg.data.batch_size, cfg.data.seq_len
+    toks = rng.integers(3, cfg.model.vocab_size, size=(B, T + 1), dtype=np.int32)
+    return {"inputs": toks[:, :-1], "targets": toks[:, 1:], "weights": np.ones((B, T), np.float32)}
+
+
+class TrainStep:
+    """The real train step of cfg, built as train.py builds it (``make_mesh``,
+    ``make_optimizer``, ``task_for``, ``state_shardings``, ``sharded_init``,
+    ``make_train_step``), with its state and one batch placed on the mesh. Calling it takes one
+    step on that batch and returns (state, metrics), not waited for."""
+
+    def __init__(self, cfg: Config, batch: dict):
+        self.cfg = cfg
+        self.mesh = make_mesh(cfg.mesh)
+        data = self.mesh.shape["data"]
+        if cfg.data.batch_size % data:
+            raise ValueError(f"--batch {cfg.data.batch_size} is not divisible by the data axis "
+                             f"({data} devices); pick a multiple")
+        self.tx = make_optimizer(cfg.optim, cfg.run.steps)
+        task = task_for(cfg)
+        _, shardings = state_shardings(cfg, self.tx, self.mesh, task)
+        self.state = sharded_init(cfg, self.tx, self.mesh, task, shardings)
+        self.step_fn = make_train_step(cfg, self.tx, self.mesh, shardings, task)
+        b_sh = batch_sharding(self.mesh)
+        self.batch = {k: jax.device_put(v, b_sh) for k, v in batch.items()}
+        self.metrics = None
+
+    def __call__(self):
+        self.state, self.metrics = self.step_fn(self.state, self.batch)
+        return self.state, self.metrics
