@@ -40,8 +40,6 @@ from .stack import init_stack
 
 # The config (ACTConfig, with the presets) lives in jaxdepth/config.py as the `act` section.
 
-_SHAPE_FIELDS = ("vocab_size", "embed_dim", "d_model", "n_heads", "d_ff", "max_len", "n_segments")
-
 
 # ------------------------------------------------------------------------------- the recurrence
 
@@ -215,7 +213,7 @@ class _Pretrainable(Backbone):
 
     def with_options(self, **changes):
         """Same weights, other run-time options (dropout, tau, eps, halting, max_iters, remat)."""
-        return with_options(self, _SHAPE_FIELDS + self._extra_shape_fields, **changes)
+        return with_options(self, self._extra_shape_fields, **changes)
 
     @property
     def n_layer_states(self) -> int:
@@ -330,7 +328,7 @@ class UntiedEncoder(_Pretrainable, Encoder):
     mlm: MLMHead
     sop: SOPHead
     cfg: ACTConfig = eqx.field(static=True)
-    _extra_shape_fields = ("max_iters",)
+    _extra_shape_fields = ("max_iters",)  # its depth: M stacked layers
 
     def __init__(self, cfg: ACTConfig, *, key: Array):
         ke, kl, km, ks = jax.random.split(key, 4)

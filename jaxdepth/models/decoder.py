@@ -51,8 +51,7 @@ class DecoderLM(Backbone):
 
     def with_options(self, **changes) -> "DecoderLM":
         """Same weights, other run-time options (scan_layers, remat, compute_dtype, dropout...)."""
-        return with_options(self, ("vocab_size", "d_model", "n_layers", "d_ff", "heads",
-                                   "rel_buckets"), **changes)
+        return with_options(self, **changes)
 
     @property
     def compute_dtype(self):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -36,12 +37,13 @@ from .layers import ACTIVATIONS, LayerNorm, PostLNLayer, bert_init, dropout, spl
 from .options import with_options
 from .stack import folded_keys, init_stack, run_stack
 
-_SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions",
-                 "type_vocab_size")
-
 
 @dataclass(frozen=True)
 class EncoderConfig:
+    # Fields that fix parameter shapes; every other field is a run-time option or read from a
+    # checkpoint's config.
+    SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff",
+                                        "max_positions", "type_vocab_size")
     vocab_size: int = 30522
     d_model: int = 768
     n_layers: int = 12
@@ -58,8 +60,7 @@ class EncoderConfig:
     remat: bool = False  # run-time option: rematerialise each layer in the backward pass
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions",
-                     "type_vocab_size"):
+        for name in self.SHAPE:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"EncoderConfig.{name} must be a positive int, got {v!r}")
@@ -86,6 +87,9 @@ class EncoderConfig:
     def max_len(self) -> int:
         """Longest sequence the position table allows."""
         return self.max_positions - self.position_offset
+
+    def shape(self) -> dict[str, int]:
+        return {f: getattr(self, f) for f in self.SHAPE}
 
     def replace(self, **changes) -> "EncoderConfig":
         return dataclasses.replace(self, **changes)
@@ -164,7 +168,7 @@ class Encoder(Backbone):
 
     def with_options(self, **changes) -> "Encoder":
         """Same weights, other run-time options (scan_layers, remat, dropout)."""
-        return with_options(self, _SHAPE_FIELDS, **changes)
+        return with_options(self, **changes)
 
     @property
     def scan_layers(self) -> bool:

@@ -29,19 +29,10 @@ def init_stack(make_layer: Callable[[Array], eqx.Module], n: int, *, key: Array)
     return eqx.filter_vmap(make_layer)(jax.random.split(key, n))
 
 
-def stack_depth(layers: eqx.Module) -> int:
-    return jax.tree.leaves(eqx.filter(layers, eqx.is_array))[0].shape[0]
-
-
-def layer_at(layers: eqx.Module, i: int) -> eqx.Module:
-    """Layer i of a stack, as an ordinary module."""
-    return jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, layers)
-
-
 def folded_keys(key: Array | None, n: int) -> Array | None:
-    """Dropout keys fold_in(key, i) for layers i = 0..n-1: the encoders' derivation, the one ACT
-    uses per iteration too (the decoder splits its key instead; each keeps its own so dropout
-    masks, and with them trained weights, stay what they were)."""
+    """Dropout keys fold_in(key, i) for layers i = 0..n-1: the encoders' derivation (ACT folds
+    its iteration index the same way). The decoder splits its key instead; each keeps its own,
+    so dropout masks, and with them trained weights, stay what they were."""
     if key is None:
         return None
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n, dtype=jnp.int32))
@@ -68,7 +59,7 @@ def run_stack(layers: eqx.Module, x: Array, apply: ApplyFn, *, keys: Array | Non
     if scan:
         return jax.lax.scan(body, x, (params, keys), unroll=unroll)
     ys = []
-    for i in range(stack_depth(layers)):
+    for i in range(jax.tree.leaves(params)[0].shape[0]):
         p_i = jax.tree.map(lambda a: a[i], params)
         x, y = body(x, (p_i, None if keys is None else keys[i]))
         ys.append(y)
