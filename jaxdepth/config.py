@@ -74,6 +74,11 @@ class ModelConfig:
     def heads(self) -> int:
         return self.n_heads or max(1, self.d_model // 64)
 
+    def shape(self) -> dict[str, int]:
+        """The SHAPE fields as the model uses them (n_heads=0, automatic, is the derived
+        count), so two configs of one shape compare equal however they spell it."""
+        return {f: self.heads if f == "n_heads" else getattr(self, f) for f in self.SHAPE}
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
@@ -210,6 +215,10 @@ class ACTConfig:
     @property
     def ff(self) -> int:
         return self.d_ff or 4 * self.d_model
+
+    def shape(self) -> dict[str, int]:
+        """The SHAPE fields as the model uses them (d_ff=0 is 4 * d_model)."""
+        return {f: self.ff if f == "d_ff" else getattr(self, f) for f in self.SHAPE}
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ACTConfig":
