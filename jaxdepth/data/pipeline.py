@@ -185,19 +185,10 @@ class ExampleBatchSource:
         return {k: v[ids] for k, v in self.arrays.items()}
 
 
-def lm_dataset(
-    tokens: np.ndarray,
-    *,
-    seq_len: int,
-    global_batch: int,
-    seed: int,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> grain.MapDataset:
-    """grain dataset whose item i is this process's [global_batch/process_count, seq_len] batch."""
-    return grain.MapDataset.source(LMBatchSource(
-        tokens, seq_len=seq_len, global_batch=global_batch, seed=seed,
-        process_index=process_index, process_count=process_count))
+def lm_dataset(tokens: np.ndarray, **source) -> grain.MapDataset:
+    """grain dataset whose item i is this process's [global_batch/process_count, seq_len] batch
+    (`source`: LMBatchSource's seq_len, global_batch, seed, process_index, process_count)."""
+    return grain.MapDataset.source(LMBatchSource(tokens, **source))
 
 
 def lm_iterator(dataset: grain.MapDataset, start: int = 0, prefetch: int = 2) -> grain.DatasetIterator:

@@ -103,10 +103,14 @@ def default_inputs(tokens_BT: Array, segments_BT: Array | None,
     return segments_BT, mask_BT
 
 
+def norm_and_activation(cfg: EncoderConfig) -> dict:
+    """What BERT and RoBERTa checkpoints vary in their layers and MLM head."""
+    return {"eps": cfg.layer_norm_eps, "activation": cfg.activation}
+
+
 def bert_layer(cfg: EncoderConfig, *, key: Array) -> PostLNLayer:
-    """BERT/RoBERTa's post-LN layer: the config's LayerNorm eps and activation."""
-    return PostLNLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, eps=cfg.layer_norm_eps,
-                       activation=cfg.activation, key=key)
+    """BERT/RoBERTa's post-LN layer."""
+    return PostLNLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, **norm_and_activation(cfg), key=key)
 
 
 class BertEmbeddings(eqx.Module):

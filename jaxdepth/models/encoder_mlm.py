@@ -10,14 +10,13 @@ from __future__ import annotations
 import equinox as eqx
 from jaxtyping import Array
 
-from .encoder import Encoder, EncoderConfig
+from .encoder import Encoder, EncoderConfig, norm_and_activation
 from .heads import MLMHead, gather_positions
 
 
 def bert_mlm_head(cfg: EncoderConfig, *, key: Array) -> MLMHead:
-    """A fresh BERT MLM head for an encoder of this config (its activation and LN eps)."""
-    return MLMHead(cfg.d_model, cfg.d_model, cfg.vocab_size, eps=cfg.layer_norm_eps,
-                   activation=cfg.activation, key=key)
+    """A fresh BERT MLM head (cls.predictions) for an encoder of this config."""
+    return MLMHead(cfg.d_model, cfg.d_model, cfg.vocab_size, **norm_and_activation(cfg), key=key)
 
 
 class EncoderMLM(eqx.Module):
