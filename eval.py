@@ -46,6 +46,8 @@ def parse(argv):
     p.add_argument("--splits", default="", help="task runs: comma-separated splits (default: the run's)")
     p.add_argument("--task-dir", default="", help="task runs: read the task from here instead")
     p.add_argument("--max", type=int, default=0, help="task runs: at most this many examples per split")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
 
 
@@ -72,14 +74,13 @@ def main(argv) -> int:
     from jaxdepth.runtime import tune_malloc
 
     tune_malloc()
-    from jaxdepth.config import ConfigError
-    try:
-        out = _evaluate(args)
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(out, indent=2))
-    return 0
+    from jaxdepth.errors import run_main
+
+    def body() -> int:
+        print(json.dumps(_evaluate(args), indent=2))
+        return 0
+
+    return run_main(body, debug=args.debug)
 
 
 if __name__ == "__main__":

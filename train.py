@@ -9,14 +9,15 @@ def main(argv: list[str]) -> int:
     from jaxdepth.runtime import tune_malloc
 
     tune_malloc()  # before jax allocates anything
-    from jaxdepth.cli import parse_args, preset_lines
-    from jaxdepth.config import ConfigError
+    from jaxdepth.errors import run_main
 
-    try:
-        cfg = parse_args(argv, prog="train.py")
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    return run_main(lambda: _train(argv), debug="--debug" in argv)
+
+
+def _train(argv: list[str]) -> int:
+    from jaxdepth.cli import parse_args, preset_lines
+
+    cfg = parse_args(argv, prog="train.py")
     if cfg.mesh.process_id == 0:
         print("\n".join(preset_lines(cfg)), end="\n" if cfg.preset else "")
 
@@ -29,14 +30,10 @@ def main(argv: list[str]) -> int:
                                    process_id=cfg.mesh.process_id)
 
     from jaxdepth.tasks import task_for
-    from jaxdepth.trainer.loop import NonFiniteLossError, train
+    from jaxdepth.trainer.loop import train
 
-    try:
-        task = task_for(cfg)
-        summary = train(cfg, task)
-    except (ConfigError, FileNotFoundError, ValueError, NonFiniteLossError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    task = task_for(cfg)
+    summary = train(cfg, task)
     if jax.process_index() == 0:
         print_summary(summary, task)
     return 0
@@ -44,7 +41,8 @@ def main(argv: list[str]) -> int:
 
 def print_summary(s: dict, task) -> None:
     if not s["done"]:
-        print(f"stopped at step {s['step']}; resume with the same command.")
+        print(f"stopped at step {s['step']} (run.stop_after), checkpoint of step {s['step']} "
+              f"saved; resume with the same command.")
     else:
         train_loss = f"train loss {s['train_loss']:.4f}, " if "train_loss" in s else ""
         print(f"\nfinished step {s['step']}: {train_loss}{task.report(s)}")

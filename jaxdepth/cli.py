@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -33,8 +34,43 @@ def _parse_value(section: str, name: str, raw: str):
     return raw
 
 
+def read_config_file(path: Path) -> Config:
+    """The Config a JSON file holds; any problem is a ConfigError naming the file, and the
+    line of the offending field where the file has one."""
+    if not path.is_file():
+        raise ConfigError(f"config: file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        saved = json.loads(text)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config: {path} is not UTF-8 text ({e.reason} at byte {e.start})"
+                          ) from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})"
+                          ) from None
+    try:
+        return Config.from_dict(saved)
+    except ConfigError as e:
+        line = _line_of(text, e.field)
+        raise ConfigError(f"{path}{f':{line}' if line else ''}: {e}", field=e.field) from None
+
+
+def _line_of(text: str, field: str) -> int | None:
+    """Line of ``"section": {... "name": ...`` for field "section.name" in a JSON text (None
+    when it cannot be found, e.g. for a field the file does not set)."""
+    pos, match = 0, None
+    for key in field.split(".") if field else ():
+        match = re.compile(r'"%s"\s*:' % re.escape(key)).search(text, pos)
+        if match is None:
+            return None
+        pos = match.end()
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
 def help_text(prog: str = "train.py") -> str:
-    lines = [f"usage: python {prog} [--preset NAME] [--config FILE.json] [--section.field VALUE ...]", ""]
+    lines = [f"usage: python {prog} [--preset NAME] [--config FILE.json] "
+             "[--section.field VALUE ...] [--debug]", "",
+             "--debug: print the traceback of an error as well as its one line", ""]
     for sec, cls in SECTIONS.items():
         lines.append(f"{sec}:")
         for f in dataclasses.fields(cls):
@@ -49,7 +85,7 @@ def help_text(prog: str = "train.py") -> str:
 
 def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "train.py") -> Config:
     """Build a Config from command-line arguments. Raises ConfigError naming the bad field."""
-    args = list(argv)
+    args = [a for a in argv if a != "--debug"]  # the entry point's, not a config field
     if any(a in ("-h", "--help") for a in args):
         print(help_text(prog))
         sys.exit(0)
@@ -75,14 +111,7 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
         cfg = from_preset(preset[-1])
     for k, v in pairs:
         if k == "config":
-            path = Path(v)
-            if not path.is_file():
-                raise ConfigError(f"config: file not found: {path}")
-            try:
-                saved = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"config: {path} is not valid JSON ({e})") from None
-            cfg = Config.from_dict(saved)
+            cfg = read_config_file(Path(v))
     overrides: dict[str, dict] = {}
     for k, v in pairs:
         if k in ("preset", "config"):

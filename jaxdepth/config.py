@@ -11,14 +11,38 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar
 
+from .errors import UserError
 
-class ConfigError(ValueError):
-    """An impossible or inconsistent configuration; the message names the field."""
+
+class ConfigError(UserError, ValueError):
+    """An impossible or inconsistent configuration; the message names the field (also kept
+    as ``field``, so a config file's reader can point at its line)."""
+
+    label = "config error"
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
 
 
 def _require(cond: bool, name: str, msg: str) -> None:
     if not cond:
-        raise ConfigError(f"{name}: {msg}")
+        raise ConfigError(f"{name}: {msg}", field=name)
+
+
+# What a field's annotation accepts from a JSON config file: JSON has no separate int and
+# float, so an integer is a valid float; a bool is never a number.
+_ACCEPTS = {"int": ((int,), "an integer"), "float": ((int, float), "a number"),
+            "bool": ((bool,), "true or false"), "str": ((str,), "a string")}
+
+
+def _typed(name: str, ftype: str, value: Any) -> Any:
+    """value checked against the field's declared type (floats given as integers become
+    floats)."""
+    kinds, what = _ACCEPTS[ftype]
+    ok = isinstance(value, kinds) and (ftype == "bool" or not isinstance(value, bool))
+    _require(ok, name, f"must be {what}, got {json.dumps(value)}")
+    return float(value) if ftype == "float" else value
 
 
 def _positive(obj: Any, section: str, *names: str) -> None:
@@ -89,8 +113,9 @@ class DataConfig:
     corpus: str = "grammar"  # "grammar" (embedded) or comma-separated text/JSONL paths
     valid: str = ""  # comma-separated validation paths; empty -> split off valid_fraction
     valid_fraction: float = 0.05
+    valid_seed: int = 1234  # which documents valid_fraction holds out (any corpus)
     grammar_docs: int = 3000
-    grammar_seed: int = 1234
+    grammar_seed: int = 1234  # the embedded grammar's documents
     tokenizer: str = ""  # an existing SentencePiece .model; empty -> train one into the run dir
     seq_len: int = 128
     batch_size: int = 32  # global batch, in sequences, per optimizer step
@@ -330,6 +355,9 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
+        """A Config from nested dicts (a JSON config file), every value type-checked."""
+        _require(isinstance(d, dict), "config",
+                 f"must be a JSON object of sections, got {json.dumps(d)}")
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         _require(not unknown, "config", f"unknown sections {sorted(unknown)}")
         kw = {}
@@ -337,13 +365,17 @@ class Config:
             if f.name not in d:
                 continue
             if f.name == "preset":
-                kw[f.name] = d[f.name]
+                kw[f.name] = _typed("preset", "str", d[f.name])
                 continue
-            sec_cls = SECTIONS[f.name]
-            names = {g.name for g in dataclasses.fields(sec_cls)}
-            bad = set(d[f.name]) - names
+            sec_cls, values = SECTIONS[f.name], d[f.name]
+            _require(isinstance(values, dict), f.name,
+                     f"must be a JSON object of fields, got {json.dumps(values)}")
+            types = {g.name: g.type if isinstance(g.type, str) else g.type.__name__
+                     for g in dataclasses.fields(sec_cls)}
+            bad = set(values) - set(types)
             _require(not bad, f.name, f"unknown fields {sorted(bad)}")
-            kw[f.name] = sec_cls(**d[f.name])
+            kw[f.name] = sec_cls(**{k: _typed(f"{f.name}.{k}", types[k], v)
+                                    for k, v in values.items()})
         return cls(**kw)
 
 

@@ -1,5 +1,6 @@
 """Config: Eq. 1 depth families (Table 1 of Petty et al.), parameter counts, validation, CLI."""
 import json
+import re
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 
 import equinox as eqx
@@ -246,13 +247,14 @@ def test_config_roundtrip_dict_and_json(tmp_path):
 def test_cli_config_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="^config:"):
         parse_args(["--config", str(tmp_path / "missing.json")])
+    # the message starts with file:line, like a compiler's
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ConfigError, match="^config:"):
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(bad))}:1: not valid JSON"):
         parse_args(["--config", str(bad)])
     unknown = tmp_path / "unknown.json"
     unknown.write_text(json.dumps({"model": {"n_layerz": 3}}))
-    with pytest.raises(ConfigError, match="^model:"):
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(unknown))}:1: model: unknown fields"):
         parse_args(["--config", str(unknown)])
 
 

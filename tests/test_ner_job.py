@@ -388,6 +388,27 @@ def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir)
     assert [r["prediction"] for r in tagged] == pred
 
 
+def test_ner_result_on_a_process_that_does_not_write_evals_jsonl(ner_run, tmp_path):
+    """Only process 0 writes evals.jsonl; every process keeps the curve of its evaluations
+    itself, so another process (on another host) reports the same best-of without reading a
+    file it may not see, or see half written."""
+    from jaxdepth.tasks import load_model, task_for
+
+    run, cfg, _ = ner_run
+    elsewhere = tmp_path / "run"  # this process's view of the run: no evals.jsonl in it
+    (elsewhere / "data").mkdir(parents=True)
+    shutil.copy(run / "data" / "tokenizer.model", elsewhere / "data")
+    task = task_for(cfg)
+    task.prepare(elsewhere, primary=False, barrier=lambda: None)
+    model, _, _ = load_model(run)
+    results = [task.evaluate(model, step, None, final=step == 30)[0] for step in (10, 20, 30)]
+    assert not (elsewhere / "evals.jsonl").exists()
+    # the same model at every point: the earliest step is the best one
+    assert results[-1]["best_step"] == 10
+    assert results[-1]["best_dev_f1"] == results[0]["dev_f1"] == results[-1]["dev_f1"]
+    assert results[-1]["test_f1_at_best"] == results[0]["test_f1"]
+
+
 def _eval_py():
     import importlib.util
     spec = importlib.util.spec_from_file_location("eval_py", Path(__file__).parents[1] / "eval.py")

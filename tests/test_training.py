@@ -257,14 +257,14 @@ def test_empty_corpus(tmp_path, tokenizer, train_main, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n\n")
     _fails(train_main, base_args(tmp_path / "run", tokenizer, 2, **{"data.corpus": empty}),
-           capsys, 1, "empty corpus", str(empty))
+           capsys, 2, "empty corpus", str(empty))
 
 
 def test_malformed_jsonl_names_file_and_line(tmp_path, tokenizer, train_main, capsys):
     bad = tmp_path / "c4.jsonl"
     bad.write_text('{"text": "a fine document"}\n\n{"text": "broken\n{"text": "more"}\n')
     _fails(train_main, base_args(tmp_path / "run", tokenizer, 2, **{"data.corpus": bad}),
-           capsys, 1, f"{bad}:3", "malformed JSON")
+           capsys, 2, f"{bad}:3", "malformed JSON")
 
 
 @pytest.mark.parametrize("override, field", [
@@ -304,7 +304,7 @@ def test_incompatible_resume_keeps_checkpoints(tmp_path, tokenizer, jit_cache, s
     assert steps == [10, 15, 20]
     ckpts, cfg_json = snapshot(run / "checkpoints"), (run / "config.json").read_bytes()
     res = run_train(base_args(run, tokenizer, 2 * RESUME_STEPS, **override), cache_dir=jit_cache)
-    assert res.returncode == 1
+    assert res.returncode == 2
     assert field in res.stderr, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
     assert committed_steps(run) == steps

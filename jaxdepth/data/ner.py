@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import DataError
+from .readers import text_lines
+
 # WikiAnn's tag set, in the order the data card lists it; index = label id.
 LABELS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC")
 IGNORE_LABEL = -100  # label of non-first sub-tokens: left out of the loss and the metric
@@ -27,7 +30,7 @@ class Sentence:
 
 def _check_tag(tag: str, where: str) -> None:
     if tag != "O" and not (len(tag) > 2 and tag[0] in "BI" and tag[1] == "-"):
-        raise ValueError(f"{where}: invalid tag {tag!r} (expected O, B-TYPE or I-TYPE)")
+        raise DataError(f"{where}: invalid tag {tag!r} (expected O, B-TYPE or I-TYPE)")
 
 
 def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
@@ -52,13 +55,11 @@ def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
 
 def _read_blocks(path: Path, parse_line):
     """Sentences of a one-token-per-line file; parse_line(line, where) -> (token, tag) or None."""
-    if not path.is_file():
-        raise FileNotFoundError(f"NER file not found: {path}")
     sentences: list[tuple[list[str], list[str]]] = []
     tokens: list[str] = []
     tags: list[str] = []
-    with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with text_lines(path, "NER") as lines:
+        for lineno, line in enumerate(lines, start=1):
             line = line.rstrip("\r\n")
             if not line.strip():
                 if tokens:
@@ -84,7 +85,7 @@ def read_conll2003(path: str | Path) -> list[Sentence]:
         if fields[0] == "-DOCSTART-":
             return None
         if len(fields) != 4:
-            raise ValueError(f"{where}: expected 4 space-separated fields "
+            raise DataError(f"{where}: expected 4 space-separated fields "
                              f"(token POS chunk tag), got {len(fields)}")
         _check_tag(fields[3], where)
         return fields[0], fields[3]
@@ -101,11 +102,11 @@ def read_wikiann(path: str | Path) -> list[Sentence]:
     def parse(line: str, where: str):
         fields = line.split("\t")
         if len(fields) != 2:
-            raise ValueError(f"{where}: expected 'lang:token<TAB>tag', got {len(fields)} "
+            raise DataError(f"{where}: expected 'lang:token<TAB>tag', got {len(fields)} "
                              "tab-separated fields")
         lang, colon, token = fields[0].partition(":")
         if not colon or not lang or not token:
-            raise ValueError(f"{where}: expected a 'lang:token' field, got {fields[0]!r}")
+            raise DataError(f"{where}: expected a 'lang:token' field, got {fields[0]!r}")
         _check_tag(fields[1], where)
         return token, fields[1]
 
@@ -127,7 +128,7 @@ def encode_tags(tags: Sequence[str], labels: Sequence[str]) -> list[int]:
     index = {label: i for i, label in enumerate(labels)}
     missing = sorted(set(tags) - index.keys())
     if missing:
-        raise ValueError(f"tags {missing} are not in the label set {list(labels)}")
+        raise DataError(f"tags {missing} are not in the label set {list(labels)}")
     return [index[t] for t in tags]
 
 
@@ -187,12 +188,12 @@ def split_path(task_dir: str | Path, split: str) -> Path:
 
 def detect_format(path: Path) -> str:
     """'wikiann' (``lang:token<TAB>tag``) or 'conll' (``token POS chunk tag``), from the first line."""
-    with path.open("r", encoding="utf-8") as f:
-        for line in f:
+    with text_lines(path, "NER") as lines:
+        for line in lines:
             if line.strip():
                 fields = line.rstrip("\r\n").split("\t")
                 return "wikiann" if len(fields) == 2 and ":" in fields[0] else "conll"
-    raise ValueError(f"{path}: empty NER file")
+    raise DataError(f"{path}: empty NER file")
 
 
 def ner_labels(task_dir: str | Path) -> tuple[str, ...]:

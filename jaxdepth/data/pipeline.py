@@ -18,6 +18,7 @@ import grain
 import numpy as np
 
 from jaxdepth.data.tokenizer import EOS_ID, Tokenizer
+from jaxdepth.errors import DataError, writing
 
 # Training is step-limited, so the dataset is (practically) infinite; len() must stay below
 # sys.maxsize = 2**63 - 1.
@@ -43,9 +44,18 @@ def save_tokens(path: str | Path, tokens: np.ndarray) -> None:
     """
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with tmp.open("wb") as f:
-        np.save(f, np.asarray(tokens, dtype=np.int32))
-    os.replace(tmp, path)
+    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+    try:
+        with writing(path), tmp.open("wb") as f:
+            # np.save's bytes, written through the file object: numpy's own writer reports a
+            # short write (a full disk) without its errno.
+            header = np.lib.format.header_data_from_array_1_0(tokens)
+            np.lib.format.write_array_header_1_0(f, header)
+            f.write(memoryview(tokens).cast("B"))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: leave no partial file behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_tokens(path: str | Path) -> np.ndarray:
@@ -56,9 +66,9 @@ def load_tokens(path: str | Path) -> np.ndarray:
     try:
         tokens = np.load(path, mmap_mode="r")
     except ValueError as e:
-        raise ValueError(f"{path} is not a .npy token file ({e})") from None
+        raise DataError(f"{path} is not a .npy token file ({e})") from None
     if tokens.ndim != 1 or tokens.dtype != np.int32:
-        raise ValueError(
+        raise DataError(
             f"{path}: expected a 1-D int32 token array, got {tokens.dtype} of shape {tokens.shape}"
         )
     return tokens

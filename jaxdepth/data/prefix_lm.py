@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxdepth.data.tasks import Example
 from jaxdepth.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from jaxdepth.errors import DataError
 
 
 def prefix_lm_features(source_ids: Sequence[int], target_ids: Sequence[int], length: int,
@@ -42,14 +43,14 @@ def prefix_lm_features(source_ids: Sequence[int], target_ids: Sequence[int], len
         bad = [i for i in ids if i in (PAD_ID, eos_id)]
         if bad:
             # A PAD or EOS inside a part would be read as padding or a part boundary.
-            raise ValueError(f"{name}: {part} ids contain PAD/EOS ({bad[:3]})")
+            raise DataError(f"{name}: {part} ids contain PAD/EOS ({bad[:3]})")
     if not target:
-        raise ValueError(f"{name}: empty target")
+        raise DataError(f"{name}: empty target")
     needed = len(source) + len(target) + 2
     truncated = needed > length
     if truncated:
         if not truncate:
-            raise ValueError(f"{name}: source ({len(source)}) + target ({len(target)}) + 2 EOS "
+            raise DataError(f"{name}: source ({len(source)}) + target ({len(target)}) + 2 EOS "
                              f"= {needed} tokens do not fit in length {length} (raise data.seq_len, "
                              f"or set task.truncate to cut such examples)")
         room = length - 2

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import ConfigError, DataConfig
+from ..errors import writing
 from . import grammar
 from .pipeline import load_tokens, save_tokens, split_documents, tokenize_documents
 from .readers import read_corpus
@@ -39,7 +40,12 @@ def load_documents(cfg: DataConfig) -> tuple[list[str], list[str]]:
         docs = read_corpus(_paths(cfg.corpus))
     if cfg.valid:
         return docs, read_corpus(_paths(cfg.valid))
-    return split_documents(docs, cfg.valid_fraction, seed=cfg.grammar_seed)
+    return split_documents(docs, cfg.valid_fraction, seed=cfg.valid_seed)
+
+
+def corpus_name(cfg: DataConfig) -> str:
+    """How messages name the training corpus."""
+    return "the embedded grammar corpus" if cfg.corpus == "grammar" else f"data.corpus {cfg.corpus}"
 
 
 def check_vocab(tok: Tokenizer, vocab_size: int, source: str) -> None:
@@ -58,11 +64,12 @@ def tokenizer_source(init_from: str, tokenizer: str) -> tuple[str, str] | None:
 
 def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lambda: None, *,
                   copy_from: tuple[str, str] | None = None, texts=None,
-                  required_chars: str = "") -> Tokenizer:
+                  required_chars: str = "", source: str = "the training text") -> Tokenizer:
     """The run's tokenizer, ``<run>/data/tokenizer.model``: kept if present (a resumed run),
     else copied from ``copy_from = (path, the setting that named it)`` or trained on
-    ``texts()`` (called only then). Process 0 writes it through a temporary file, so an
-    interrupted run never leaves half a tokenizer; every process checks its size."""
+    ``texts()`` (called only then; `source` names them in errors). Process 0 writes it
+    through a temporary file, so an interrupted run never leaves half a tokenizer; every
+    process checks its size."""
     path = run_dir / "data" / "tokenizer.model"
     if is_primary and not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +80,8 @@ def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lamb
                 raise FileNotFoundError(f"{setting}: no tokenizer at {src}")
             shutil.copyfile(src, tmp)
         else:
-            train_tokenizer(texts(), vocab_size, required_chars=required_chars).save(tmp)
+            train_tokenizer(texts(), vocab_size, required_chars=required_chars,
+                            source=source).save(tmp)
         tmp.replace(path)
     barrier()
     tok = Tokenizer.load(path)
@@ -83,7 +91,8 @@ def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lamb
 
 def _source_stamp(cfg: DataConfig, vocab_size: int) -> str:
     """What the cached files were built from (window length and batch size do not matter)."""
-    fields = ("corpus", "valid", "valid_fraction", "grammar_docs", "grammar_seed", "tokenizer")
+    fields = ("corpus", "valid", "valid_fraction", "valid_seed", "grammar_docs", "grammar_seed",
+              "tokenizer")
     return json.dumps({**{f: getattr(cfg, f) for f in fields}, "vocab_size": vocab_size},
                       sort_keys=True)
 
@@ -108,14 +117,17 @@ def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary:
             # The grammar corpus tokenizer also serves its seq2seq tasks (one tokenizer for
             # pretraining and fine-tuning), so it keeps the logical forms' symbols.
             chars = grammar.LF_SYMBOLS if cfg.corpus == "grammar" else ""
-            tok = train_tokenizer(train_docs, vocab_size, required_chars=chars)
+            tok = train_tokenizer(train_docs, vocab_size, required_chars=chars,
+                                  source=corpus_name(cfg))
         check_vocab(tok, vocab_size, cfg.tokenizer or str(tok_path))
         data_dir.mkdir(parents=True, exist_ok=True)
-        tok.save(tok_path)
-        save_tokens(data_dir / "train.npy", tokenize_documents(train_docs, tok))
-        (data_dir / "valid_docs.txt").write_text("\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:16]))
-        save_tokens(data_dir / "valid.npy", tokenize_documents(valid_docs, tok))
-        stamp_path.write_text(stamp)
+        with writing(data_dir):
+            tok.save(tok_path)
+            save_tokens(data_dir / "train.npy", tokenize_documents(train_docs, tok))
+            (data_dir / "valid_docs.txt").write_text(
+                "\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:16]))
+            save_tokens(data_dir / "valid.npy", tokenize_documents(valid_docs, tok))
+            stamp_path.write_text(stamp)
     barrier()
     tok = Tokenizer.load(tok_path)
     check_vocab(tok, vocab_size, str(tok_path))

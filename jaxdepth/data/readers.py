@@ -7,25 +7,76 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from ..errors import DataError
 
-def _open_text(path: Path) -> IO[str]:
+
+def _check_file(path: Path, what: str) -> None:
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a {what} file (name the files in it, "
+                        f"comma-separated)")
     if not path.is_file():
-        raise FileNotFoundError(f"corpus file not found: {path}")
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
+        raise FileNotFoundError(f"{what} file not found: {path}")
+
+
+def _open(path: Path, mode: str) -> IO:
+    return gzip.open(path, mode) if path.suffix == ".gz" else path.open(mode)
+
+
+def _bad_utf8(path: Path) -> str:
+    """'line L, column C: byte 0xNN' of the first byte of `path` that is not UTF-8 (decoders
+    work on blocks, so the line where decoding failed is found again line by line)."""
+    with _open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                byte, column = raw[e.start], e.start + 1
+                return f"{lineno}: not UTF-8 text (byte 0x{byte:02x} at column {column})"
+    return " not UTF-8 text"
+
+
+@contextmanager
+def text_lines(path: str | Path, what: str = "corpus") -> Iterator[Iterator[str]]:
+    """The lines of a UTF-8 text file, optionally gzipped (``.gz``), for ``with ... as lines``.
+
+    What makes the file unreadable is a DataError naming it: a directory, bytes that are not
+    UTF-8 (with the line and column), a truncated or corrupt gzip stream. `what` names the kind
+    of file in messages ("corpus", "data", "NER")."""
+    path = Path(path)
+    _check_file(path, what)
+    try:
+        with _open(path, "rt") as f:
+            yield f
+    except UnicodeDecodeError:
+        raise DataError(f"{path}:{_bad_utf8(path)}") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(f"{path}: truncated or corrupt gzip file ({e})") from None
+
+
+def read_json_file(path: str | Path, what: str = "JSON"):
+    """The value a JSON file holds; malformed JSON is a DataError naming the file and line."""
+    path = Path(path)
+    _check_file(path, what)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise DataError(f"{path}:{_bad_utf8(path)}") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: malformed JSON ({e.msg}, column {e.colno})") from None
 
 
 def read_text(path: str | Path) -> list[str]:
     """Documents of a plain-text file: blocks of lines separated by blank lines."""
     docs: list[str] = []
     current: list[str] = []
-    with _open_text(Path(path)) as f:
-        for line in f:
+    with text_lines(path) as lines:
+        for line in lines:
             line = line.rstrip("\r\n")
             if line.strip():
                 current.append(line)
@@ -41,22 +92,22 @@ def read_jsonl(path: str | Path, field: str = "text") -> list[str]:
     """The string `field` of every JSON object in a JSONL file (C4: url, text, timestamp)."""
     path = Path(path)
     docs: list[str] = []
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, start=1):
+    with text_lines(path) as lines:
+        for lineno, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: malformed JSON ({e.msg})") from None
+                raise DataError(f"{where}: malformed JSON ({e.msg})") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+                raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
             if field not in record:
-                raise ValueError(f"{where}: missing field {field!r}")
+                raise DataError(f"{where}: missing field {field!r}")
             value = record[field]
             if not isinstance(value, str):
-                raise ValueError(
+                raise DataError(
                     f"{where}: field {field!r} is {type(value).__name__}, not a string"
                 )
             docs.append(value)
@@ -84,5 +135,5 @@ def read_corpus(paths: Sequence[str | Path], fmt: str = "auto") -> list[str]:
     docs = [d for d in docs if d.strip()]
     if not docs:
         names = ", ".join(str(p) for p in paths) or "(no paths given)"
-        raise ValueError(f"empty corpus: no non-empty document in {names}")
+        raise DataError(f"empty corpus: no non-empty document in {names}")
     return docs

@@ -66,7 +66,8 @@ def prepare_task_data(task: TaskConfig, tokenizer_path: str, vocab_size: int, se
     eval_splits = resolve_eval_splits(task, splits, dev, gen)
     tok = run_tokenizer(run_dir, vocab_size, is_primary, barrier,
                         copy_from=tokenizer_source(task.init_from, tokenizer_path),
-                        texts=lambda: [t for e in splits["train"] for t in (e.source, e.target)])
+                        texts=lambda: [t for e in splits["train"] for t in (e.source, e.target)],
+                        source=f"the train split of task {task.name!r}")
     unk = count_unk([e for s in ("train", *eval_splits) for e in splits[s]], tok)
     if is_primary:
         (run_dir / "data" / "unk_report.json").write_text(json.dumps(unk_summary(unk), indent=2))

@@ -3,8 +3,9 @@
 Every reader returns a list of `Example`s, one per line, in file order, and keeps the text
 exactly as published (case, tokenization, the `tv` / `lended` quirks of COGS, GeoQuery's
 anonymised entities `m0`/`m1`, the passivization task marker). Sources, formats and quirks are
-described in docs/datasets.md §2-§5. Malformed input raises ValueError naming `file:line`, so a bad
-line in a 100,000-line file is found at once.
+described in docs/datasets.md §2-§5. Malformed input (an empty file, bytes that are not UTF-8
+included) raises DataError, a ValueError, naming `file:line`, so a bad line in a 100,000-line
+file is found at once.
 
 Validation sets:
   * COGS / COGS-vf / passivization ship a `dev` split.
@@ -20,6 +21,9 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+
+from ..errors import DataError
+from .readers import text_lines
 
 # Generalization types reported as "structural" (COGS; Petty et al. report them separately).
 STRUCTURAL_TYPES = frozenset({"cp_recursion", "pp_recursion", "obj_pp_to_subj_pp"})
@@ -77,12 +81,10 @@ def _read_columns(path: Path, n_columns: int) -> list[tuple[int, list[str]]]:
     Blank lines at the end of the file are tolerated (editors add them); a blank line followed
     by more data is an error, since it means the line count no longer matches the published one.
     """
-    if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
     rows: list[tuple[int, list[str]]] = []
     blank_at: Optional[int] = None
-    with path.open("r", encoding="utf-8", newline="") as f:
-        for lineno, raw in enumerate(f, start=1):
+    with text_lines(path, "data") as lines:
+        for lineno, raw in enumerate(lines, start=1):
             # Some copies of these files have CRLF line ends (docs/datasets.md §5); the published
             # versions use LF, so strip either.
             line = raw.rstrip("\r\n")
@@ -90,16 +92,18 @@ def _read_columns(path: Path, n_columns: int) -> list[tuple[int, list[str]]]:
                 blank_at = blank_at or lineno
                 continue
             if blank_at is not None:
-                raise ValueError(f"{path}:{blank_at}: blank line inside the data")
+                raise DataError(f"{path}:{blank_at}: blank line inside the data")
             cols = line.split("\t")
             if len(cols) != n_columns:
-                raise ValueError(
+                raise DataError(
                     f"{path}:{lineno}: expected {n_columns} tab-separated columns, got {len(cols)}"
                 )
             for i, name in enumerate(("source", "target", "type")[:n_columns]):
                 if not cols[i].strip():
-                    raise ValueError(f"{path}:{lineno}: empty {name}")
+                    raise DataError(f"{path}:{lineno}: empty {name}")
             rows.append((lineno, cols))
+    if not rows:
+        raise DataError(f"{path}: empty file (no examples)")
     return rows
 
 
@@ -143,15 +147,15 @@ def read_passivization(directory: str | Path, split: str) -> list[Example]:
     for n, (source, target) in _read_columns(path, 2):
         marker = source.split()[-1]
         if marker not in PASSIVIZATION_MARKERS:
-            raise ValueError(
+            raise DataError(
                 f"{path}:{n}: source must end with a task marker {PASSIVIZATION_MARKERS}, "
                 f"got {marker!r}"
             )
         if len(source.split()) == 1:
-            raise ValueError(f"{path}:{n}: source has a task marker but no sentence")
+            raise DataError(f"{path}:{n}: source has a task marker but no sentence")
         if split == "gen":
             if marker != "passiv":
-                raise ValueError(f"{path}:{n}: gen lines must be 'passiv', got {marker!r}")
+                raise DataError(f"{path}:{n}: gen lines must be 'passiv', got {marker!r}")
             kind = PASSIVIZATION_GEN_TYPE
         else:
             kind = marker

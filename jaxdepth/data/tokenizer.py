@@ -13,6 +13,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from ..errors import DataError, one_line
+
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 SPECIAL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
 CLS_ID, SEP_ID, MASK_ID = 3, 4, 5
@@ -22,6 +24,7 @@ CLS_ID, SEP_ID, MASK_ID = 3, 4, 5
 _MAX_SENTENCE_BYTES = 1 << 16
 
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\).*<= (\d+)")
+_TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
 
 class Tokenizer:
@@ -82,7 +85,7 @@ class Tokenizer:
         try:
             return cls(path.read_bytes())
         except (RuntimeError, OSError) as e:
-            raise ValueError(f"{path} is not a SentencePiece model ({e})") from None
+            raise DataError(f"{path} is not a SentencePiece model ({one_line(e)})") from None
 
 
 def _sentences(texts: Iterable[str]) -> Iterator[str]:
@@ -94,19 +97,21 @@ def _sentences(texts: Iterable[str]) -> Iterator[str]:
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, model_type: str = "unigram", required_chars: str = ""
+    texts: Iterable[str], vocab_size: int, model_type: str = "unigram", required_chars: str = "",
+    source: str = "the training text",
 ) -> Tokenizer:
     """Train a SentencePiece model on `texts` whose vocabulary has exactly `vocab_size` pieces.
 
     Training is deterministic (one thread, every sentence, no shuffling): the same texts and size
     give byte-identical models. `required_chars` are kept in the vocabulary even if the texts
     lack them, so text the tokenizer will meet later (e.g. logical forms) encodes without unk.
+    `source` names the texts (files, a setting) in the DataError of texts it cannot train on.
     """
     sentences = _sentences(texts)
     try:
         first = next(sentences)
     except StopIteration:
-        raise ValueError("cannot train a tokenizer on an empty corpus") from None
+        raise DataError(f"cannot train a tokenizer on an empty corpus ({source})") from None
 
     def all_sentences() -> Iterator[str]:
         yield first
@@ -136,18 +141,29 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as e:
-        too_high = _TOO_HIGH.search(str(e))
-        if too_high is None:
-            raise
-        raise ValueError(
-            f"vocab_size={vocab_size} is too large for this corpus; "
-            f"try vocab_size <= {too_high.group(2)}"
-        ) from None
+        raise DataError(_training_failure(str(e), vocab_size, source)) from None
     tok = Tokenizer(writer.getvalue())
     # model_type="char" ignores hard_vocab_limit and just stops at the number of characters.
     if tok.vocab_size != vocab_size:
-        raise ValueError(
+        raise DataError(
             f"vocab_size={vocab_size} is too large for this corpus: training produced only "
             f"{tok.vocab_size} pieces; try vocab_size <= {tok.vocab_size}"
         )
     return tok
+
+
+def _training_failure(message: str, vocab_size: int, source: str) -> str:
+    """What SentencePiece's refusal means for the user's corpus and vocab_size, in one line."""
+    too_high, too_small = _TOO_HIGH.search(message), _TOO_SMALL.search(message)
+    if too_high:
+        return (f"vocab_size={vocab_size} is too large for this corpus; "
+                f"try vocab_size <= {too_high.group(2)}")
+    if too_small:
+        return (f"model.vocab_size={vocab_size} is too small for {source}: its characters and the "
+                f"special pieces need at least {too_small.group(2)}")
+    if "sentences_.empty()" in message:
+        # The texts were not empty (checked above): SentencePiece skipped every line as longer
+        # than max_sentence_length.
+        return (f"cannot train a tokenizer on {source}: every line is longer than "
+                f"{_MAX_SENTENCE_BYTES:,} bytes; break the text into lines or paragraphs")
+    return f"SentencePiece cannot train a tokenizer on {source}: {one_line(message)}"

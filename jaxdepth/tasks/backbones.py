@@ -9,7 +9,7 @@ backbone of ``model.arch`` with the config's shape.
 """
 from __future__ import annotations
 
-import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import equinox as eqx
@@ -17,6 +17,8 @@ import jax
 from jaxtyping import Array
 
 from ..config import Config, ConfigError
+from ..data.readers import read_json_file
+from ..errors import DataError, one_line, warn
 from ..data.prepare import run_tokenizer, tokenizer_source
 from ..data.subwords import HFWords, SentencePieceWords
 from ..models.backbone import depth_and_width, strip_to_backbone
@@ -32,13 +34,25 @@ def is_hf_dir(path: str | Path) -> bool:
     return (Path(path) / "model.safetensors").is_file()
 
 
+@contextmanager
+def _hf_errors(src: str):
+    """The importer's ValueErrors are about the files of the Hugging Face directory (an
+    unsupported model type, a missing or misshapen tensor): the user's input."""
+    try:
+        yield
+    except DataError:
+        raise
+    except ValueError as e:
+        raise DataError(f"task.init_from: {src}: {one_line(e)}") from e
+
+
 def source_config(cfg: Config) -> Config:
     """The config of the run task.init_from names (for a run of this project)."""
     path = Path(cfg.task.init_from) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"task.init_from: {cfg.task.init_from} is neither a Hugging Face "
                                 f"model directory (model.safetensors) nor a run (config.json)")
-    return Config.from_dict(json.loads(path.read_text()))
+    return Config.from_dict(read_json_file(path, "config"))
 
 
 def _bare(cfg: Config) -> Config:
@@ -50,7 +64,9 @@ def build_backbone(cfg: Config, *, key: Array) -> eqx.Module:
     """A backbone with the shape task.init_from will load into it (random weights)."""
     src = cfg.task.init_from
     if src and is_hf_dir(src):
-        return Encoder(config_from_hf(json.loads((Path(src) / CONFIG_FILE).read_text())), key=key)
+        with _hf_errors(src):
+            hf_config = config_from_hf(read_json_file(Path(src) / CONFIG_FILE, "config"))
+        return Encoder(hf_config, key=key)
     bare = _bare(source_config(cfg) if src else cfg)
     return strip_to_backbone(task_for(bare).build_model(key=key))
 
@@ -59,7 +75,8 @@ def load_backbone(cfg: Config, mesh) -> tuple[eqx.Module, eqx.Module | None, int
     """(backbone with task.init_from's weights, its trained MLM head or None, step or None)."""
     src = cfg.task.init_from
     if is_hf_dir(src):
-        encoder, _, _ = load_hf_encoder(src)
+        with _hf_errors(src):
+            encoder, _, _ = load_hf_encoder(src)
         return encoder, None, None
     try:
         model, _, step = load_model(Path(src), cfg.task.init_step or None, mesh, cfg.mesh,
@@ -104,10 +121,13 @@ class FusionTask(TaskBase):
             raise ConfigError(f"task.init_from: the backbone in {cfg.task.init_from} does not "
                               f"match the one its config describes")
         model = eqx.tree_at(lambda m: m.backbone, fresh, backbone)
-        if head is not None and not self.n_labels and \
-                jax.tree.map(lambda a: a.shape, eqx.filter(head, eqx.is_array)) == \
-                jax.tree.map(lambda a: a.shape, eqx.filter(fresh.head, eqx.is_array)):
-            model = eqx.tree_at(lambda m: m.head, model, head)
+        if head is not None and not self.n_labels:
+            if jax.tree.map(lambda a: a.shape, eqx.filter(head, eqx.is_array)) == \
+                    jax.tree.map(lambda a: a.shape, eqx.filter(fresh.head, eqx.is_array)):
+                model = eqx.tree_at(lambda m: m.head, model, head)
+            elif jax.process_index() == 0:
+                warn(f"task.init_from: the MLM head of {cfg.task.init_from} does not fit this "
+                     f"model's head (other shapes); training starts from a fresh head")
         return model
 
 

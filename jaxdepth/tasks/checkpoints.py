@@ -1,7 +1,6 @@
 """A run's checkpoint opened for reading (eval.py): config, model, step, tokenizer, mesh."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import jax
 
 from ..config import MeshConfig
 from ..data.prepare import check_vocab
+from ..data.readers import read_json_file
 from ..data.tokenizer import Tokenizer
 from ..trainer.sharding import make_mesh
 from .registry import load_model
@@ -17,20 +17,18 @@ from .registry import load_model
 def saved_config(run: Path) -> dict:
     """The run's resolved config.json as a dict ({} when absent: load_model names the problem)."""
     config = run / "config.json"
-    return json.loads(config.read_text()) if config.is_file() else {}
+    return read_json_file(config, "config") if config.is_file() else {}
 
 
 def load_checkpoint(run: Path, step: int | None, batch: int, tokenizer: bool = True):
     """(config, model, step, tokenizer, mesh) of a checkpoint, opened read-only. Fusion and
     BERT-encoder runs pass tokenizer=False: theirs is the backbone's (possibly a Hugging Face
     one), which their task re-reads and checks itself (the tokenizer returned is then None)."""
-    if not (run / "checkpoints").is_dir():
-        raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
-    tok = Tokenizer.load(run / "data" / "tokenizer.model") if tokenizer else None
     # Data parallel only, over as many devices as divide the batch.
     cfg_batch = saved_config(run).get("data", {}).get("batch_size", 1)
     mesh = make_mesh(MeshConfig(data=math.gcd(batch or cfg_batch, jax.device_count())))
-    model, cfg, step = load_model(run, step, mesh, label="--step")
+    model, cfg, step = load_model(run, step, mesh, label="--step")  # names a missing checkpoint
+    tok = Tokenizer.load(run / "data" / "tokenizer.model") if tokenizer else None
     if tokenizer:
         check_vocab(tok, cfg.model.vocab_size, str(run / "data" / "tokenizer.model"))
     return cfg, model, step, tok, mesh

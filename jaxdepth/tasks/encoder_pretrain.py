@@ -24,7 +24,7 @@ from ..data import grammar
 from ..data.mlm import (MLMConfig, eval_mlm_batches, grammar_documents, mlm_dataset,
                         text_documents, tokenize_mlm_documents)
 from ..data.pipeline import split_documents
-from ..data.prepare import run_tokenizer, tokenizer_source
+from ..data.prepare import corpus_name, run_tokenizer, tokenizer_source
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
 from ..trainer.losses import softmax_xent as _xent
@@ -74,7 +74,7 @@ def _documents(cfg: Config) -> tuple[list[list[str]], list[list[str]]]:
         docs = text_documents([p.strip() for p in d.corpus.split(",") if p.strip()])
     if d.valid:
         return docs, text_documents([p.strip() for p in d.valid.split(",") if p.strip()])
-    return split_documents(docs, d.valid_fraction, seed=d.grammar_seed)
+    return split_documents(docs, d.valid_fraction, seed=d.valid_seed)
 
 
 def encoder_config(cfg: Config, halting: str) -> ACTConfig:
@@ -99,7 +99,8 @@ class MLMCorpus(TaskBase):
         self.tokenizer = tokenizer or run_tokenizer(
             run_dir, vocab, primary, barrier, copy_from=copy_from,
             texts=lambda: [" ".join(doc) for doc in train_docs],
-            required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "")
+            required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "",
+            source=corpus_name(cfg.data))
         self._train_docs = train_docs
         self.valid = eval_mlm_batches(tokenize_mlm_documents(valid_docs, self.tokenizer), mlm,
                                       vocab, n_batches=cfg.run.eval_batches or EVAL_BATCHES,

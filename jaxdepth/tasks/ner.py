@@ -105,6 +105,11 @@ class NERTask(FusionTask):
                             split, dropped[split], cfg.data.seq_len)
         self.dropped = dropped
         self.init_step = None
+        # Every process keeps the curve itself: only process 0 writes evals.jsonl, so another
+        # process (another host) reading it at the end could see nothing or half of it. What
+        # earlier invocations of a resumed run wrote is complete by now.
+        evals = run_dir / "evals.jsonl"
+        self.curve = {r["step"]: r for r in _curve(evals)} if evals.is_file() else {}
 
     def dataset(self) -> grain.MapDataset:
         keep = ("tokens", "segments", "mask", "positions", "labels")
@@ -130,8 +135,9 @@ class NERTask(FusionTask):
         if self.primary:
             with open(self.run_dir / "evals.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, **res}) + "\n")
+        self.curve[step] = {"step": step, **res}  # a resumed run's redone step: the last wins
         if final:
-            curve = _curve(self.run_dir / "evals.jsonl")
+            curve = [self.curve[s] for s in sorted(self.curve)]
             res.update(best_of(curve))
             if self.primary:
                 out = self.run_dir / "analysis"

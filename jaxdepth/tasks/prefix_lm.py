@@ -29,8 +29,10 @@ def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
                                       label="task.init_step")
     except FileNotFoundError as e:
         raise FileNotFoundError(f"task.init_from: {e}") from None
-    for f in ModelConfig.SHAPE:  # the others (dropout, dtype, remat...) are run-time options
-        mine, theirs = getattr(cfg.model, f), getattr(pre.model, f)
+    # The other fields (dropout, dtype, remat...) are run-time options.
+    mine_all, theirs_all = cfg.model.shape(), pre.model.shape()
+    for f in ModelConfig.SHAPE:
+        mine, theirs = mine_all[f], theirs_all[f]
         if mine != theirs:
             raise ConfigError(
                 f"model.{f}: {mine} here but {theirs} in the pretrained checkpoint {src} "

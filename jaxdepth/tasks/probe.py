@@ -107,9 +107,10 @@ class ProbeTask(EncoderTask):
         if not isinstance(source, EncoderTask):
             raise ConfigError(f"task.init_from: {src} is not an encoder run (act, albert or bert)")
         mine, theirs = self.encoder_cfg, source.encoder_cfg
+        mine_shape, theirs_shape = mine.shape(), theirs.shape()
         for f in ACTConfig.SHAPE:
-            if getattr(mine, f) != getattr(theirs, f):
-                raise ConfigError(f"act.{f}: {getattr(mine, f)} here but {getattr(theirs, f)} in "
+            if mine_shape[f] != theirs_shape[f]:
+                raise ConfigError(f"act.{f}: {mine_shape[f]} here but {theirs_shape[f]} in "
                                   f"the pretrained checkpoint {src}; use its config: "
                                   f"--config {src / 'config.json'}")
         if source.untied != self.untied:

@@ -1,7 +1,11 @@
-"""Orbax CheckpointManager: one step = train state + data-iterator state + resolved config.
+"""Orbax CheckpointManager: one step = train state + data-iterator state + resolved config +
+the state's fingerprints (trainer/fingerprint.py).
 
 Saves are asynchronous and atomic (Orbax writes to a temporary directory and renames on
-commit), so a run killed at any moment leaves the previous checkpoints intact.
+commit), so a run killed at any moment leaves the previous checkpoints intact. A checkpoint
+that cannot be read back (a truncated, deleted or bit-flipped file) is skipped for the newest
+readable one: the trainer moves it aside to ``<run>/checkpoints-corrupt/<step>`` (never
+deletes it); readers (eval.py, task.init_from) leave it where it is.
 """
 from __future__ import annotations
 
@@ -14,9 +18,26 @@ import jax
 import orbax.checkpoint as ocp
 
 from ..config import Config, ConfigError, MeshConfig
+from ..errors import UserError, describe, one_line, os_error_reason, warn, writing
+from .fingerprint import fingerprints, mismatches
 from .optim import make_optimizer
 from .sharding import make_mesh
 from .step import state_shardings
+
+CORRUPT_DIR = "checkpoints-corrupt"
+
+
+class NoReadableCheckpoint(UserError):
+    """Every checkpoint of the run (or the one asked for) fails to read back."""
+
+
+class CheckpointSaveFailed(UserError):
+    """An asynchronous save failed on the disk; nothing of it was committed."""
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint whose arrays read back differ from the fingerprints saved with them."""
+
 
 # Fields that may differ between the run that saved a checkpoint and the one resuming it.
 _RESUMABLE_CHANGES = {"run.steps", "run.stop_after", "run.progress", "run.log_every",
@@ -40,7 +61,35 @@ def save(mngr: ocp.CheckpointManager, step: int, state, data_iter, cfg: Config) 
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=grain.checkpoint.CheckpointSave(data_iter),
-        config=ocp.args.JsonSave(cfg.to_dict())), force=True)
+        config=ocp.args.JsonSave(cfg.to_dict()),
+        fingerprints=ocp.args.JsonSave(fingerprints(state))), force=True)
+
+
+def check_saves(mngr: ocp.CheckpointManager, saving: int, at_step: int,
+                wait: bool = False) -> bool:
+    """Whether the asynchronous save of step `saving` is over (wait: wait until it is);
+    CheckpointSaveFailed if it failed. The failed save never committed, so the previous
+    checkpoint is intact."""
+    try:
+        # Orbax keeps the error of a failed save in its finalize thread, where
+        # check_for_errors() does not look: it is raised when that thread is joined.
+        if wait or not mngr.is_saving_in_progress():
+            mngr.wait_until_finished()  # at once when the save is over
+            return True
+        mngr.check_for_errors()
+        return False
+    except Exception as e:
+        reason = os_error_reason(e)
+        if reason is None and not isinstance(e, OSError):
+            raise  # not the disk: a bug
+        kept = [s for s in mngr.all_steps() if s != saving]
+        then = (f"the checkpoint of step {max(kept)} is intact: fix the disk (space, permissions) "
+                f"and rerun the same command to resume from it" if kept
+                else "there is no earlier checkpoint")
+        raise CheckpointSaveFailed(
+            f"{reason or describe(e)} while saving step {saving} to "
+            f"{Path(mngr.directory) / str(saving)}; training stopped at step {at_step}; {then}"
+        ) from e
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -53,8 +102,11 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def check_compatible(saved: dict, cfg: Config, where: Path) -> None:
     """Refuse to resume with a config that would change the model, data or optimizer."""
     # A field the saved config lacks was added to the library after the checkpoint was
-    # written: it had its default then.
+    # written: it had its default then. Except data.valid_seed: before it, data.grammar_seed
+    # seeded the validation split.
     now, before = _flat(cfg.to_dict()), {**_flat(Config().to_dict()), **_flat(saved)}
+    if "valid_seed" not in saved.get("data", {}):
+        before["data.valid_seed"] = before["data.grammar_seed"]
     diff = [k for k in sorted(set(now) | set(before))
             if k not in _RESUMABLE_CHANGES and now.get(k) != before.get(k) and k != "preset"]
     if diff:
@@ -64,6 +116,16 @@ def check_compatible(saved: dict, cfg: Config, where: Path) -> None:
 
 def saved_config(mngr: ocp.CheckpointManager, step: int) -> dict:
     return mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+
+
+def newest_config(mngr: ocp.CheckpointManager) -> tuple[int, dict] | None:
+    """(step, config) of the newest checkpoint whose config can be read, None if none can."""
+    for step in sorted(mngr.all_steps(), reverse=True):
+        try:
+            return step, saved_config(mngr, step)
+        except Exception:  # unreadable: restore_newest says why when it gets there
+            continue
+    return None
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, data_iter=None):
@@ -77,37 +139,119 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, d
     return mngr.restore(step, args=ocp.args.Composite(**items)).state
 
 
+def _restore_model(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings):
+    """The state with only its model read (every other leaf is left unread, as Ellipsis): a
+    reader needs neither the optimizer moments nor their memory."""
+    def target(path, a, s):
+        if path[0].name != "model":
+            return ocp.PLACEHOLDER
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+
+    item = jax.tree_util.tree_map_with_path(target, abstract_state, shardings)
+    args = jax.tree.map(lambda t: t if t is ocp.PLACEHOLDER else ocp.ArrayRestoreArgs(
+        sharding=t.sharding, global_shape=t.shape, dtype=t.dtype), item,
+        is_leaf=lambda t: t is ocp.PLACEHOLDER)
+    return mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item=item, restore_args=args))).state
+
+
+def verify(mngr: ocp.CheckpointManager, step: int, state) -> None:
+    """Raise CorruptCheckpoint if an array of `state` (restored from `step`) differs from the
+    fingerprint saved with it. Checkpoints written before fingerprints were saved are taken
+    as they are."""
+    if not (Path(mngr.directory) / str(step) / "fingerprints").is_dir():
+        return
+    saved = mngr.restore(step, args=ocp.args.Composite(fingerprints=ocp.args.JsonRestore()))
+    bad = mismatches(state, saved.fingerprints)
+    if bad:
+        raise CorruptCheckpoint(f"{len(bad)} array(s) differ from the fingerprints saved with "
+                                f"them, e.g. {bad[0]}")
+
+
+def _unreadable_because(e: Exception) -> str:
+    """Why a checkpoint could not be restored, in one short line; re-raises what says nothing
+    about the checkpoint (the device running out of memory while restoring it)."""
+    if isinstance(e, MemoryError) or "out of memory" in str(e).lower():
+        raise e
+    while e.__cause__ is not None:  # Orbax wraps TensorStore's error, which names the file
+        e = e.__cause__
+    text = one_line(e.args[0] if isinstance(e, KeyError) and e.args else e)
+    text = text.split(" See full TensorStore details")[0]  # then a dump of the array's spec
+    return text if len(text) <= 240 else text[:239] + "…"
+
+
+def restore_newest(mngr: ocp.CheckpointManager, restore_one, step: int | None = None,
+                   advice: str = ""):
+    """(restore_one(step)'s result, its step, [(skipped newer step, why)]) for the newest
+    checkpoint restore_one reads and verifies (only `step` when given). Raises
+    NoReadableCheckpoint, ending with `advice`, when none can be read."""
+    where = Path(mngr.directory)
+    steps = sorted(mngr.all_steps(), reverse=True) if step is None else [step]
+    skipped = []
+    for s in steps:
+        try:
+            return restore_one(s), s, skipped
+        except Exception as e:
+            skipped.append((s, _unreadable_because(e)))
+    what = "; ".join(f"step {s}: {why}" for s, why in skipped)
+    raise NoReadableCheckpoint(f"no readable checkpoint in {where} ({what}){advice}") from None
+
+
+def move_aside(run_dir: Path, step: int) -> Path:
+    """Move checkpoints/<step> to checkpoints-corrupt/<step> (a new name if that exists):
+    kept for inspection, out of the trainer's way."""
+    dest_dir = run_dir / CORRUPT_DIR
+    dest_dir.mkdir(exist_ok=True)
+    dest, n = dest_dir / str(step), 1
+    while dest.exists():
+        dest, n = dest_dir / f"{step}.{n}", n + 1
+    (run_dir / "checkpoints" / str(step)).rename(dest)
+    return dest
+
+
 def write_config(run_dir: Path, cfg: Config) -> None:
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+    path = run_dir / "config.json"
+    with writing(path):
+        path.write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
 
 
 def load_model(run_dir, task_for, step: int | None = None, mesh=None, mesh_cfg=None,
                label: str = "step"):
-    """(model, saved Config, step) of a run's checkpoint (latest by default), opened read-only.
+    """(model, saved Config, step) of a run's checkpoint (latest readable by default), opened
+    read-only; an unreadable newer checkpoint is skipped with a warning, never moved.
 
-    task_for(saved config) gives the Task that builds the model. The state is restored on
-    `mesh` (default: one device) in the layout `mesh_cfg` describes (default: data parallel),
-    and only its model is returned. `label` names the setting that chose the step in error
-    messages (e.g. "task.init_step").
+    task_for(saved config) gives the Task that builds the model. Only the model is restored
+    (not the optimizer state), on `mesh` (default: one device) in the layout `mesh_cfg`
+    describes (default: data parallel). `label` names the setting that chose the step in
+    error messages (e.g. "task.init_step").
     """
     run = Path(run_dir)
     if not (run / "checkpoints").is_dir():
         raise FileNotFoundError(f"no checkpoints in {run} (expected {run / 'checkpoints'})")
+    mesh = mesh if mesh is not None else make_mesh(MeshConfig(data=1))
     mngr = open_manager(run, read_only=True)
+
+    def restore_one(s: int):
+        cfg = Config.from_dict(saved_config(mngr, s))
+        placed = dataclasses.replace(cfg, mesh=mesh_cfg or MeshConfig(data=mesh.shape["data"],
+                                                                     model=mesh.shape["model"]))
+        tx = make_optimizer(cfg.optim, cfg.run.steps)
+        state = _restore_model(mngr, s, *state_shardings(placed, tx, mesh, task_for(placed)))
+        verify(mngr, s, state)
+        return state.model, cfg
+
     try:
         steps = sorted(mngr.all_steps())
         if not steps:
             raise FileNotFoundError(f"no complete checkpoint in {run / 'checkpoints'}")
-        step = steps[-1] if step is None else step
-        if step not in steps:
-            raise ValueError(f"{label} {step}: not a checkpoint in {run / 'checkpoints'} "
-                             f"(available: {steps})")
-        cfg = Config.from_dict(saved_config(mngr, step))
-        mesh = mesh if mesh is not None else make_mesh(MeshConfig(data=1))
-        placed = dataclasses.replace(cfg, mesh=mesh_cfg or MeshConfig(data=mesh.shape["data"],
-                                                                     model=mesh.shape["model"]))
-        tx = make_optimizer(cfg.optim, cfg.run.steps)
-        state = restore(mngr, step, *state_shardings(placed, tx, mesh, task_for(placed)))
+        if step is not None and step not in steps:
+            raise ConfigError(f"{label} {step}: not a checkpoint in {run / 'checkpoints'} "
+                              f"(available: {steps})", field=label)
+        (model, cfg), step, skipped = restore_newest(
+            mngr, restore_one, step, advice="" if step is None else
+            f"; the other steps there: {[s for s in steps if s != step]}")
     finally:
         mngr.close()
-    return state.model, cfg, step
+    for s, why in skipped:
+        warn(f"checkpoint {s} in {run / 'checkpoints'} is unreadable ({why}); using step {step}")
+    return model, cfg, step

@@ -4,6 +4,7 @@ It knows no task: the model, data, objective, FLOPs and evaluation come from the
 (trainer/task.py) that ``jaxdepth.tasks.task_for`` chose for the config."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -16,16 +17,18 @@ from tqdm import tqdm
 
 from ..config import Config, ConfigError
 from ..data.pipeline import lm_iterator
+from ..errors import RunFailed, warn, writing
 from . import checkpoint as ckpt
 from .flops import device_peak_flops
-from .metrics import MetricsWriter
+from .metrics import MetricsWriter, training_figures
 from .optim import make_optimizer, schedule
+from .run_lock import run_lock
 from .sharding import batch_sharding, make_mesh, to_global
 from .step import make_train_step, sharded_init, state_shardings
 from .task import Task
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RunFailed):
     pass
 
 
@@ -35,13 +38,31 @@ def barrier(name: str) -> None:
 
 
 def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task):
-    """The latest checkpoint in run_dir if there is one (data iterator restored in place),
-    else a fresh sharded state, holding the task's pretrained weights if it has any.
+    """The newest readable checkpoint in run_dir if there is one (data iterator restored in
+    place; newer unreadable ones are moved aside to checkpoints-corrupt/), else a fresh
+    sharded state, holding the task's pretrained weights if it has any.
     Returns (state, state shardings)."""
     abstract, shardings = state_shardings(cfg, tx, mesh, task)
-    step = mngr.latest_step()
-    if step is not None:
-        return ckpt.restore(mngr, step, abstract, shardings, data_iter), shardings
+    if mngr.all_steps():
+        def restore_one(step: int):
+            ckpt.saved_config(mngr, step)  # a checkpoint is read whole: its config too
+            state = ckpt.restore(mngr, step, abstract, shardings, data_iter)
+            ckpt.verify(mngr, step, state)
+            return state
+
+        state, step, skipped = ckpt.restore_newest(
+            mngr, restore_one, advice=f"; move {mngr.directory} aside (or give another "
+                                      f"--run.dir) to start afresh")
+        if skipped:
+            run_dir = Path(cfg.run.dir)
+            if jax.process_index() == 0:
+                for s, why in skipped:
+                    dest = ckpt.move_aside(run_dir, s)
+                    warn(f"checkpoint {s} in {run_dir / 'checkpoints'} is unreadable ({why}); "
+                         f"moved to {dest}; resuming from step {step}")
+            barrier("checkpoint_fallback")
+            mngr.reload()  # forget the steps moved away (the next saves must not touch them)
+        return state, shardings
     state = sharded_init(cfg, tx, mesh, task, shardings)
     model = task.initial_model(mesh, state.model)
     if model is not None:  # pretrained weights, with this run's run-time options
@@ -51,13 +72,24 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task):
 
 def train(cfg: Config, task: Task) -> dict:
     """Run (or resume) the training cfg describes, of the model and data `task` gives;
-    returns the summary it writes."""
+    returns the summary it writes. The run directory is locked for the duration (process 0
+    holds the lock for every process of a multi-process run)."""
     run_dir = Path(cfg.run.dir)
     primary = jax.process_index() == 0
+    with run_lock(run_dir) if primary else contextlib.nullcontext():
+        return _train(cfg, task, run_dir, primary)
+
+
+def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
     mngr = ckpt.open_manager(run_dir, cfg.run.keep)
-    latest = mngr.latest_step()
-    if latest is not None:  # refuse an incompatible resume before touching any file
-        ckpt.check_compatible(ckpt.saved_config(mngr, latest), cfg, run_dir)
+    newest = ckpt.newest_config(mngr)
+    if newest is not None:  # refuse an impossible resume before touching any file
+        latest, saved = newest
+        ckpt.check_compatible(saved, cfg, run_dir)
+        if cfg.run.steps < latest:
+            raise ConfigError(f"run.steps: {cfg.run.steps} is below step {latest} of the latest "
+                              f"checkpoint in {run_dir / 'checkpoints'}; give --run.steps "
+                              f"{latest} or more (as many re-evaluates it)", field="run.steps")
     mesh = make_mesh(cfg.mesh)
     micro = cfg.data.batch_size // cfg.optim.accum_steps
     if micro % mesh.shape["data"]:
@@ -88,10 +120,9 @@ def train(cfg: Config, task: Task) -> dict:
     # excluded) to the latest one, less the time spent evaluating in between.
     last = {"time": time.perf_counter(), "step": start}
     first = dict(last)
-    # A finished run that is started again only re-evaluates: keep its training figures.
-    previous = run_dir / "summary.json"
-    history: dict = json.loads(previous.read_text()) if start and previous.is_file() else {}
-    history = {k: history[k] for k in ("train_loss", "tokens_per_s", "mfu") if k in history}
+    # This invocation's training figures; the end fills in what it did not measure (a
+    # resumed run with fewer than two steps left) from metrics.jsonl.
+    history: dict = {}
 
     def record(step: int, metrics) -> None:
         """Read a finished step's metrics (a sync point) and log them."""
@@ -135,30 +166,55 @@ def train(cfg: Config, task: Task) -> dict:
         first["time"] += spent
 
     pending = None
+    saving = None  # step of the latest asynchronous save, watched for a failure
     try:
         for step in range(start + 1, end + 1):
+            if saving is not None:  # a failed save stops the run where it is detected
+                try:
+                    if ckpt.check_saves(mngr, saving, step - 1):
+                        saving = None
+                except ckpt.CheckpointSaveFailed:
+                    if pending is not None:  # log the last step taken
+                        record(*pending)
+                    raise
             batch = to_global(next(data_iter), b_sharding)
             state, metrics = step_fn(state, batch)
             if pending is not None:  # step N is dispatched; now read step N-1 without stalling
                 record(*pending)
             pending = (step, metrics)
             bar.update(1)
-            if step % cfg.run.save_every == 0 or step == cfg.run.steps:
+            # The last step of this invocation is saved too: a run stopped by run.stop_after
+            # resumes from where it stopped.
+            if step % cfg.run.save_every == 0 or step == end:
                 record(*pending)  # never checkpoint a state whose loss was not finite
                 pending = None
+                if saving is not None:
+                    ckpt.check_saves(mngr, saving, step, wait=True)
                 ckpt.save(mngr, step, state, data_iter, cfg)
+                saving = step
             if step % cfg.run.eval_every == 0 and step != cfg.run.steps:
                 run_eval(step)
         if pending is not None:
             record(*pending)
-    finally:
+        if saving is not None:
+            ckpt.check_saves(mngr, saving, int(state.step), wait=True)
+    except BaseException:
         bar.close()
-        mngr.wait_until_finished()
+        # Let a pending save of a good state commit; the error in flight is the one to report.
+        with contextlib.suppress(Exception):
+            mngr.wait_until_finished()
+        raise
+    bar.close()
 
     final_step = int(state.step)
     summary = {"step": final_step, "done": final_step >= cfg.run.steps}
     if final_step >= cfg.run.steps:
         run_eval(final_step, final=True)
+        if primary:
+            measured = training_figures(run_dir / "metrics.jsonl", final_step, tokens_per_step)
+            if "tokens_per_s" in measured:
+                measured["mfu"] = measured["tokens_per_s"] * flops_per_token / peak_total
+            history = {**measured, **history}
         summary.update(history)
         summary.update(params=n_params, flops_per_token=flops_per_token,
                        peak_flops=peak, peak_source=peak_source, devices=mesh.size,
@@ -166,7 +222,8 @@ def train(cfg: Config, task: Task) -> dict:
     summary.update(run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"),
                    metrics=str(run_dir / "metrics.jsonl"), tensorboard=str(run_dir / "tb"))
     if primary and summary["done"]:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        with writing(run_dir / "summary.json"):
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     writer.close()
     mngr.close()
     return summary

@@ -98,7 +98,10 @@ def fused_lm_head_loss(x_ND: Array, w_DV: Array, targets_N: Array, weights_N: Ar
 
 
 def softmax_xent(logits_BXC: Array, labels_BX: Array) -> Array:
-    """Per-position cross-entropy of integer labels, in the logits' dtype (classification heads)."""
+    """Per-position cross-entropy of integer labels, float32 (classification and MLM heads):
+    bfloat16 logits are upcast first, as token_nll does, so a bf16 loss keeps its precision
+    (float32 logits are unchanged)."""
+    logits_BXC = logits_BXC.astype(jnp.float32)
     logz = jax.nn.logsumexp(logits_BXC, axis=-1)
     gold = jnp.take_along_axis(logits_BXC, labels_BX[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return logz - gold

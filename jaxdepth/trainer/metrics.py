@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import writing
+
 
 class MetricsWriter:
     """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard.
@@ -32,8 +34,9 @@ class MetricsWriter:
         if not self.enabled:
             return
         rec = {"step": step, **{k: float(v) for k, v in scalars.items()}}
-        self._jsonl.write(json.dumps(rec) + "\n")
-        self._jsonl.flush()
+        with writing(self._jsonl.name):
+            self._jsonl.write(json.dumps(rec) + "\n")
+            self._jsonl.flush()
         for k, v in rec.items():
             if k != "step":
                 self._tb.add_scalar(k, v, step)
@@ -42,3 +45,34 @@ class MetricsWriter:
         if self.enabled:
             self._jsonl.close()
             self._tb.close()
+
+
+def training_figures(path: Path, final_step: int, tokens_per_step: int) -> dict:
+    """{train_loss, tokens_per_s} of a run recomputed from its metrics.jsonl (what is missing
+    there is left out): the last loss logged for `final_step`, and the run's throughput,
+    every token timed over every invocation divided by the time they took.
+
+    A training record (it has a grad_norm) carries tokens_per_s for the steps since the
+    previous record of the same invocation; the first record of an invocation (its step
+    includes compilation) carries none, which also marks where an invocation starts.
+    """
+    figures: dict = {}
+    if not path.is_file():
+        return figures
+    previous, tokens, seconds = None, 0, 0.0
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # the torn last line of a killed run
+            continue
+        if "grad_norm" not in rec:
+            continue
+        if "tokens_per_s" in rec and previous is not None and rec["step"] > previous:
+            n = (rec["step"] - previous) * tokens_per_step
+            tokens, seconds = tokens + n, seconds + n / rec["tokens_per_s"]
+        previous = rec["step"]
+        if rec["step"] == final_step:
+            figures["train_loss"] = rec["loss"]
+    if seconds > 0:
+        figures["tokens_per_s"] = tokens / seconds
+    return figures

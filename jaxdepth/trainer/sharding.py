@@ -3,7 +3,7 @@
 Parameters name their axes logically (embed, mlp, heads, vocab, layers); RULES maps those
 names to mesh axes. Data parallel = batch over "data"; FSDP = embed over "data" as well;
 tensor parallel = heads / mlp / vocab over "model". A dimension that the mesh axis does not
-divide is replicated instead (e.g. Eq. 1's odd d_ff values).
+divide is replicated instead (e.g. Eq. 1's odd d_ff values), with a warning naming it.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..config import ConfigError, MeshConfig
+from ..errors import warn
 
 RULES = {
     "batch": "data",
@@ -64,6 +65,15 @@ PARAM_AXES = {
 }
 
 
+_warned: set[str] = set()  # warnings already given by this process
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned and jax.process_index() == 0:
+        _warned.add(message)
+        warn(message)
+
+
 def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     data = cfg.data if cfg.data > 0 else len(devices) // cfg.model
@@ -71,16 +81,26 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
     if data < 1 or n > len(devices):
         raise ConfigError(f"mesh.data x mesh.model = {data} x {cfg.model} needs {n} devices, "
                           f"{len(devices)} available")
+    if cfg.data == -1 and n < len(devices):
+        _warn_once(f"mesh.data=-1 uses {n} of the {len(devices)} devices ({data} x mesh.model="
+                   f"{cfg.model}); {len(devices) - n} stay idle")
     return Mesh(np.asarray(devices[:n]).reshape(data, cfg.model), ("data", "model"))
 
 
-def logical_to_spec(axes, shape, mesh: Mesh, fsdp: bool) -> P:
+def logical_to_spec(axes, shape, mesh: Mesh, fsdp: bool, undivided: list | None = None) -> P:
+    """The partition spec of an array with these logical axes; each dimension its mesh axis
+    does not divide is replicated and, if `undivided` is given, appended to it as
+    (dimension index, size, mesh axis)."""
     out = []
-    for name, dim in zip(axes, shape):
+    for i, (name, dim) in enumerate(zip(axes, shape)):
         mesh_axis = RULES[name]
         if mesh_axis == "fsdp":
             mesh_axis = "data" if fsdp else None
-        if mesh_axis is not None and (dim % mesh.shape[mesh_axis] or mesh_axis in out):
+        if mesh_axis is not None and dim % mesh.shape[mesh_axis]:
+            if undivided is not None:
+                undivided.append((i, dim, mesh_axis))
+            mesh_axis = None
+        elif mesh_axis in out:
             mesh_axis = None
         out.append(mesh_axis)
     return P(*out)
@@ -99,11 +119,24 @@ def _param_axes(path, leaf) -> tuple:
 
 
 def param_shardings(params, mesh: Mesh, fsdp: bool):
-    """NamedSharding for every array leaf of a model (pytree with the same structure)."""
+    """NamedSharding for every array leaf of a model (pytree with the same structure). The
+    dimensions left replicated because the mesh does not divide them are named in a warning
+    (once per process): they lose tensor parallelism (or FSDP) without failing."""
+    replicated_dims = []
+
     def one(path, leaf):
-        spec = logical_to_spec(_param_axes(path, leaf), leaf.shape, mesh, fsdp)
+        undivided = []
+        spec = logical_to_spec(_param_axes(path, leaf), leaf.shape, mesh, fsdp, undivided)
+        name = ".".join(k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey))
+        replicated_dims.extend(f"{name} dim {i} ({dim} over {mesh_axis}={mesh.shape[mesh_axis]})"
+                               for i, dim, mesh_axis in undivided)
         return NamedSharding(mesh, spec)
-    return jax.tree_util.tree_map_with_path(one, params)
+
+    out = jax.tree_util.tree_map_with_path(one, params)
+    if replicated_dims:
+        _warn_once(f"replicated, since the mesh axis does not divide them: "
+                   f"{', '.join(replicated_dims)}")
+    return out
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, abstract_opt_state, abstract_params,

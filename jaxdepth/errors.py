@@ -1,0 +1,136 @@
+"""What a user sees when a run cannot go on: the error types, and the one boundary that
+train.py and eval.py put around their work.
+
+An error is the user's when their config, their files or their disk caused it (a bad value,
+a malformed, unreadable or missing file, a full or read-only disk, a run directory already in
+use). The boundary reports those as one line, ``error: <message>``, naming the file (and the
+line where there is one), with exit code 2; ``--debug`` adds the traceback. A run that stopped
+for a reason of its own (a non-finite loss) is one line with exit code 1. Anything else is a
+bug and raises with its traceback.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+import traceback
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+EXIT_USER_ERROR = 2
+EXIT_RUN_FAILED = 1
+
+
+class UserError(Exception):
+    """Caused by the user's config, files or disk; the message names the setting or file and
+    says what to do."""
+
+    label = "error"  # what the boundary's line starts with
+
+
+class DataError(UserError, ValueError):
+    """An input file that cannot be used (malformed, empty, not UTF-8, truncated): the message
+    names the file, and the line where there is one. A ValueError too, so callers that catch
+    the readers' ValueErrors keep working."""
+
+
+class RunFailed(Exception):
+    """Training stopped for a reason that is neither a bug nor bad input (a non-finite loss);
+    the message says what was kept."""
+
+
+def one_line(text: object) -> str:
+    """A library's (often multi-line) message as one line."""
+    return " ".join(str(text).split())
+
+
+# TensorStore reports an OS error inside its own message: "... [os_error_code='28']".
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def os_error_reason(e: BaseException) -> str | None:
+    """'no space left on device' (the OS's words, lower-cased) for an OSError or a TensorStore
+    error that carries an OS error code; None for anything else."""
+    code = e.errno if isinstance(e, OSError) else None
+    if code is None:
+        match = _OS_ERROR_CODE.search(str(e))
+        code = int(match.group(1)) if match else None
+    if code is None:
+        return None
+    reason = os.strerror(code)
+    return reason[:1].lower() + reason[1:]
+
+
+def describe(e: BaseException) -> str:
+    """The one line the boundary prints for e."""
+    if isinstance(e, OSError) and e.strerror and e.filename is not None:
+        target = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
+        return f"{os_error_reason(e) or e.strerror}: {target}"
+    return one_line(e)
+
+
+@contextmanager
+def writing(path) -> Iterator[None]:
+    """Name `path` in an OSError raised without a file name: a failed write() (a full disk,
+    a file size limit) reports only its errno."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.strerror:
+            raise type(e)(e.errno, e.strerror, str(path)) from e
+        raise
+
+
+def warn(message: str) -> None:
+    """A warning the user should read (what a fallback did instead), on stderr."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _quiet_background_failures() -> None:
+    """Keep what background threads print about a failure the boundary reports in one line.
+
+    A checkpoint save that fails on a full disk is logged with tracebacks by Orbax (through
+    absl) and by the event loop its writes ran on; the writes still in flight then call back
+    into that closed loop, and TensorStore prints each RuntimeError('Event loop is closed') as
+    an unraisable exception; the TensorBoard writer's thread dies with its own traceback. A
+    restore that fails on a corrupt file leaves Orbax's other read coroutines un-awaited,
+    each printed when collected. The error itself reaches the boundary (or the checkpoint
+    fallback). Installed for the rest of the process: those callbacks can still arrive after
+    the error line."""
+    for name in ("absl", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    unraisable, thread_failed = sys.unraisablehook, threading.excepthook
+
+    def on_unraisable(u) -> None:
+        late_callback = (u.object is None and isinstance(u.exc_value, RuntimeError)
+                         and str(u.exc_value) == "Event loop is closed")
+        code = getattr(u.object, "cr_code", None)  # a coroutine's
+        orbax_leftover = code is not None and "/orbax/" in code.co_filename.replace("\\", "/")
+        if not (late_callback or orbax_leftover):
+            unraisable(u)
+
+    def on_thread_failure(args) -> None:
+        if isinstance(args.exc_value, OSError):  # a disk error; the main thread meets it too
+            warn(f"background thread {args.thread.name if args.thread else '?'} stopped: "
+                 f"{describe(args.exc_value)}")
+        else:
+            thread_failed(args)
+
+    sys.unraisablehook, threading.excepthook = on_unraisable, on_thread_failure
+
+
+def run_main(body: Callable[[], int], debug: bool) -> int:
+    """The error boundary: body's exit code, or one line and 2 for a user error (1 for a
+    failed run). With debug, the traceback is printed before that line, and nothing that
+    background threads print is held back."""
+    if not debug:
+        _quiet_background_failures()
+    try:
+        return body()
+    except (UserError, OSError, RunFailed) as e:
+        if debug:
+            traceback.print_exc()
+        print(f"{getattr(e, 'label', 'error')}: {describe(e)}", file=sys.stderr, flush=True)
+        return EXIT_RUN_FAILED if isinstance(e, RunFailed) else EXIT_USER_ERROR
