@@ -400,3 +400,19 @@ def test_presets_and_options(model):
         model.with_options(d_model=64)
     with pytest.raises(ValueError, match="max_len"):
         model.embed(jnp.zeros((1, CFG.max_len + 1), jnp.int32), jnp.zeros((1, CFG.max_len + 1), jnp.int32))
+
+
+def test_act_cross_entropy_is_float32_for_bf16_logits():
+    """The MLM/SOP cross-entropy of models/act.py upcasts like the LM loss: bf16 logits give
+    the float32 loss of the same (bf16-rounded) values, not a bf16 one."""
+    from jaxdepth.models.act import _xent
+    logits = jax.random.normal(jax.random.key(0), (4, 7, 300)) * 8
+    labels = jax.random.randint(jax.random.key(1), (4, 7), 0, 300)
+    low = logits.astype(jnp.bfloat16)
+    got = _xent(low, labels)
+    assert got.dtype == jnp.float32
+    x = np.asarray(low.astype(jnp.float32), np.float64)
+    m = x.max(-1, keepdims=True)
+    ref = (np.log(np.exp(x - m).sum(-1)) + m[..., 0]) - np.take_along_axis(
+        x, np.asarray(labels)[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)

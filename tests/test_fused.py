@@ -7,6 +7,7 @@ every backbone's layer outputs recomputed layer by layer; fusion_param_count equ
 actually built; EncoderMLM's head against a NumPy recomputation.
 (The DWAtt / Concat equations themselves are tested in tests/test_fusion.py.)
 """
+import copy
 import dataclasses
 import math
 
@@ -457,3 +458,35 @@ def test_encoder_mlm_masked_logits_match_numpy():
     # gather_positions is that gather
     np.testing.assert_array_equal(np.asarray(gather_positions(h, inp["positions"])),
                                   x.astype(np.float32))
+
+
+@pytest.mark.parametrize("arch", ["act", "albert", "bert", "decoder", "encoder"])
+def test_base_n_layer_copies_the_backbone_activation_and_eps(arch):
+    """Base+n's fresh layers use the backbone's own activation and norm eps: ALBERT's tanh GELU
+    (eps 1e-12) on the ACT / ALBERT / untied encoders, T5.1.1's tanh GELU (eps 1e-6) on the
+    decoder, the config's on a BERT/RoBERTa encoder (here RoBERTa-like: relu, eps 1e-5)."""
+    key = jax.random.key(0)
+    if arch == "decoder":
+        backbone = DecoderLM(ModelConfig(vocab_size=64, d_model=32, n_layers=2, d_ff=48), key=key)
+        want = ("gelu_new", 1e-6)
+    elif arch == "encoder":
+        backbone = Encoder(EncoderConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=48,
+                                         max_positions=16, layer_norm_eps=1e-5, activation="relu"),
+                           key=key)
+        want = ("relu", 1e-5)
+    else:
+        cfg = ACTConfig(vocab_size=64, embed_dim=16, d_model=32, n_heads=2, max_len=16, max_iters=2)
+        backbone = (UntiedEncoder if arch == "bert" else ACTEncoder)(cfg, key=key)
+        want = ("gelu_new", 1e-12)
+    extra = ExtraLayers(2, backbone.post_ln_layer, key=key)
+    got = (extra.layers.activation, extra.layers.attn_norm.eps, extra.layers.ff_norm.eps)
+    assert got == (want[0], want[1], want[1])
+    # and the layer computes with that activation: tanh GELU differs from the exact one
+    x = jax.random.normal(jax.random.key(1), (1, 4, 32))
+    mask = jnp.ones((1, 4), bool)
+    layer = randomize(jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, extra.layers), 3,
+                      scale=1.0)  # weights large enough for the two GELUs to part
+    other = "gelu" if want[0] != "gelu" else "relu"
+    swapped = copy.copy(layer)
+    object.__setattr__(swapped, "activation", other)  # a static field: same weights
+    assert not np.allclose(np.asarray(layer(x, mask)), np.asarray(swapped(x, mask)))

@@ -254,6 +254,17 @@ def test_wikiann_and_conll_directories(tmp_path):
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
+def _pad_and_truncate(path, *, pad_to: int, max_length: int) -> None:
+    """Store fixed padding and truncation in a tokenizer.json, as sentence-transformers does."""
+    spec = json.loads(path.read_text())
+    spec["padding"] = {"strategy": {"Fixed": pad_to}, "direction": "Right",
+                       "pad_to_multiple_of": None, "pad_id": 0, "pad_type_id": 0,
+                       "pad_token": "[PAD]"}
+    spec["truncation"] = {"direction": "Right", "max_length": max_length,
+                          "strategy": "LongestFirst", "stride": 0}
+    path.write_text(json.dumps(spec))
+
+
 def _write_wordpiece(directory, words, specials=BERT_SPECIALS, extra=()):
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import models, pre_tokenizers
@@ -592,13 +603,7 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
     words = ["alpha", "beta", "gamma", "delta", "went", "home", "the", "a", "to", "."]
     hf = tmp_path / "hf"
     vocab = _write_wordpiece(hf, words, extra=["UN", "##ES", "##CO"])
-    tok_path = hf / "tokenizer.json"
-    spec = json.loads(tok_path.read_text())
-    spec["padding"] = {"strategy": {"Fixed": 40}, "direction": "Right", "pad_to_multiple_of": None,
-                       "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"}
-    spec["truncation"] = {"direction": "Right", "max_length": 6, "strategy": "LongestFirst",
-                          "stride": 0}
-    tok_path.write_text(json.dumps(spec))
+    _pad_and_truncate(hf / "tokenizer.json", pad_to=40, max_length=6)
     V, D, L, F, P = len(vocab), 16, 1, 32, 40
     save_hf_checkpoint(hf, _bert_arrays(V, D, L, F, P),
                        {"model_type": "bert", "vocab_size": V, "hidden_size": D,
@@ -686,3 +691,16 @@ def test_ner_fe_on_the_real_minilm_checkpoint(wikiann_dir, tmp_path):
     model, _, _ = load_model(run)
     ref, _, _ = load_hf_encoder(hf)
     _assert_same_arrays(model.backbone, ref)
+
+
+def test_hf_import_tokenizer_neither_pads_nor_truncates(tmp_path):
+    """load_hf_encoder's tokenizer ignores the padding / truncation a tokenizer.json stores
+    (sentence-transformers' pad and cut every text to a fixed length)."""
+    from jaxdepth.models.hf_import import load_tokenizer
+
+    words = ["alpha", "beta", "gamma", "delta", "went", "home"]
+    vocab = _write_wordpiece(tmp_path, words)
+    _pad_and_truncate(tmp_path / "tokenizer.json", pad_to=40, max_length=3)
+    text = "alpha beta gamma delta went home alpha"
+    ids = load_tokenizer(tmp_path).encode(text).ids
+    assert ids == [vocab[w] for w in text.split()]

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import FUSION_METHODS, Config, ConfigError, apply_overrides
+from ..errors import run_main
 from .depth_sweep import _nested, _overrides
 from .plan_file import PlannedExperiment
 
@@ -222,20 +223,20 @@ def plan_from_args(args) -> Plan | None:
 
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    try:
-        plan = plan_from_args(args)
-        if args.command in ("run", "all") and plan is None:
-            raise ConfigError("--ner-dir: required to start or continue `run`")
-        exp = Experiment.open(Path(args.out), plan)
-        if args.command in ("run", "all"):
-            exp.run()
-        if args.command in ("report", "all"):
-            from ..analysis.fusion_report import write_report
-            for name, path in write_report(exp.rows(), Path(args.out) / "report").items():
-                print(f"{name}: {path}")
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_main(lambda: _run(args), debug=False)  # a bad plan or path: one line, exit 2
+
+
+def _run(args) -> int:
+    plan = plan_from_args(args)
+    if args.command in ("run", "all") and plan is None:
+        raise ConfigError("--ner-dir: required to start or continue `run`")
+    exp = Experiment.open(Path(args.out), plan)
+    if args.command in ("run", "all"):
+        exp.run()
+    if args.command in ("report", "all"):
+        from ..analysis.fusion_report import write_report
+        for name, path in write_report(exp.rows(), Path(args.out) / "report").items():
+            print(f"{name}: {path}")
     return 0
 
 

@@ -225,9 +225,8 @@ class _Pretrainable(Backbone):
         return self(tokens_BT, segments_BT, mask_BT, key=key, return_states=True).states_MBTD
 
     def post_ln_layer(self, *, key: Array) -> PostLNLayer:
-        """A fresh post-LN layer for Base+n. It has BERT's defaults (eps 1e-12, exact GELU), not
-        ALBERT's tanh GELU: what Base+n has always stacked on these encoders."""
-        return PostLNLayer(self.cfg.d_model, self.cfg.n_heads, self.cfg.ff, key=key)
+        """A fresh layer for Base+n: the encoder's own (ALBERT's tanh GELU, eps 1e-12)."""
+        return albert_layer(self.cfg, key=key)
 
 
 # ----------------------------------------------------------------------------------- ACT model
@@ -356,6 +355,7 @@ class UntiedEncoder(_Pretrainable, Encoder):
 # ----------------------------------------------------------------------------------- the loss
 
 def _xent(logits_BXC: Array, labels_BX: Array) -> Array:
+    logits_BXC = logits_BXC.astype(jnp.float32)  # a bf16 log-partition loses the loss's digits
     logz = jax.nn.logsumexp(logits_BXC, axis=-1)
     gold = jnp.take_along_axis(logits_BXC, labels_BX[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return logz - gold

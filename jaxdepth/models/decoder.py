@@ -66,8 +66,10 @@ class DecoderLM(Backbone):
         return self.hidden(tokens_BT, key=key, all_layers=True)[1]
 
     def post_ln_layer(self, *, key: Array) -> PostLNLayer:
-        """A fresh post-LN layer for Base+n, with BERT's defaults (eps 1e-12, exact GELU)."""
-        return PostLNLayer(self.cfg.d_model, self.cfg.heads, self.cfg.d_ff, key=key)
+        """A fresh post-LN layer for Base+n with the decoder's own activation (T5.1.1's tanh
+        GELU) and norm eps (1e-6); its MLP is BERT's ungated one."""
+        return PostLNLayer(self.cfg.d_model, self.cfg.heads, self.cfg.d_ff, eps=1e-6,
+                           activation="gelu_new", key=key)
 
     # ------------------------------------------------------------------ forward
 

@@ -317,4 +317,9 @@ def load_tokenizer(directory: str | Path):
         from tokenizers import Tokenizer  # optional dependency
     except ImportError:
         return None
-    return Tokenizer.from_file(str(path))
+    tok = Tokenizer.from_file(str(path))
+    # tokenizer.json may store padding / truncation (sentence-transformers' pad and cut every
+    # text to 128 ids): a caller that wants them sets them, nothing is cut silently.
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
