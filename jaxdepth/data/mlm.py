@@ -17,7 +17,7 @@ segments from one document). One example (`make_example`):
    at least two sentences. The chunk is split at a uniform sentence boundary into A and B.
 3. SOP (when `cfg.sop`): with probability 0.5 A and B are swapped; label 1 = swapped, 0 = in order.
 4. ALBERT's `truncate_seq_pair`: while `len(A) + len(B) > seq_len - 3`, drop one token from the
-   longer segment (A on a tie), from its front or back with probability 1/2 each. Both segments stay
+   longer segment (the second, B, on a tie, as ALBERT does), from its front or back with probability 1/2 each. Both segments stay
    non-empty. Layout `[CLS] A [SEP] B [SEP] pad...`; segment ids 0 for `[CLS] A [SEP]`, 1 for
    `B [SEP]`, 0 on padding.
 5. N-gram masking. Candidate units are whole words: a token starts a word when its SentencePiece
