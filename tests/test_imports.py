@@ -42,8 +42,8 @@ file fails if it
   (the design now lives in docs/design.md);
 - names the shared folder beside the checkout by a path: ``../shared`` or ``shared/data``
   (prose such as "the shared data directory" and the ``shared_data`` fixture are fine), or
-  an absolute path to a sibling of the checkout (``/work/shared/...`` for a checkout at
-  /work/main);
+  an absolute path to a sibling of the checkout (the checkout's parent directory followed
+  by ``/shared``);
 - builds a path above the repository root from ``__file__``
   (``Path(__file__).resolve().parents[k]``, ``.parent``, ``/ ".."``, ``os.path.dirname``).
 

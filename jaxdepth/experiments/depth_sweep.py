@@ -100,9 +100,7 @@ def _nested(flat: dict) -> dict:
 class Sweep(PlannedExperiment):
     PLAN_FILE = "sweep.json"
 
-    @classmethod
-    def plan_class(cls):
-        return Plan
+    PLAN = Plan
 
     def rows(self) -> list[dict]:
         from ..analysis.report import dedupe, load_rows

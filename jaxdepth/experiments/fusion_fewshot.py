@@ -91,9 +91,7 @@ class Plan:
 
 
 class Experiment(PlannedExperiment):
-    @classmethod
-    def plan_class(cls):
-        return Plan
+    PLAN = Plan
 
     def rows(self) -> list[dict]:
         if not self.results.is_file():

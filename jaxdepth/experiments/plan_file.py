@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 from ..config import ConfigError
 
@@ -27,10 +28,11 @@ def open_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
 
 
 class PlannedExperiment:
-    """An experiment directory: its plan (``PLAN_FILE``, checked by every later command) and
-    the results.jsonl its units append to."""
+    """An experiment directory: its plan (``PLAN_FILE``, a ``PLAN`` saved by the first command
+    and checked by every later one) and the results.jsonl its units append to."""
 
-    PLAN_FILE = "plan.json"
+    PLAN: ClassVar[type]  # each experiment names its plan dataclass
+    PLAN_FILE: ClassVar[str] = "plan.json"
 
     def __init__(self, out: Path, plan):
         self.out, self.plan = out, plan
@@ -38,8 +40,4 @@ class PlannedExperiment:
 
     @classmethod
     def open(cls, out: Path, plan):
-        return cls(out, open_plan(out, cls.PLAN_FILE, plan, cls.plan_class()))
-
-    @classmethod
-    def plan_class(cls):
-        raise NotImplementedError
+        return cls(out, open_plan(out, cls.PLAN_FILE, plan, cls.PLAN))

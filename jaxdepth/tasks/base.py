@@ -1,8 +1,6 @@
 """What every task shares: defaults of the trainer's Task interface (trainer/task.py)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..config import Config
 from ..models.fusion import fusion_trainable
 from ..trainer.flops import model_param_count
@@ -10,7 +8,10 @@ from ..trainer.flops import model_param_count
 
 class TaskBase:
     """Defaults: no pretrained weights, every float array trains (a model may narrow that with
-    ``trainable_spec``, e.g. a frozen FE backbone), parameters counted from the arrays."""
+    ``trainable_spec``, e.g. a frozen FE backbone), parameters counted from the arrays.
+
+    Each registered task also says what train.py prints at the end (``report(summary)``) and
+    what eval.py does with one of its checkpoints (``evaluate_checkpoint(run, args)``)."""
 
     uses_dropout = False
     reports_perplexity = False
@@ -27,11 +28,3 @@ class TaskBase:
 
     def param_count(self, model) -> int:
         return model_param_count(model)
-
-    def report(self, summary: dict) -> str:
-        """The lines train.py prints when the run has finished."""
-        raise NotImplementedError(f"{type(self).__name__} does not describe its summary")
-
-    def evaluate_checkpoint(self, run: Path, args) -> dict:
-        """What eval.py does with a checkpoint of this kind of run (args: eval.py's)."""
-        raise ValueError(f"eval.py does not evaluate {type(self).__name__} runs")

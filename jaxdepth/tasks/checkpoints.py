@@ -1,12 +1,13 @@
 """A run's checkpoint opened for reading (eval.py): config, model, step, tokenizer, mesh."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import jax
 
-from ..config import MeshConfig
+from ..config import Config, MeshConfig
 from ..data.prepare import check_vocab
 from ..data.readers import read_json_file
 from ..data.tokenizer import Tokenizer
@@ -32,3 +33,14 @@ def load_checkpoint(run: Path, step: int | None, batch: int, tokenizer: bool = T
     if tokenizer:
         check_vocab(tok, cfg.model.vocab_size, str(run / "data" / "tokenizer.model"))
     return cfg, model, step, tok, mesh
+
+
+def scored_on(cfg: Config, args) -> Config:
+    """The run's config with eval.py's --data as its validation files and --batch as its batch
+    size (the MLM-scored runs rebuild their validation batches from these)."""
+    data = cfg.data
+    if args.data:
+        data = dataclasses.replace(data, valid=args.data)
+    if args.batch:
+        data = dataclasses.replace(data, batch_size=args.batch)
+    return dataclasses.replace(cfg, data=data)

@@ -176,13 +176,10 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         """Table 1 (MLM / SOP accuracy, mean iterations per token group) and Fig. 2 (cosine
         of consecutive iteration states) of the checkpoint, on the run's validation batches
         or on MLM batches built from --data files."""
-        from .checkpoints import load_checkpoint
+        from .checkpoints import load_checkpoint, scored_on
 
         cfg, model, step, _, _ = load_checkpoint(run, args.step, args.batch)
-        if args.data:
-            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=args.data))
-        if args.batch:
-            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=args.batch))
+        cfg = scored_on(cfg, args)
         reader = EncoderPretrainTask(cfg, arch=self.arch, untied=self.untied,
                                      adaptive=self.adaptive, halting=self.encoder_cfg.halting)
         reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes

@@ -25,7 +25,7 @@ from ..models.encoder import Encoder, EncoderConfig
 from ..models.encoder_mlm import EncoderMLM
 from ..trainer.losses import softmax_xent as _xent
 from .backbones import FusionTask, backbone_vocab, is_hf_dir, module_flops
-from .checkpoints import load_checkpoint
+from .checkpoints import load_checkpoint, scored_on
 from .encoder_pretrain import MLMCorpus, mlm_config
 from .lm import write_json
 from .registry import register
@@ -90,10 +90,7 @@ class MLMTask(MLMCorpus):
         """Held-out MLM perplexity of the checkpoint, on the run's validation batches or MLM
         batches of --data files."""
         cfg, model, step, _, _ = load_checkpoint(run, args.step, args.batch, tokenizer=False)
-        if args.data:
-            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, valid=args.data))
-        if args.batch:
-            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=args.batch))
+        cfg = scored_on(cfg, args)
         reader = type(self)(cfg)
         reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
         out = {"run": str(run), "step": step, "data": args.data or "validation batches of the run",

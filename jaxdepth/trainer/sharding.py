@@ -30,9 +30,7 @@ RULES = {
 PARAM_AXES = {
     "embed": ("vocab", "embed"),
     "lm_head": ("embed", "vocab"),
-    "attn.wq": ("embed", "heads"),
-    "attn.wk": ("embed", "heads"),
-    "attn.wv": ("embed", "heads"),
+    **{f"attn.{w}": ("embed", "heads") for w in ("wq", "wk", "wv")},
     "attn.wo": ("heads", "embed"),
     "mlp.wi_0": ("embed", "mlp"),
     "mlp.wi_1": ("embed", "mlp"),
@@ -40,9 +38,7 @@ PARAM_AXES = {
     "scale": ("norm",),
     "rel_bias.table": ("buckets", "heads"),
     # encoders (models/act.py): BERT-style dense layers with biases, ALBERT embeddings
-    "attn.q.w": ("embed", "heads"),
-    "attn.k.w": ("embed", "heads"),
-    "attn.v.w": ("embed", "heads"),
+    **{f"attn.{w}.w": ("embed", "heads") for w in ("q", "k", "v")},
     "attn.o.w": ("heads", "embed"),
     "ff_in.w": ("embed", "mlp"),
     "ff_in.b": ("mlp",),

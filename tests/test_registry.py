@@ -1,0 +1,42 @@
+"""The task registry: the one dispatch on model.arch / task.name, and what every kind provides."""
+import pytest
+
+from jaxdepth.config import Config, ConfigError, apply_overrides
+from jaxdepth.tasks import kind_of, registry
+
+
+def _cfg(arch="decoder", name="", **task):
+    return apply_overrides(Config(), {"model": {"arch": arch}, "task": {"name": name, **task}})
+
+
+@pytest.mark.parametrize("arch, name, kind", [
+    ("decoder", "", "lm"), ("decoder", "passivization", "prefix_lm"),
+    ("act", "", "encoder_pretrain"), ("albert", "roles", "probe"), ("encoder", "", "encoder_mlm"),
+    ("encoder", "mlm", "mlm"), ("act", "mlm", "mlm")])
+def test_kind_of(arch, name, kind):
+    assert kind_of(_cfg(arch, name))[0] == kind
+
+
+def test_encoder_options_follow_the_architecture():
+    assert kind_of(_cfg("albert"))[1] == {"arch": "albert", "untied": False, "adaptive": False,
+                                          "halting": "fixed"}
+    assert kind_of(_cfg("bert", "roles"))[1] == {"arch": "bert", "untied": True, "adaptive": False,
+                                                 "halting": "act", "token_level": True}
+    assert kind_of(_cfg("act", "tense"))[1]["token_level"] is False
+
+
+@pytest.mark.parametrize("arch, name", [("act", "cogs"), ("decoder", "roles"), ("encoder", "roles")])
+def test_impossible_combinations_are_refused(arch, name):
+    with pytest.raises(ConfigError, match="task.name"):
+        kind_of(_cfg(arch, name, dir="x"))
+
+
+def test_every_registered_kind_reports_and_evaluates_its_checkpoints():
+    """train.py prints task.report(summary) and eval.py calls task.evaluate_checkpoint: every
+    registered class defines both itself or through a base of its own kind."""
+    assert set(registry._KINDS) == {"lm", "prefix_lm", "encoder_pretrain", "probe", "encoder_mlm",
+                                    "mlm", "ner"}
+    for kind, cls in registry._KINDS.items():
+        for method in ("report", "evaluate_checkpoint", "build_model", "prepare", "dataset",
+                       "objective", "evaluate", "summary", "flops_per_token"):
+            assert callable(getattr(cls, method, None)), (kind, method)
