@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar
 
+import numpy as np
+
 from .errors import UserError
 
 
@@ -51,11 +53,27 @@ def _positive(obj: Any, section: str, *names: str) -> None:
         _require(v > 0, f"{section}.{n}", f"must be positive, got {v}")
 
 
-ARCHS = ("decoder", "act", "albert", "bert", "encoder")
+# The token ids of every tokenizer this project trains (data/tokenizer.py): T5's pad, eos and
+# unk, then the encoders' [CLS], [SEP] and [MASK] as fixed user-defined symbols.
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+CLS_ID, SEP_ID, MASK_ID = 3, 4, 5
+N_SPECIAL = 6  # ids below this are never drawn as MLM's random replacement tokens
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")  # models/layers.py:activation_fn
+
+
+# The one section that describes the model of each architecture: its shape, vocabulary and
+# run-time options. The other section must stay at its defaults (Config refuses it otherwise),
+# so a run's model is never described twice.
+MODEL_SECTION = {"decoder": "model", "encoder": "model", "act": "act", "albert": "act", "bert": "act"}
+ARCHS = tuple(MODEL_SECTION)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The model of model.arch decoder (T5) or encoder (BERT/RoBERTa), and the choice of
+    architecture for every run. For act, albert and bert the model is the act section, and
+    only model.arch is read here."""
     # Fields that fix parameter shapes (or what the weights mean): a checkpoint only loads into
     # a model that agrees on them. Every other field is a run-time option.
     SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "d_model", "n_layers", "d_ff", "n_heads",
@@ -204,8 +222,9 @@ def _act_require(cond: bool, name: str, msg: str) -> None:
 
 @dataclass(frozen=True)
 class ACTConfig:
-    """The adaptive-depth encoder (docs/design.md §3), used when model.arch is act, albert
-    or bert; its vocabulary is model.vocab_size (act.vocab_size is overwritten with it)."""
+    """The ALBERT-family encoder of model.arch act (adaptive depth, docs/design.md §3),
+    albert (the shared layer M times) and bert (M untied layers): its whole description,
+    vocabulary included."""
     SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "embed_dim", "d_model", "n_heads", "d_ff",
                                         "max_len", "n_segments")
     vocab_size: int = 512
@@ -340,15 +359,50 @@ class Config:
     act: ACTConfig = field(default_factory=ACTConfig)
     fusion: FusionConfig = field(default_factory=FusionConfig)
     preset: str = ""
+    # Layout of the saved config.json: 1 (before MODEL_SECTION: ACT runs read their
+    # vocabulary from model.vocab_size) is upgraded on reading (Config.from_dict).
+    version: int = 2
 
     def __post_init__(self):
+        mine = MODEL_SECTION[self.model.arch]
+        other = "act" if mine == "model" else "model"
+        default, given = SECTIONS[other](), getattr(self, other)
+        for f in dataclasses.fields(given):
+            if f.name != "arch" and getattr(given, f.name) != getattr(default, f.name):
+                users = ", ".join(a for a, s in MODEL_SECTION.items() if s == other)
+                hint = (f"set {mine}.{f.name} instead" if hasattr(getattr(self, mine), f.name)
+                        else f"{other}.{f.name} is read for model.arch {users} only")
+                raise ConfigError(f"{other}.{f.name}: model.arch={self.model.arch!r} is described "
+                                  f"by the {mine} section; {hint}", field=f"{other}.{f.name}")
         # Which sections must agree for a given model.arch and task.name is decided by
         # jaxdepth.tasks.registry.kind_of, the one place that dispatches on them.
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
 
+    @property
+    def model_section(self) -> str:
+        """Which section describes this run's model: "model" or "act"."""
+        return MODEL_SECTION[self.model.arch]
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary, which the run's tokenizer must match."""
+        return getattr(self, self.model_section).vocab_size
+
+    @property
+    def vocab_field(self) -> str:
+        """The setting that holds vocab_size, as messages name it."""
+        return f"{self.model_section}.vocab_size"
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every section, except the fields of the model section that model.arch does not
+        read (MODEL_SECTION): an ACT run's model is {"arch": ...}, a decoder's has no act."""
+        d = dataclasses.asdict(self)
+        if self.model_section == "act":
+            d["model"] = {"arch": self.model.arch}
+        else:
+            del d["act"]
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -358,14 +412,15 @@ class Config:
         """A Config from nested dicts (a JSON config file), every value type-checked."""
         _require(isinstance(d, dict), "config",
                  f"must be a JSON object of sections, got {json.dumps(d)}")
+        d = upgrade(d)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         _require(not unknown, "config", f"unknown sections {sorted(unknown)}")
         kw = {}
         for f in dataclasses.fields(cls):
             if f.name not in d:
                 continue
-            if f.name == "preset":
-                kw[f.name] = _typed("preset", "str", d[f.name])
+            if f.name in ("preset", "version"):
+                kw[f.name] = _typed(f.name, f.type, d[f.name])
                 continue
             sec_cls, values = SECTIONS[f.name], d[f.name]
             _require(isinstance(values, dict), f.name,
@@ -379,9 +434,147 @@ class Config:
         return cls(**kw)
 
 
+def upgrade(d: dict) -> dict:
+    """A config dict of an older layout in today's (version 2); others unchanged.
+
+    Version 1 described act/albert/bert models in the act section but took their vocabulary
+    from model.vocab_size, and wrote every section whatever the architecture: the section
+    that did not describe the model held values the run never read, and they are dropped."""
+    version = d.get("version", 1)
+    _require(version in (1, 2), "version", f"must be 1 or 2, got {json.dumps(version)}")
+    model = d.get("model")
+    if version == 2 or not isinstance(model, dict) or not isinstance(d.get("act", {}), dict):
+        return d  # from_dict names whatever is malformed
+    arch = model.get("arch", ModelConfig.arch)
+    if MODEL_SECTION.get(arch) == "act":
+        act = {**d.get("act", {})}
+        if "vocab_size" in model:
+            act["vocab_size"] = model["vocab_size"]
+        return {**d, "model": {"arch": arch}, "act": act, "version": 2}
+    return {**d, "act": {}, "version": 2}
+
+
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
             "mesh": MeshConfig, "run": RunConfig, "task": TaskConfig, "act": ACTConfig,
             "fusion": FusionConfig}
+
+
+# ----------------------------------------------------------------------------- model specs
+# Not command-line sections: what the model and data modules are built from. The tasks derive
+# them from the sections above (tasks/mlm.py:bert_config, tasks/encoder_pretrain.py:mlm_config),
+# and models/hf_import.py reads an EncoderConfig from a Hugging Face config.json.
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """The BERT/RoBERTa encoder of models/encoder.py (model.arch=encoder, or a Hugging Face
+    checkpoint)."""
+    # Fields that fix parameter shapes; every other field is a run-time option or read from a
+    # checkpoint's config.
+    SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff",
+                                        "max_positions", "type_vocab_size")
+    vocab_size: int = 30522
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    d_ff: int = 3072
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    position_offset: int = 0  # RoBERTa: pad_id + 1 (= 2); BERT: 0
+    pad_id: int = 0
+    dropout: float = 0.1
+    activation: str = "gelu"  # exact erf GELU (HF "gelu"); "gelu_new"/"gelu_tanh": tanh approx
+    scan_layers: bool = True  # run-time option: lax.scan over the stacked layers, or unrolled
+    remat: bool = False  # run-time option: rematerialise each layer in the backward pass
+
+    def __post_init__(self):
+        for name in self.SHAPE:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"EncoderConfig.{name} must be a positive int, got {v!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"EncoderConfig.d_model={self.d_model} is not divisible by "
+                             f"n_heads={self.n_heads}")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"EncoderConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+        if not isinstance(self.position_offset, int) or self.position_offset < 0:
+            raise ValueError(f"EncoderConfig.position_offset must be an int >= 0, "
+                             f"got {self.position_offset!r}")
+        if self.position_offset >= self.max_positions:
+            raise ValueError(f"EncoderConfig.position_offset={self.position_offset} leaves no "
+                             f"positions (max_positions={self.max_positions})")
+        if not isinstance(self.pad_id, int) or not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"EncoderConfig.pad_id must be in [0, vocab_size), got {self.pad_id!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"EncoderConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"EncoderConfig.activation must be one of {ACTIVATIONS}, "
+                             f"got {self.activation!r}")
+
+    @property
+    def max_len(self) -> int:
+        """Longest sequence the position table allows."""
+        return self.max_positions - self.position_offset
+
+    def shape(self) -> dict[str, int]:
+        return {f: getattr(self, f) for f in self.SHAPE}
+
+    def replace(self, **changes) -> "EncoderConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class MLMConfig:
+    """How data/mlm.py makes ALBERT-style MLM + SOP examples."""
+    seq_len: int = 128
+    mask_rate: float = 0.15
+    max_predictions: int = 20
+    max_ngram: int = 3
+    p_mask: float = 0.8
+    p_random: float = 0.1  # the rest (1 - p_mask - p_random) is kept
+    short_seq_prob: float = 0.1
+    sop: bool = True
+    # The tokenizer's special ids and the first id drawn as a random replacement (defaults:
+    # this project's SentencePiece layout; a Hugging Face WordPiece/BPE vocabulary differs).
+    cls_id: int = CLS_ID
+    sep_id: int = SEP_ID
+    mask_id: int = MASK_ID
+    first_random_id: int = N_SPECIAL
+
+    def __post_init__(self):
+        def bad(field, why):
+            raise ValueError(f"MLMConfig.{field}={getattr(self, field)!r}: {why}")
+
+        for f in ("seq_len", "max_predictions", "max_ngram"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                bad(f, "must be an integer")
+        for f in ("mask_rate", "p_mask", "p_random", "short_seq_prob"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
+                    or not np.isfinite(v):
+                bad(f, "must be a finite number")
+        if not isinstance(self.sop, (bool, np.bool_)):
+            bad("sop", "must be a bool")
+        if self.seq_len < 5:
+            bad("seq_len", "must be >= 5 ([CLS] A [SEP] B [SEP] with non-empty A and B)")
+        if not 0 < self.mask_rate <= 1:
+            bad("mask_rate", "must be in (0, 1]")
+        if self.max_predictions < 1:
+            bad("max_predictions", "must be >= 1")
+        if self.max_ngram < 1:
+            bad("max_ngram", "must be >= 1")
+        if not 0 <= self.p_mask <= 1:
+            bad("p_mask", "must be in [0, 1]")
+        if not 0 <= self.p_random <= 1:
+            bad("p_random", "must be in [0, 1]")
+        if self.p_mask + self.p_random > 1 + 1e-12:
+            bad("p_random", f"p_mask + p_random = {self.p_mask + self.p_random} exceeds 1")
+        if not 0 <= self.short_seq_prob <= 1:
+            bad("short_seq_prob", "must be in [0, 1]")
+        for f in ("cls_id", "sep_id", "mask_id", "first_random_id"):
+            if not isinstance(getattr(self, f), (int, np.integer)) or getattr(self, f) < 0:
+                bad(f, "must be an integer >= 0")
 
 
 # ----------------------------------------------------------------------------- Eq. 1
@@ -500,11 +693,11 @@ def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:
     """A new Config with nested overrides applied (validated again)."""
     d = cfg.to_dict()
     for sec, vals in overrides.items():
-        if sec == "preset":
-            d["preset"] = vals
+        if sec in ("preset", "version"):
+            d[sec] = vals
             continue
         _require(sec in SECTIONS, "config", f"unknown section {sec!r}")
-        d[sec] = {**d[sec], **vals}
+        d[sec] = {**d.get(sec, {}), **vals}
     return Config.from_dict(d)
 
 

@@ -280,3 +280,59 @@ def test_resume_check_treats_fields_added_later_as_their_defaults(tmp_path):
         check_compatible(old, changed, tmp_path)
     with pytest.raises(ConfigError, match="^model.d_model"):
         check_compatible(old, apply_overrides(Config(), {"model": {"d_model": 64}}), tmp_path)
+
+
+# ----------------------------------------------------------------- one section per architecture
+
+@pytest.mark.parametrize("arch, over, culprit, hint", [
+    ("act", {"model": {"vocab_size": 1000}}, "model.vocab_size", "set act.vocab_size instead"),
+    ("bert", {"model": {"z_loss": 1e-4}}, "model.z_loss", "read for model.arch decoder, encoder only"),
+    ("decoder", {"act": {"tau": 0.1}}, "act.tau", "read for model.arch act, albert, bert only"),
+    ("encoder", {"act": {"d_model": 64}}, "act.d_model", "set model.d_model instead"),
+])
+def test_the_section_model_arch_does_not_read_is_refused(arch, over, culprit, hint):
+    base = apply_overrides(Config(), {"model": {"arch": arch}})
+    with pytest.raises(ConfigError, match=f"^{re.escape(culprit)}: .*{re.escape(hint)}") as e:
+        apply_overrides(base, over)
+    assert e.value.field == culprit
+
+
+def test_one_section_describes_the_model_and_config_json_holds_only_it():
+    act = apply_overrides(from_preset("act-tiny"), {"act": {"vocab_size": 300}})
+    assert (act.vocab_size, act.vocab_field) == (300, "act.vocab_size")
+    d = act.to_dict()
+    assert d["model"] == {"arch": "act"} and d["act"]["vocab_size"] == 300
+    dec = apply_overrides(Config(), {"model": {"vocab_size": 200}})
+    assert (dec.vocab_size, dec.vocab_field) == (200, "model.vocab_size")
+    assert "act" not in dec.to_dict() and dec.to_dict()["model"]["vocab_size"] == 200
+    for cfg in (act, dec):
+        assert Config.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+def test_version_1_configs_are_upgraded():
+    """Before MODEL_SECTION an ACT run read its vocabulary from model.vocab_size and every
+    section was written: the upgrade keeps what the run used and drops what it ignored."""
+    old_act = {"model": {**vars(ModelConfig(vocab_size=777, d_model=64)), "arch": "albert"},
+               "act": {"vocab_size": 512, "d_model": 32, "n_heads": 2, "tau": 5e-4}}
+    cfg = Config.from_dict(old_act)
+    assert cfg.version == 2 and cfg.model == ModelConfig(arch="albert")
+    assert (cfg.act.vocab_size, cfg.act.d_model, cfg.act.tau) == (777, 32, 5e-4)
+    old_dec = {"model": {"d_model": 64}, "act": {"tau": 0.5, "d_model": 32}}
+    cfg = Config.from_dict(old_dec)
+    assert cfg.model.d_model == 64 and cfg.act == Config().act
+    # the current layout is read as written: the same dicts with version 2 are refused
+    with pytest.raises(ConfigError, match="^act.d_model: model.arch='decoder'"):
+        Config.from_dict({**old_dec, "version": 2})
+    with pytest.raises(ConfigError, match="^version: must be 1 or 2, got 3"):
+        Config.from_dict({"version": 3})
+
+
+def test_a_version_1_checkpoint_config_resumes(tmp_path):
+    from jaxdepth.trainer.checkpoint import check_compatible
+
+    now = from_preset("act-tiny")
+    old = {**now.to_dict(), "model": {**vars(ModelConfig()), "arch": "act"}}
+    old.pop("version")
+    check_compatible(old, now, tmp_path)
+    with pytest.raises(ConfigError, match="^act.vocab_size: .*checkpoint 512 vs now 300"):
+        check_compatible(old, apply_overrides(now, {"act": {"vocab_size": 300}}), tmp_path)

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.models.encoder import Encoder, EncoderConfig
+from jaxdepth.config import EncoderConfig
+from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.hf_import import (
     config_from_hf,
     load_hf_encoder,

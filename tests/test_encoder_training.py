@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import Config, MeshConfig
-from jaxdepth.data.mlm import MLMConfig, grammar_documents, mlm_dataset, tokenize_mlm_documents
+from jaxdepth.config import MLMConfig
+from jaxdepth.data.mlm import grammar_documents, mlm_dataset, tokenize_mlm_documents
 from jaxdepth.data.tokenizer import train_tokenizer
 from jaxdepth.data import grammar
 from jaxdepth.models import act

@@ -22,7 +22,8 @@ from jaxdepth.data.ner import LABELS
 from jaxdepth.models.act import ACTEncoder, UntiedEncoder
 from jaxdepth.models.backbone import depth_and_width, strip_to_backbone
 from jaxdepth.models.decoder import DecoderLM
-from jaxdepth.models.encoder import Encoder, EncoderConfig
+from jaxdepth.config import EncoderConfig
+from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.encoder_mlm import EncoderMLM
 from jaxdepth.models.fused import ExtraLayers, FusedModel, fusion_param_count
 from jaxdepth.models.fusion import KEY_DIM, DWAtt, fusion_trainable

@@ -3,15 +3,14 @@ import json
 import numpy as np
 import pytest
 
+from jaxdepth.config import N_SPECIAL, MLMConfig
 from jaxdepth.data import grammar
 from jaxdepth.data.mlm import (
     KIND_MASK,
     KIND_NONE,
     KIND_ORIGINAL,
     KIND_RANDOM,
-    N_SPECIAL,
     MLMBatchSource,
-    MLMConfig,
     MLMDocuments,
     eval_mlm_batches,
     grammar_documents,

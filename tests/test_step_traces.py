@@ -151,7 +151,7 @@ def test_decoder_lm_run_and_its_resumption_trace_the_step_once_each(tmp_path, to
 
 
 def test_act_encoder_run_traces_its_step_once(tmp_path, monkeypatch):
-    over = {"model.vocab_size": 128, "act.d_model": 32, "act.n_heads": 2, "act.embed_dim": 16,
+    over = {"act.vocab_size": 128, "act.d_model": 32, "act.n_heads": 2, "act.embed_dim": 16,
             "act.max_iters": 2, "act.max_len": 32, "data.seq_len": 32, "data.batch_size": 8,
             "data.grammar_docs": 300, "data.max_predictions": 5, "run.dir": tmp_path,
             "run.steps": 4, "run.log_every": 1, "run.progress": "false", "run.samples": 0,

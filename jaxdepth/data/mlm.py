@@ -57,9 +57,9 @@ import numpy as np
 from jaxdepth.data import grammar
 from jaxdepth.data.pipeline import _INFINITE, process_rows
 from jaxdepth.data.readers import read_corpus
-from jaxdepth.data.tokenizer import CLS_ID, MASK_ID, SEP_ID, Tokenizer
+from jaxdepth.config import CLS_ID, MASK_ID, N_SPECIAL, SEP_ID, MLMConfig
+from jaxdepth.data.tokenizer import Tokenizer
 
-N_SPECIAL = 6  # ids 0..5: pad, eos, unk, [CLS], [SEP], [MASK]; never drawn as random tokens
 KIND_NONE, KIND_MASK, KIND_RANDOM, KIND_ORIGINAL = 0, 1, 2, 3
 
 # ---------------------------------------------------------------------------------------------
@@ -215,59 +215,6 @@ def tokenize_mlm_documents(docs: Sequence[Sequence[str]], tok: Tokenizer) -> MLM
 
 # ---------------------------------------------------------------------------------------------
 # Configuration and example construction.
-
-
-@dataclass(frozen=True)
-class MLMConfig:
-    seq_len: int = 128
-    mask_rate: float = 0.15
-    max_predictions: int = 20
-    max_ngram: int = 3
-    p_mask: float = 0.8
-    p_random: float = 0.1  # the rest (1 - p_mask - p_random) is kept
-    short_seq_prob: float = 0.1
-    sop: bool = True
-    # The tokenizer's special ids and the first id drawn as a random replacement (defaults:
-    # this project's SentencePiece layout; a Hugging Face WordPiece/BPE vocabulary differs).
-    cls_id: int = CLS_ID
-    sep_id: int = SEP_ID
-    mask_id: int = MASK_ID
-    first_random_id: int = N_SPECIAL
-
-    def __post_init__(self):
-        def bad(field, why):
-            raise ValueError(f"MLMConfig.{field}={getattr(self, field)!r}: {why}")
-
-        for f in ("seq_len", "max_predictions", "max_ngram"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                bad(f, "must be an integer")
-        for f in ("mask_rate", "p_mask", "p_random", "short_seq_prob"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
-                    or not np.isfinite(v):
-                bad(f, "must be a finite number")
-        if not isinstance(self.sop, (bool, np.bool_)):
-            bad("sop", "must be a bool")
-        if self.seq_len < 5:
-            bad("seq_len", "must be >= 5 ([CLS] A [SEP] B [SEP] with non-empty A and B)")
-        if not 0 < self.mask_rate <= 1:
-            bad("mask_rate", "must be in (0, 1]")
-        if self.max_predictions < 1:
-            bad("max_predictions", "must be >= 1")
-        if self.max_ngram < 1:
-            bad("max_ngram", "must be >= 1")
-        if not 0 <= self.p_mask <= 1:
-            bad("p_mask", "must be in [0, 1]")
-        if not 0 <= self.p_random <= 1:
-            bad("p_random", "must be in [0, 1]")
-        if self.p_mask + self.p_random > 1 + 1e-12:
-            bad("p_random", f"p_mask + p_random = {self.p_mask + self.p_random} exceeds 1")
-        if not 0 <= self.short_seq_prob <= 1:
-            bad("short_seq_prob", "must be in [0, 1]")
-        for f in ("cls_id", "sep_id", "mask_id", "first_random_id"):
-            if not isinstance(getattr(self, f), (int, np.integer)) or getattr(self, f) < 0:
-                bad(f, "must be an integer >= 0")
 
 
 def ngram_probs(max_ngram: int) -> np.ndarray:

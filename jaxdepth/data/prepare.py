@@ -48,9 +48,10 @@ def corpus_name(cfg: DataConfig) -> str:
     return "the embedded grammar corpus" if cfg.corpus == "grammar" else f"data.corpus {cfg.corpus}"
 
 
-def check_vocab(tok: Tokenizer, vocab_size: int, source: str) -> None:
+def check_vocab(tok: Tokenizer, vocab_size: int, source: str,
+                vocab_field: str = "model.vocab_size") -> None:
     if tok.vocab_size != vocab_size:
-        raise ConfigError(f"model.vocab_size: {vocab_size} does not match the tokenizer "
+        raise ConfigError(f"{vocab_field}: {vocab_size} does not match the tokenizer "
                           f"({source}) with {tok.vocab_size} pieces")
 
 
@@ -64,7 +65,8 @@ def tokenizer_source(init_from: str, tokenizer: str) -> tuple[str, str] | None:
 
 def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lambda: None, *,
                   copy_from: tuple[str, str] | None = None, texts=None,
-                  required_chars: str = "", source: str = "the training text") -> Tokenizer:
+                  required_chars: str = "", source: str = "the training text",
+                  vocab_field: str = "model.vocab_size") -> Tokenizer:
     """The run's tokenizer, ``<run>/data/tokenizer.model``: kept if present (a resumed run),
     else copied from ``copy_from = (path, the setting that named it)`` or trained on
     ``texts()`` (called only then; `source` names them in errors). Process 0 writes it
@@ -81,11 +83,11 @@ def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lamb
             shutil.copyfile(src, tmp)
         else:
             train_tokenizer(texts(), vocab_size, required_chars=required_chars,
-                            source=source).save(tmp)
+                            source=source, vocab_field=vocab_field).save(tmp)
         tmp.replace(path)
     barrier()
     tok = Tokenizer.load(path)
-    check_vocab(tok, vocab_size, str(path))
+    check_vocab(tok, vocab_size, str(path), vocab_field)
     return tok
 
 

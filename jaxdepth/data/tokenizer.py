@@ -14,10 +14,9 @@ from pathlib import Path
 import sentencepiece as spm
 
 from ..errors import DataError, one_line
+from ..config import CLS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID  # noqa: F401 (the layout)
 
-PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-SPECIAL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
-CLS_ID, SEP_ID, MASK_ID = 3, 4, 5
+SPECIAL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")  # ids CLS_ID, SEP_ID, MASK_ID in this order
 
 # SentencePiece silently drops training sentences longer than this many bytes (default 4192);
 # web paragraphs (C4) are often longer, so raise the limit rather than lose them.
@@ -98,14 +97,15 @@ def _sentences(texts: Iterable[str]) -> Iterator[str]:
 
 def train_tokenizer(
     texts: Iterable[str], vocab_size: int, model_type: str = "unigram", required_chars: str = "",
-    source: str = "the training text",
+    source: str = "the training text", vocab_field: str = "model.vocab_size",
 ) -> Tokenizer:
     """Train a SentencePiece model on `texts` whose vocabulary has exactly `vocab_size` pieces.
 
     Training is deterministic (one thread, every sentence, no shuffling): the same texts and size
     give byte-identical models. `required_chars` are kept in the vocabulary even if the texts
     lack them, so text the tokenizer will meet later (e.g. logical forms) encodes without unk.
-    `source` names the texts (files, a setting) in the DataError of texts it cannot train on.
+    `source` names the texts (files, a setting) in the DataError of texts it cannot train on,
+    `vocab_field` the setting that asked for `vocab_size`.
     """
     sentences = _sentences(texts)
     try:
@@ -141,7 +141,7 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as e:
-        raise DataError(_training_failure(str(e), vocab_size, source)) from None
+        raise DataError(_training_failure(str(e), vocab_size, source, vocab_field)) from None
     tok = Tokenizer(writer.getvalue())
     # model_type="char" ignores hard_vocab_limit and just stops at the number of characters.
     if tok.vocab_size != vocab_size:
@@ -152,14 +152,14 @@ def train_tokenizer(
     return tok
 
 
-def _training_failure(message: str, vocab_size: int, source: str) -> str:
+def _training_failure(message: str, vocab_size: int, source: str, vocab_field: str) -> str:
     """What SentencePiece's refusal means for the user's corpus and vocab_size, in one line."""
     too_high, too_small = _TOO_HIGH.search(message), _TOO_SMALL.search(message)
     if too_high:
         return (f"vocab_size={vocab_size} is too large for this corpus; "
                 f"try vocab_size <= {too_high.group(2)}")
     if too_small:
-        return (f"model.vocab_size={vocab_size} is too small for {source}: its characters and the "
+        return (f"{vocab_field}={vocab_size} is too small for {source}: its characters and the "
                 f"special pieces need at least {too_small.group(2)}")
     if "sentences_.empty()" in message:
         # The texts were not empty (checked above): SentencePiece skipped every line as longer

@@ -23,76 +23,16 @@ Layers run with ``lax.scan`` (``scan_layers=True``, the default) or a Python loo
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import ClassVar
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
+from ..config import EncoderConfig
 from .backbone import Backbone
-from .layers import ACTIVATIONS, LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
+from .layers import LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
 from .options import with_options
 from .stack import folded_keys, init_stack, run_stack
-
-
-@dataclass(frozen=True)
-class EncoderConfig:
-    # Fields that fix parameter shapes; every other field is a run-time option or read from a
-    # checkpoint's config.
-    SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff",
-                                        "max_positions", "type_vocab_size")
-    vocab_size: int = 30522
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_ff: int = 3072
-    max_positions: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    position_offset: int = 0  # RoBERTa: pad_id + 1 (= 2); BERT: 0
-    pad_id: int = 0
-    dropout: float = 0.1
-    activation: str = "gelu"  # exact erf GELU (HF "gelu"); "gelu_new"/"gelu_tanh": tanh approx
-    scan_layers: bool = True  # run-time option: lax.scan over the stacked layers, or unrolled
-    remat: bool = False  # run-time option: rematerialise each layer in the backward pass
-
-    def __post_init__(self):
-        for name in self.SHAPE:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"EncoderConfig.{name} must be a positive int, got {v!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"EncoderConfig.d_model={self.d_model} is not divisible by "
-                             f"n_heads={self.n_heads}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"EncoderConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
-        if not isinstance(self.position_offset, int) or self.position_offset < 0:
-            raise ValueError(f"EncoderConfig.position_offset must be an int >= 0, "
-                             f"got {self.position_offset!r}")
-        if self.position_offset >= self.max_positions:
-            raise ValueError(f"EncoderConfig.position_offset={self.position_offset} leaves no "
-                             f"positions (max_positions={self.max_positions})")
-        if not isinstance(self.pad_id, int) or not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"EncoderConfig.pad_id must be in [0, vocab_size), got {self.pad_id!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"EncoderConfig.dropout must be in [0, 1), got {self.dropout}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"EncoderConfig.activation must be one of {ACTIVATIONS}, "
-                             f"got {self.activation!r}")
-
-    @property
-    def max_len(self) -> int:
-        """Longest sequence the position table allows."""
-        return self.max_positions - self.position_offset
-
-    def shape(self) -> dict[str, int]:
-        return {f: getattr(self, f) for f in self.SHAPE}
-
-    def replace(self, **changes) -> "EncoderConfig":
-        return dataclasses.replace(self, **changes)
 
 
 def default_inputs(tokens_BT: Array, segments_BT: Array | None,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import equinox as eqx
 from jaxtyping import Array
 
-from .encoder import Encoder, EncoderConfig, norm_and_activation
+from ..config import EncoderConfig
+from .encoder import Encoder, norm_and_activation
 from .heads import MLMHead, gather_positions
 
 

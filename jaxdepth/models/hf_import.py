@@ -40,7 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .encoder import Encoder, EncoderConfig
+from ..config import EncoderConfig
+from .encoder import Encoder
 
 log = logging.getLogger(__name__)
 

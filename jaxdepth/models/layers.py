@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from ..config import ModelConfig
+from ..config import ACTIVATIONS, ModelConfig
 
 _NEG_INF = float(np.finfo(np.float32).min)
 kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
@@ -264,9 +264,6 @@ class BertSelfAttention(eqx.Module):
         k_BSNH, v_BSNH = split_heads(self.k(x_BTD), n), split_heads(self.v(x_BTD), n)
         scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
         return self.o(attend(q_BTNH, k_BSNH, v_BSNH, key_mask_BS[:, None, None, :], scale=scale))
-
-
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")
 
 
 def activation_fn(name: str):

@@ -31,7 +31,7 @@ def load_checkpoint(run: Path, step: int | None, batch: int, tokenizer: bool = T
     model, cfg, step = load_model(run, step, mesh, label="--step")  # names a missing checkpoint
     tok = Tokenizer.load(run / "data" / "tokenizer.model") if tokenizer else None
     if tokenizer:
-        check_vocab(tok, cfg.model.vocab_size, str(run / "data" / "tokenizer.model"))
+        check_vocab(tok, cfg.vocab_size, str(run / "data" / "tokenizer.model"), cfg.vocab_field)
     return cfg, model, step, tok, mesh
 
 

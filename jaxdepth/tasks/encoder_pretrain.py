@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from ..analysis.act_stats import evaluate_act, plot_cosine, write_cosine_table, write_table1
-from ..config import ACTConfig, Config, ConfigError
+from ..config import ACTConfig, Config, ConfigError, MLMConfig
 from ..data import grammar
-from ..data.mlm import (MLMConfig, eval_mlm_batches, grammar_documents, mlm_dataset,
+from ..data.mlm import (eval_mlm_batches, grammar_documents, mlm_dataset,
                         text_documents, tokenize_mlm_documents)
 from ..data.pipeline import split_documents
 from ..data.prepare import corpus_name, run_tokenizer, tokenizer_source
@@ -78,8 +78,8 @@ def _documents(cfg: Config) -> tuple[list[list[str]], list[list[str]]]:
 
 
 def encoder_config(cfg: Config, halting: str) -> ACTConfig:
-    """cfg.act with the run's vocabulary and the halting mode of its architecture."""
-    return dataclasses.replace(cfg.act, vocab_size=cfg.model.vocab_size, halting=halting)
+    """cfg.act with the halting mode of its architecture."""
+    return dataclasses.replace(cfg.act, halting=halting)
 
 
 class MLMCorpus(TaskBase):
@@ -100,7 +100,7 @@ class MLMCorpus(TaskBase):
             run_dir, vocab, primary, barrier, copy_from=copy_from,
             texts=lambda: [" ".join(doc) for doc in train_docs],
             required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "",
-            source=corpus_name(cfg.data))
+            source=corpus_name(cfg.data), vocab_field=cfg.vocab_field)
         self._train_docs = train_docs
         self.valid = eval_mlm_batches(tokenize_mlm_documents(valid_docs, self.tokenizer), mlm,
                                       vocab, n_batches=cfg.run.eval_batches or EVAL_BATCHES,
@@ -141,7 +141,7 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         return self.build_encoder(key=k_enc)
 
     def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
-        self.read_corpus(run_dir, primary, barrier, mlm_config(self.cfg), self.cfg.model.vocab_size,
+        self.read_corpus(run_dir, primary, barrier, mlm_config(self.cfg), self.cfg.vocab_size,
                          copy_from=tokenizer_source("", self.cfg.data.tokenizer))
 
     def objective(self):

@@ -92,7 +92,7 @@ class LMTask(DecoderTask):
 
     def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
         cfg = self.cfg
-        self.data: LMData = prepare_lm_data(cfg.data, cfg.model.vocab_size, run_dir, primary,
+        self.data: LMData = prepare_lm_data(cfg.data, cfg.vocab_size, run_dir, primary,
                                             barrier=barrier)
         valid = eval_batches(self.data.valid, seq_len=cfg.data.seq_len,
                              batch_size=cfg.data.batch_size)

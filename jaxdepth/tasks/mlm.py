@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 
 
-from ..config import Config
+from ..config import Config, EncoderConfig
 from ..data.prepare import tokenizer_source
 from ..data.subwords import HFWords
-from ..models.encoder import Encoder, EncoderConfig
+from ..models.encoder import Encoder
 from ..models.encoder_mlm import EncoderMLM
 from ..trainer.losses import softmax_xent as _xent
 from .backbones import FusionTask, backbone_vocab, is_hf_dir, module_flops
@@ -116,7 +116,7 @@ class EncoderMLMTask(MLMTask):
 
     def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
         cfg = self.cfg
-        self.read_corpus(run_dir, primary, barrier, mlm_config(cfg), cfg.model.vocab_size,
+        self.read_corpus(run_dir, primary, barrier, mlm_config(cfg), cfg.vocab_size,
                          copy_from=tokenizer_source("", cfg.data.tokenizer))
 
     def summary(self, model) -> dict:

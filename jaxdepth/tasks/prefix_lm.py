@@ -48,7 +48,7 @@ class PrefixLMTask(DecoderTask):
     def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
         cfg = self.cfg
         self.run_dir, self.primary = run_dir, primary
-        self.data: TaskData = prepare_task_data(cfg.task, cfg.data.tokenizer, cfg.model.vocab_size,
+        self.data: TaskData = prepare_task_data(cfg.task, cfg.data.tokenizer, cfg.vocab_size,
                                                 cfg.data.seq_len, run_dir, primary, barrier)
         d = self.data
         b = cfg.data.batch_size

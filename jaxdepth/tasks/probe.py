@@ -76,9 +76,10 @@ class ProbeTask(EncoderTask):
         self.run_dir, self.primary = run_dir, primary
         self.init_step = None
         self.tokenizer = run_tokenizer(
-            run_dir, cfg.model.vocab_size, primary, barrier,
+            run_dir, cfg.vocab_size, primary, barrier,
             copy_from=tokenizer_source(cfg.task.init_from, cfg.data.tokenizer),
-            texts=lambda: grammar.corpus_texts(cfg.data.grammar_docs, seed=cfg.data.grammar_seed))
+            texts=lambda: grammar.corpus_texts(cfg.data.grammar_docs, seed=cfg.data.grammar_seed),
+            vocab_field=cfg.vocab_field)
         t = cfg.task
         self.data = make_probe_data(t.name, self.tokenizer, n_train=t.n_train, n_eval=t.n_eval,
                                     seed=t.seed, seq_len=cfg.data.seq_len)

@@ -19,9 +19,6 @@ def register(kind: str):
     return deco
 
 
-ENCODER_ARCHS = ("act", "albert", "bert")
-
-
 def kind_of(cfg: Config) -> tuple[str, dict]:
     """(registered kind, keyword options of its constructor), or ConfigError for a config no
     task can run."""
@@ -34,7 +31,7 @@ def kind_of(cfg: Config) -> tuple[str, dict]:
                               f"task.name) or is the backbone of {', '.join(FUSION_TASKS)}; "
                               f"got {name!r}")
         return "encoder_mlm", {}
-    if arch in ENCODER_ARCHS:
+    if cfg.model_section == "act":  # the ALBERT family
         if cfg.act.max_len < cfg.data.seq_len:
             raise ConfigError(f"act.max_len: {cfg.act.max_len} position embeddings cannot hold "
                               f"data.seq_len={cfg.data.seq_len}")

@@ -104,7 +104,7 @@ def check_compatible(saved: dict, cfg: Config, where: Path) -> None:
     # A field the saved config lacks was added to the library after the checkpoint was
     # written: it had its default then. Except data.valid_seed: before it, data.grammar_seed
     # seeded the validation split.
-    now, before = _flat(cfg.to_dict()), {**_flat(Config().to_dict()), **_flat(saved)}
+    now, before = _flat(cfg.to_dict()), _flat(Config.from_dict(saved).to_dict())
     if "valid_seed" not in saved.get("data", {}):
         before["data.valid_seed"] = before["data.grammar_seed"]
     diff = [k for k in sorted(set(now) | set(before))
