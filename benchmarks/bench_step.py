@@ -45,8 +45,8 @@ from common import (CompileEvents, TrainStep, arg_parser, environment, print_tab
 import jax
 import numpy as np
 
-from jaxdepth.config import (SIZE_CLASSES, Config, DataConfig, MeshConfig, ModelConfig, OptimConfig,
-                             RunConfig, depth_family, param_count)
+from jaxdepth.config import (ATTENTIONS, SIZE_CLASSES, Config, DataConfig, MeshConfig, ModelConfig,
+                             OptimConfig, RunConfig, depth_family, param_count)
 from jaxdepth.trainer.flops import device_peak_flops, measure_matmul_peak, train_flops_per_token
 
 
@@ -108,7 +108,7 @@ def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 1
     return {
         "n_layers": model.n_layers, "d_model": model.d_model, "d_ff": model.d_ff,
         "n_heads": model.heads, "vocab_size": model.vocab_size, "params": param_count(model),
-        "compute_dtype": model.compute_dtype, "remat": model.remat,
+        "compute_dtype": model.compute_dtype, "remat": model.remat, "attention": model.attention,
         "seq_len": seq_len, "batch": batch, "devices": mesh_.size, "steps": steps, "warmup": warmup,
         "compile_s": ct.seconds(), "compile_breakdown_s": ct.breakdown(),
         "first_call_s": first_call,
@@ -122,13 +122,15 @@ def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 1
     }
 
 
-def family_members(family: str, depths: str, dtype: str, remat: str) -> list[ModelConfig]:
+def family_members(family: str, depths: str, dtype: str, remat: str,
+                   attention: str = "einsum") -> list[ModelConfig]:
     fam = depth_family(family)
     want = sorted(fam) if not depths else [int(d) for d in depths.split(",") if d.strip()]
     bad = [d for d in want if d not in fam]
     if bad:
         raise SystemExit(f"--depths: {bad} not in the {family} family; members: {sorted(fam)}")
-    return [dataclasses.replace(fam[d], compute_dtype=dtype, remat=remat) for d in want]
+    return [dataclasses.replace(fam[d], compute_dtype=dtype, remat=remat, attention=attention)
+            for d in want]
 
 
 def _run_isolated(args, n_layers: int, peak: float, source: str) -> dict:
@@ -136,7 +138,8 @@ def _run_isolated(args, n_layers: int, peak: float, source: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--family", args.family,
            "--depths", str(n_layers), "--seq-len", str(args.seq_len), "--batch", str(args.batch),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", args.dtype,
-           "--remat", args.remat, "--seed", str(args.seed), "--_child", repr(peak), source]
+           "--remat", args.remat, "--attention", args.attention, "--seed", str(args.seed),
+           "--_child", repr(peak), source]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"member n_layers={n_layers} failed:\n{proc.stderr[-4000:]}")
@@ -198,13 +201,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--remat", default="none", choices=["none", "full", "dots"])
+    p.add_argument("--attention", default="einsum", choices=ATTENTIONS,
+                   help="model.attention: einsum, dot_product (jax.nn.dot_product_attention) or "
+                        "cudnn (its fused kernel; GPU, bfloat16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-isolate", action="store_true",
                    help="run every member in this process (memory becomes a running maximum)")
     p.add_argument("--out", default="bench_step.json")
     p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    members = family_members(args.family, args.depths, args.dtype, args.remat)
+    members = family_members(args.family, args.depths, args.dtype, args.remat, args.attention)
     kw = dict(seq_len=args.seq_len, batch=args.batch, steps=args.steps,
               warmup=max(args.warmup, 1), seed=args.seed)
 
@@ -216,7 +222,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     peak, source, fp32 = stated_peak(args.dtype)
     print(f"{args.family} family, seq_len {args.seq_len}, batch {args.batch}, {args.dtype}, "
-          f"remat {args.remat}, {jax.device_count()} x {jax.devices()[0].device_kind}; "
+          f"remat {args.remat}, attention {args.attention}, "
+          f"{jax.device_count()} x {jax.devices()[0].device_kind}; "
           f"MFU peak {peak / 1e9:,.1f} GFLOP/s/device ({source})", flush=True)
     rows = []
     for m in members:
@@ -239,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {
         "benchmark": "bench_step", "family": args.family, "seq_len": args.seq_len,
         "batch": args.batch, "compute_dtype": args.dtype, "remat": args.remat,
-        "isolated_processes": not args.no_isolate, **environment(),
+        "attention": args.attention, "isolated_processes": not args.no_isolate, **environment(),
         "peak_flops_per_device": peak, "peak_source": source, "measured_fp32_matmul_flops": fp32,
         "flops_convention": "train_flops_per_token: 6*N_matmul + 12*L*T*d_model (PaLM App. B)",
         "memory_convention": shallow["peak_memory_kind"],

@@ -60,6 +60,7 @@ CLS_ID, SEP_ID, MASK_ID = 3, 4, 5
 N_SPECIAL = 6  # ids below this are never drawn as MLM's random replacement tokens
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")  # models/layers.py:activation_fn
+ATTENTIONS = ("einsum", "dot_product", "cudnn")  # model.attention; models/layers.py:Attention
 
 
 # The one section that describes the model of each architecture: its shape, vocabulary and
@@ -92,6 +93,10 @@ class ModelConfig:
     scan_layers: bool = True  # False runs a Python loop over layers (tests, debugging)
     scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to 2 layers, else 1
     xent_chunk: int = 2048  # tokens per chunk of the fused output-projection + loss; 0: unfused
+    # The decoder's training/eval attention (models/layers.py): einsum (our own, the reference) |
+    # dot_product (jax.nn.dot_product_attention, implementation=None: XLA's path in jax 0.10) |
+    # cudnn (the same call forcing cuDNN's fused flash kernel: GPU only, bf16 compute).
+    attention: str = "einsum"
     # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied, ALBERT
     # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion backbone)
     arch: str = "decoder"
@@ -110,6 +115,11 @@ class ModelConfig:
                  f"must be none, full or dots, got {self.remat!r}")
         _require(self.scan_unroll >= 0, "model.scan_unroll", "must be >= 0")
         _require(self.xent_chunk >= 0, "model.xent_chunk", "must be >= 0")
+        _require(self.attention in ATTENTIONS, "model.attention",
+                 f"must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
+        _require(self.attention != "cudnn" or self.compute_dtype == "bfloat16", "model.attention",
+                 "cudnn's fused kernel takes bf16/fp16 inputs only: set model.compute_dtype "
+                 "bfloat16 (or use dot_product)")
         _require(self.arch in ARCHS, "model.arch", f"must be one of {', '.join(ARCHS)}, got {self.arch!r}")
 
     @property
@@ -339,8 +349,14 @@ class FusionConfig:
     extra_layers: int = 1  # n of base+n
     mode: str = "fe"  # fe: backbone frozen, only the fusion module and head train | ft: all train
     dropout: float = 0.1  # on h before the NER head (docs/design.md §4)
+    # NER in fe mode: the frozen backbone runs once per sentence and training reads its
+    # states from a cache (in memory, or memory-mapped under <run>/cache when larger than
+    # cache_mib; 0: always); false reruns it every step (same results to float rounding).
+    cache: bool = True
+    cache_mib: int = 2048
 
     def __post_init__(self):
+        _require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
         _require(self.method in FUSION_METHODS, "fusion.method",
                  f"must be one of {', '.join(FUSION_METHODS)}, got {self.method!r}")
         _require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")

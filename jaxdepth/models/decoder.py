@@ -50,7 +50,8 @@ class DecoderLM(Backbone):
         self.cfg = cfg
 
     def with_options(self, **changes) -> "DecoderLM":
-        """Same weights, other run-time options (scan_layers, remat, compute_dtype, dropout...)."""
+        """Same weights, other run-time options (scan_layers, remat, compute_dtype, attention,
+        dropout...)."""
         return with_options(self, **changes)
 
     @property
@@ -81,7 +82,7 @@ class DecoderLM(Backbone):
         # slices); unrolling it keeps compile time flat where depth is what we vary.
         unroll = cfg.scan_unroll or (cfg.n_layers if cfg.n_layers <= 2 else 1)
         return run_stack(cast_floating(self.blocks, self.compute_dtype), x_BTD,
-                         lambda block, x, k: block(x, bias_NTT, cfg.dropout, k),
+                         lambda block, x, k: block(x, bias_NTT, cfg.dropout, k, cfg.attention),
                          keys=jax.random.split(key, cfg.n_layers) if train else None,
                          scan=cfg.scan_layers, remat=cfg.remat, unroll=unroll,
                          all_layers=all_layers)

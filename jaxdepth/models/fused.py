@@ -16,7 +16,9 @@ sequence and are gathered after. The result at the gathered positions is identic
 
 Modes: ``fe`` runs the backbone without dropout under ``stop_gradient`` and leaves it out of
 ``trainable_spec``, so the train step neither differentiates nor updates it; ``ft`` trains
-everything. DWAtt's frozen layer keys never train in either mode.
+everything. DWAtt's frozen layer keys never train in either mode. In ``fe`` the backbone's
+contribution is a fixed function of the sentence (``frozen_states``), so a task can compute it
+once and train the rest on it (``logits_from_states``; tasks/ner.py does).
 """
 from __future__ import annotations
 
@@ -115,26 +117,59 @@ class FusedModel(eqx.Module):
                                                                     mask_BT))
         return self.backbone.layer_states(tokens_BT, segments_BT, mask_BT, key=key)
 
+    def frozen_states(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
+                      positions_BP: Array) -> Array:
+        """What a frozen (fe) backbone gives the rest of the model, which never changes for a
+        sentence, one row per sentence so it caches and batches like the other arrays: z at
+        positions_BP ([B, L, P, D]), or Base+n's input z_L at every position ([B, T, D]).
+        ``logits_from_states`` continues from here."""
+        z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT)
+        if self.method == "base+n":
+            return z_LBTD[-1]
+        return jnp.moveaxis(gather_positions(z_LBTD, positions_BP[None]), 0, 1)
+
+    def _fuse(self, z, mask_BT: Array | None, positions_BP: Array | None,
+              key: Array | None) -> Array:
+        """h from the backbone's states: z_L [B, T, D] for Base+n (its layers attend over the
+        sentence; gathered after), else z [L, B, P or T, D] already at the wanted positions."""
+        if self.method == "base+n":
+            mask = jnp.ones(z.shape[:2], bool) if mask_BT is None else mask_BT.astype(bool)
+            rate = 0.0 if key is None else self.backbone.dropout_rate
+            h_BTD = self.fusion(z, mask, rate, key)
+            return h_BTD if positions_BP is None else gather_positions(h_BTD, positions_BP)
+        return z[-1] if self.fusion is None else self.fusion(z)
+
     def features(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                  positions_BP: Array | None = None, *, key: Array | None = None) -> Array:
         """h at positions_BP ([B, P, D]), or at every position ([B, T, D]) when it is None."""
         k_bb, k_fu = split_or_none(key, 2)
         z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT, key=k_bb)
         if self.method == "base+n":
-            mask = jnp.ones(tokens_BT.shape, bool) if mask_BT is None else mask_BT.astype(bool)
-            rate = 0.0 if k_fu is None else self.backbone.dropout_rate
-            h_BTD = self.fusion(z_LBTD[-1], mask, rate, k_fu)
-            return h_BTD if positions_BP is None else gather_positions(h_BTD, positions_BP)
+            return self._fuse(z_LBTD[-1], mask_BT, positions_BP, k_fu)
         if positions_BP is not None:
             z_LBTD = gather_positions(z_LBTD, positions_BP[None])
-        return z_LBTD[-1] if self.fusion is None else self.fusion(z_LBTD)
+        return self._fuse(z_LBTD, mask_BT, positions_BP, k_fu)
 
     def __call__(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                  positions_BP: Array | None = None, *, key: Array | None = None) -> Array:
         """Token-classification logits (float32) at positions_BP (or every position)."""
         k_feat, k_drop = split_or_none(key, 2)
         h = self.features(tokens_BT, segments_BT, mask_BT, positions_BP, key=k_feat)
-        return self.head(dropout(h, self.rate, k_drop)).astype(jnp.float32)
+        return self._classify(h, k_drop)
+
+    def logits_from_states(self, states, mask_BT: Array, positions_BP: Array, *,
+                           key: Array | None = None) -> Array:
+        """``__call__``'s logits from ``frozen_states`` (fe only), with the same dropout masks
+        for the same key: the keys are split exactly as there."""
+        if not self.frozen_backbone:
+            raise ValueError("logits_from_states needs a frozen backbone (fusion.mode=fe)")
+        k_feat, k_drop = split_or_none(key, 2)
+        _, k_fu = split_or_none(k_feat, 2)
+        z = states if self.method == "base+n" else jnp.moveaxis(states, 1, 0)
+        return self._classify(self._fuse(z, mask_BT, positions_BP, k_fu), k_drop)
+
+    def _classify(self, h: Array, key: Array | None) -> Array:
+        return self.head(dropout(h, self.rate, key)).astype(jnp.float32)
 
     def masked_logits(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                       positions_BP: Array, *, key: Array | None = None) -> Array:

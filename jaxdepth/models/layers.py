@@ -133,6 +133,29 @@ def attend(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask_BNTS: Array, *,
     return out_BTNH.reshape(*out_BTNH.shape[:-2], -1)
 
 
+def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, *,
+                  implementation: str | None = None) -> Array:
+    """Causal ``softmax(q k^T + bias) v`` through ``jax.nn.dot_product_attention`` (T5: scale
+    1, the 1/sqrt(H) lives in the query kernel); [B, T, N*H] like ``attend``.
+
+    ``implementation=None`` is XLA's path in jax 0.10 (float32 logits and softmax, the same
+    arithmetic as ``attend``); "cudnn" forces cuDNN's fused flash kernel, which needs bf16/fp16
+    inputs, skips the masked half under ``is_causal`` and never stores the [T, T] probabilities.
+    """
+    # XLA's path adds the bias to float32 logits, as ``attend`` does; cuDNN takes it in the
+    # inputs' dtype.
+    bias_dtype = q_BTNH.dtype if implementation == "cudnn" else jnp.float32
+    # jax's own XLA path calls promote_types(bf16, float32), which strict promotion (the
+    # tests' setting) refuses; every dtype here is already explicit. (Its backward, lowered
+    # later with the whole step, does the same in jax 0.10: differentiate the bf16 path under
+    # standard promotion, train.py's default.)
+    with jax.numpy_dtype_promotion("standard"):
+        out_BTNH = jax.nn.dot_product_attention(
+            q_BTNH, k_BTNH, v_BTNH, bias=bias_NTT[None].astype(bias_dtype), is_causal=True,
+            scale=1.0, implementation=implementation)
+    return out_BTNH.reshape(*out_BTNH.shape[:-2], -1)
+
+
 class Attention(eqx.Module):
     """Multi-head attention without biases; the query kernel carries the 1/sqrt(H) scale (t5x)."""
 
@@ -161,8 +184,12 @@ class Attention(eqx.Module):
         """softmax(q k^T + bias) v over allowed keys, then the output projection."""
         return attend(q_BTNH, k_BSNH, v_BSNH, mask_BNTS, bias_BNTS=bias_BNTS) @ self.wo
 
-    def __call__(self, x_BTD: Array, bias_NTT: Array) -> Array:
+    def __call__(self, x_BTD: Array, bias_NTT: Array, attention: str = "einsum") -> Array:
+        """Causal self-attention; ``attention`` is ModelConfig.attention."""
         q, k, v = self.project_qkv(x_BTD)
+        if attention != "einsum":
+            impl = "cudnn" if attention == "cudnn" else None
+            return causal_attend(q, k, v, bias_NTT, implementation=impl) @ self.wo
         T = x_BTD.shape[1]
         causal = jnp.tril(jnp.ones((T, T), bool))[None, None]
         return self.attend(q, k, v, bias_NTT[None], causal)
@@ -202,14 +229,20 @@ class DecoderBlock(eqx.Module):
         self.mlp = GatedMLP(cfg.d_model, cfg.d_ff, key=km)
 
     def __call__(self, x_BTD: Array, bias_NTT: Array, rate: float = 0.0,
-                 key: Array | None = None) -> Array:
+                 key: Array | None = None, attention: str = "einsum") -> Array:
         k1, k2, k3 = split_or_none(key, 3)
-        x_BTD = x_BTD + dropout(self.attn(self.attn_norm(x_BTD), bias_NTT), rate, k1)
+        h_BTD = self.attn(self.attn_norm(x_BTD), bias_NTT, attention)
+        x_BTD = x_BTD + dropout(h_BTD, rate, k1)
         return x_BTD + dropout(self.mlp(self.mlp_norm(x_BTD), rate, k2), rate, k3)
 
     def decode(self, x_BTD: Array, bias_BNTS: Array, mask_BNTS: Array, k_cache_BSNH: Array,
                v_cache_BSNH: Array, pos_B: Array) -> tuple[Array, Array, Array]:
-        """Block forward for T new tokens written at positions pos_B .. pos_B+T-1 of the cache."""
+        """Block forward for T new tokens written at positions pos_B .. pos_B+T-1 of the cache.
+
+        Always the einsum ``attend``, whatever ModelConfig.attention: rows sit at different
+        positions, so the mask and bias are per example over the whole cache (not ``is_causal``
+        over T x T), and a few new tokens per call leave a fused kernel little to win.
+        """
         q, k, v = self.attn.project_qkv(self.attn_norm(x_BTD))
         write = jax.vmap(lambda c, new, p: jax.lax.dynamic_update_slice_in_dim(c, new, p, axis=0))
         k_cache_BSNH = write(k_cache_BSNH, k.astype(k_cache_BSNH.dtype), pos_B)

@@ -26,5 +26,8 @@ class TaskBase:
     def initial_model(self, mesh, fresh):
         return None
 
+    def model_ready(self, model) -> None:
+        pass
+
     def param_count(self, model) -> int:
         return model_param_count(model)

@@ -6,7 +6,9 @@ Only the first sub-token of a word carries its label; the loss is the mean cross
 the batch's labelled words. Every evaluation point scores dev and test with seqeval's micro F1
 (words that did not fit in data.seq_len count as predicted O) and is appended to evals.jsonl;
 the result is the best dev F1 over training and the test F1 at that point, written with the
-whole curve to ``<run>/analysis/ner.json``.
+whole curve to ``<run>/analysis/ner.json``. In fusion.mode=fe (with fusion.cache) the frozen
+backbone runs once per sentence and training and evaluation read its states from a cache
+(tasks/state_cache.py).
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from ..analysis import seqeval
 from ..config import Config
 from ..data import ner
 from ..data.pipeline import ExampleBatchSource
+from ..trainer.flops import module_flops_per_token
 from ..trainer.losses import softmax_xent as _xent
+from . import state_cache
 from .backbones import FusionTask, backbone_words
 from .checkpoints import load_checkpoint
 from .registry import register
@@ -33,9 +37,14 @@ log = logging.getLogger(__name__)
 SPLITS = ("dev", "test")
 
 
-def ner_objective():
+def ner_objective(cached: bool = False):
+    """The mean cross-entropy over the batch's labelled words; `cached`: the batch carries the
+    frozen backbone's states instead of running it."""
     def objective(model, mb, key, totals):
-        logits = model(mb["tokens"], mb["segments"], mb["mask"], mb["positions"], key=key)
+        if cached:
+            logits = model.logits_from_states(mb["states"], mb["mask"], mb["positions"], key=key)
+        else:
+            logits = model(mb["tokens"], mb["segments"], mb["mask"], mb["positions"], key=key)
         labels = mb["labels"]
         valid = (labels >= 0).astype(jnp.float32)
         ce = jnp.sum(valid * _xent(logits, jnp.maximum(labels, 0))) / totals["labels"]
@@ -52,17 +61,22 @@ def _predict(model, tokens, segments, mask, positions):
     return jnp.argmax(model(tokens, segments, mask, positions), -1)
 
 
+@eqx.filter_jit
+def _predict_from_states(model, states, mask, positions):
+    return jnp.argmax(model.logits_from_states(states, mask, positions), -1)
+
+
 def predict_tags(model, arrays: dict, n_words, labels, batch: int) -> list[list[str]]:
-    """Greedy tags for every sentence; the last batch is padded so one compile serves all."""
+    """Greedy tags for every sentence (from its cached states when `arrays` has them); the
+    last batch is padded so one compile serves all."""
     n = len(arrays["tokens"])
-    keys = ("tokens", "segments", "mask", "positions")
+    cached = "states" in arrays
+    keys = ("states", "mask", "positions") if cached else ("tokens", "segments", "mask", "positions")
+    predict = _predict_from_states if cached else _predict
     preds = []
     for i in range(0, n, batch):
-        part = {k: arrays[k][i:i + batch] for k in keys}
-        short = batch - len(part["tokens"])
-        if short:
-            part = {k: np.concatenate([v, np.repeat(v[-1:], short, 0)]) for k, v in part.items()}
-        preds.append(_predict(model, *(part[k] for k in keys)))
+        part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
+        preds.append(predict(model, *(part[k] for k in keys)))
     pred = np.concatenate([np.asarray(p) for p in preds])[:n]
     return ner.decode_tags(pred, arrays["labels"], n_words, labels)
 
@@ -80,6 +94,7 @@ class NERTask(FusionTask):
         super().__init__(cfg)
         self.labels = ner.ner_labels(cfg.task.dir)
         self.n_labels = len(self.labels)
+        self.cached = cfg.fusion.mode == "fe" and cfg.fusion.cache
 
     def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
         cfg = self.cfg
@@ -104,6 +119,9 @@ class NERTask(FusionTask):
                 log.warning("NER %s: %d words do not fit in data.seq_len=%d and are scored as O",
                             split, dropped[split], cfg.data.seq_len)
         self.dropped = dropped
+        if self.cached:  # filled by model_ready, before the first batch is read
+            for arrays in self.arrays.values():
+                arrays["states"] = state_cache.StateCache(len(arrays["tokens"]))
         self.init_step = None
         # Every process keeps the curve itself: only process 0 writes evals.jsonl, so another
         # process (another host) reading it at the end could see nothing or half of it. What
@@ -111,15 +129,45 @@ class NERTask(FusionTask):
         evals = run_dir / "evals.jsonl"
         self.curve = {r["step"]: r for r in _curve(evals)} if evals.is_file() else {}
 
+    def model_ready(self, model) -> None:
+        """fe: the frozen backbone's states of every train, dev and test sentence, once."""
+        if not self.cached:
+            return
+        spec = state_cache.row_spec(model, self.arrays["train"])
+        row_bytes = int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+        n = sum(len(a["tokens"]) for a in self.arrays.values())
+        on_disk = n * row_bytes > self.cfg.fusion.cache_mib * 2**20  # cache_mib=0: always
+        where = self.run_dir / "cache"
+        if self.primary:
+            place = (f"memory-mapped under {where}" if on_disk else "in memory")
+            print(f"fusion.mode=fe: caching the frozen backbone's states of {n} sentences "
+                  f"({n * row_bytes / 2**20:.1f} MiB, {place}; fusion.cache_mib="
+                  f"{self.cfg.fusion.cache_mib})", flush=True)
+        batch = self.cfg.task.eval_batch or self.cfg.data.batch_size
+        for split, arrays in self.arrays.items():
+            path = where / f"{split}.process{jax.process_index()}.npy" if on_disk else None
+            state_cache.fill(arrays["states"], model, arrays, batch, spec, path)
+
     def dataset(self) -> grain.MapDataset:
-        keep = ("tokens", "segments", "mask", "positions", "labels")
+        keep = ("states", "mask", "positions", "labels") if self.cached else \
+            ("tokens", "segments", "mask", "positions", "labels")
         return grain.MapDataset.source(ExampleBatchSource(
             {k: self.arrays["train"][k] for k in keep}, global_batch=self.cfg.data.batch_size,
             seed=self.cfg.run.seed, process_index=jax.process_index(),
             process_count=jax.process_count()))
 
     def objective(self):
-        return ner_objective()
+        return ner_objective(self.cached)
+
+    def flops_per_token(self, model) -> int:
+        """With the cache a step never runs the backbone: the fusion module and head only
+        (and Base+n's attention)."""
+        if not self.cached:
+            return super().flops_per_token(model)
+        spec = self.trainable(model)
+        extra = getattr(model.fusion, "n", 0)
+        return module_flops_per_token((model.fusion, model.head), (spec.fusion, spec.head),
+                                      self.cfg.data.seq_len, extra, model.backbone.width)
 
     def score(self, model, split: str) -> dict:
         sents = self.sentences[split]
@@ -166,6 +214,7 @@ class NERTask(FusionTask):
         sentences as JSONL."""
         cfg, model, step, _, _ = load_checkpoint(run, args.step, 0, tokenizer=False)
         reader = NERTask(cfg)
+        reader.cached = False  # one pass over each split: nothing to reuse
         reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
         directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
         directory.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ _RESUMABLE_CHANGES = {"run.steps", "run.stop_after", "run.progress", "run.log_ev
                       "run.save_every", "run.keep", "run.dir", "mesh.data", "mesh.model",
                       "mesh.fsdp", "mesh.coordinator", "mesh.num_processes", "mesh.process_id",
                       "model.remat", "model.scan_layers", "model.scan_unroll", "model.xent_chunk",
+                      "model.attention",
                       "task.eval_splits", "task.eval_max", "task.eval_batch"}
 
 
@@ -126,6 +127,11 @@ def newest_config(mngr: ocp.CheckpointManager) -> tuple[int, dict] | None:
         except Exception:  # unreadable: restore_newest says why when it gets there
             continue
     return None
+
+
+def restore_data(mngr: ocp.CheckpointManager, step: int, data_iter) -> None:
+    """The data iterator's position at `step`, set in place."""
+    mngr.restore(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(data_iter)))
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, data_iter=None):

@@ -38,15 +38,26 @@ def barrier(name: str) -> None:
 
 
 def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task):
-    """The newest readable checkpoint in run_dir if there is one (data iterator restored in
-    place; newer unreadable ones are moved aside to checkpoints-corrupt/), else a fresh
-    sharded state, holding the task's pretrained weights if it has any.
+    """The newest readable checkpoint in run_dir if there is one (newer unreadable ones are
+    moved aside to checkpoints-corrupt/), else a fresh sharded state, holding the task's
+    pretrained weights if it has any. Then the task sees the model (``model_ready``), and
+    only then is the data iterator restored in place: restoring it starts reading batches,
+    which may depend on the model (a frozen backbone's cached states).
     Returns (state, state shardings)."""
+    state, shardings, step = _model_state(cfg, tx, mesh, mngr, task)
+    task.model_ready(state.model)
+    if step is not None:
+        ckpt.restore_data(mngr, step, data_iter)
+    return state, shardings
+
+
+def _model_state(cfg: Config, tx, mesh, mngr, task: Task):
+    """(state, shardings, the step it was restored from or None)."""
     abstract, shardings = state_shardings(cfg, tx, mesh, task)
     if mngr.all_steps():
         def restore_one(step: int):
             ckpt.saved_config(mngr, step)  # a checkpoint is read whole: its config too
-            state = ckpt.restore(mngr, step, abstract, shardings, data_iter)
+            state = ckpt.restore(mngr, step, abstract, shardings)
             ckpt.verify(mngr, step, state)
             return state
 
@@ -62,12 +73,12 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task):
                          f"moved to {dest}; resuming from step {step}")
             barrier("checkpoint_fallback")
             mngr.reload()  # forget the steps moved away (the next saves must not touch them)
-        return state, shardings
+        return state, shardings, step
     state = sharded_init(cfg, tx, mesh, task, shardings)
     model = task.initial_model(mesh, state.model)
     if model is not None:  # pretrained weights, with this run's run-time options
         state = eqx.tree_at(lambda s: s.model, state, model)
-    return state, shardings
+    return state, shardings, None
 
 
 def train(cfg: Config, task: Task) -> dict:

@@ -40,6 +40,11 @@ class Task(Protocol):
     def initial_model(self, mesh, fresh: eqx.Module) -> eqx.Module | None:
         """Pretrained weights placed like `fresh`, or None to start from `fresh`."""
 
+    def model_ready(self, model: eqx.Module) -> None:
+        """The model is initialised or restored; no batch has been read yet. A task may
+        compute here what depends only on weights that never train (fusion.mode=fe: the
+        frozen backbone's states, tasks/ner.py)."""
+
     def objective(self) -> Objective: ...
 
     def flops_per_token(self, model: eqx.Module) -> int: ...

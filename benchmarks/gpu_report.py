@@ -1,0 +1,168 @@
+"""Merge what benchmarks/gpu.sh wrote into one JSON and one Markdown table, and check targets.
+
+Reads OUT/step/*.json (bench_step.py, one member each), OUT/bench_act.json,
+OUT/bench_fusion.json and OUT/status.tsv (each job's exit status); whatever is missing is
+reported as missing, so a partial run still gets a report. Writes OUT/gpu_results.json and
+OUT/gpu_results.md. Needs no device: it only reads files.
+
+    python benchmarks/gpu_report.py gpu_out --mode gpu --mfu-depth 12 --compile-depths 1,32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+MFU_TARGET = 0.45  # 134M-L12 at context 1024, bf16, against the datasheet peak
+COMPILE_TARGET = 1.3  # compile(deepest) / compile(shallowest)
+
+
+def load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def job_status(out: Path) -> dict[str, dict]:
+    """name -> {"exit": int, "seconds": int}; the last line of a job wins (parts re-run)."""
+    jobs = {}
+    path = out / "status.tsv"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            name, rc, secs = line.split("\t")
+            jobs[name] = {"exit": int(rc), "seconds": int(secs)}
+    return jobs
+
+
+def step_rows(out: Path) -> list[dict]:
+    """One row per bench_step member found, with the run's attention and peak."""
+    rows = []
+    for path in sorted((out / "step").glob("*.json")):
+        run = load(path)
+        for m in (run or {}).get("members", []):
+            rows.append({**m, "attention": m.get("attention", run.get("attention")),
+                         "device_kind": run.get("device_kind"), "source_file": path.name})
+    return sorted(rows, key=lambda r: (r["attention"], r["n_layers"]))
+
+
+def targets(rows: list[dict], mfu_depth: int, compile_depths: tuple[int, int]) -> dict:
+    """Per attention path: MFU of the mfu_depth member and compile(deep) / compile(shallow)."""
+    out = {}
+    for attn in sorted({r["attention"] for r in rows}):
+        by_depth = {r["n_layers"]: r for r in rows if r["attention"] == attn}
+        t = {}
+        if mfu_depth in by_depth:
+            mfu = by_depth[mfu_depth]["mfu"]
+            t["mfu"] = {"depth": mfu_depth, "value": mfu, "target": MFU_TARGET,
+                        "met": bool(mfu >= MFU_TARGET),
+                        "peak_source": by_depth[mfu_depth]["peak_source"]}
+        lo, hi = compile_depths
+        if lo in by_depth and hi in by_depth:
+            ratio = by_depth[hi]["compile_s"] / by_depth[lo]["compile_s"]
+            t["compile_ratio"] = {"depths": [hi, lo], "value": ratio, "target": COMPILE_TARGET,
+                                  "met": bool(ratio <= COMPILE_TARGET)}
+        out[attn] = t
+    return out
+
+
+def markdown(res: dict) -> str:
+    env = res["environment"]
+    lines = [f"# GPU benchmarks ({res['mode']} run)", "",
+             f"Device: {env.get('device_kind', '?')} ({env.get('backend', '?')}), "
+             f"jax {env.get('jax', '?')}. Produced by `benchmarks/gpu.sh`.", ""]
+    if res["mode"] != "gpu":
+        lines += ["**Smoke run with tiny sizes: these numbers say nothing about a GPU.**", ""]
+    lines += ["## Train step (bench_step.py, bf16 compute, float32 parameters)", "",
+              "| attention | L | d_ff | params | T | B | compile s | step ms | tokens/s | MFU % "
+              "| peak GiB |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in res["step"]:
+        lines.append(f"| {r['attention']} | {r['n_layers']} | {r['d_ff']} | "
+                     f"{r['params'] / 1e6:.2f}M | {r['seq_len']} | {r['batch']} | "
+                     f"{r['compile_s']:.1f} | {1e3 * r['step_s_median']:.1f} | "
+                     f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f} | "
+                     f"{r['peak_memory_bytes'] / 2**30:.2f} |")
+    peaks = sorted({f"{r['peak_flops_per_device'] / 1e12:.1f} TFLOP/s ({r['peak_source']})"
+                    for r in res["step"]})
+    lines += ["", f"MFU peak: {', '.join(peaks) or 'none (no step results)'}.", "",
+              "## Targets", ""]
+    for attn, t in res["targets"].items():
+        if "mfu" in t:
+            m = t["mfu"]
+            lines.append(f"- {attn}: MFU at L{m['depth']} = {100 * m['value']:.1f}% "
+                         f"(target >= {100 * m['target']:.0f}%: {'met' if m['met'] else 'MISSED'})")
+        if "compile_ratio" in t:
+            c = t["compile_ratio"]
+            lines.append(f"- {attn}: compile L{c['depths'][0]} / L{c['depths'][1]} = "
+                         f"{c['value']:.2f} (target <= {c['target']}: "
+                         f"{'met' if c['met'] else 'MISSED'})")
+    if not res["targets"]:
+        lines.append("- no step results: targets not measured")
+    act, fusion = res["act"], res["fusion"]
+    lines += ["", "## ACT inference (bench_act.py)", ""]
+    if act:
+        lines.append(f"Preset {act['preset']} (M={act['max_iters']}), B={act['batch']}, "
+                     f"T={act['seq_len']}: t_while <= 1.15 x expected x t_fixed met at "
+                     f"iterations {act['target_met_at_iterations_run']}, missed at "
+                     f"{act['target_missed_at_iterations_run']}.")
+        lines += ["", "| b_h | iterations | t_while ms | t_scan ms | t_fixed ms | while/fixed "
+                  "| expected |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in act["records"]:
+            lines.append(f"| {r['bias']:g} | {r['iterations_run']} | {1e3 * r['t_while']:.2f} | "
+                         f"{1e3 * r['t_scan']:.2f} | {1e3 * r['t_fixed']:.2f} | "
+                         f"{r['ratio_while_over_fixed']:.3f} | {r['expected']:.3f} |")
+    else:
+        lines.append("No result (bench_act.json missing).")
+    lines += ["", "## Layer fusion (bench_fusion.py)", ""]
+    if fusion:
+        c = fusion["checks"]
+        lines.append(f"Encoder L={fusion['n_layers']} d={fusion['d_model']}, B={fusion['batch']}, "
+                     f"T={fusion['seq_len']}: FE DWAtt / FE Base = "
+                     f"{c['dwatt_fe_over_base_fe']:.3f} (target <= {c['dwatt_fe_target']}); "
+                     f"FT - FE >= backbone backward for every method: "
+                     f"{c['ft_minus_fe_all_within_target']}.")
+        lines += ["", "| configuration | step ms |", "| --- | ---: |"]
+        lines += [f"| {k} | {1e3 * v:.2f} |" for k, v in fusion["step_s"].items()]
+    else:
+        lines.append("No result (bench_fusion.json missing).")
+    lines += ["", "## Jobs", "", "| job | exit | seconds |", "| --- | ---: | ---: |"]
+    lines += [f"| {k} | {v['exit']} | {v['seconds']} |" for k, v in res["jobs"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path, help="gpu.sh's output directory")
+    p.add_argument("--mode", default="gpu", choices=["gpu", "smoke"])
+    p.add_argument("--mfu-depth", type=int, default=12, help="member whose MFU has the target")
+    p.add_argument("--compile-depths", default="1,32", help="shallow,deep for the compile ratio")
+    args = p.parse_args(argv)
+    lo, hi = (int(x) for x in args.compile_depths.split(","))
+
+    rows = step_rows(args.out)
+    act, fusion = load(args.out / "bench_act.json"), load(args.out / "bench_fusion.json")
+    first = next((x for x in [load(args.out / "step" / r["source_file"]) for r in rows[:1]]
+                  + [act, fusion] if x), {})
+    env_keys = ("jax", "equinox", "backend", "device_kind", "device_count", "platform")
+    res = {
+        "mode": args.mode,
+        "environment": {k: first.get(k) for k in env_keys},
+        "targets_stated": {"mfu": f">= {MFU_TARGET:.0%} at L{args.mfu_depth}, bf16, against "
+                                  "the datasheet bf16 peak (device_peak_flops)",
+                           "compile_ratio": f"compile L{hi} / L{lo} <= {COMPILE_TARGET}"},
+        "targets": targets(rows, args.mfu_depth, (lo, hi)),
+        "step": rows, "act": act, "fusion": fusion, "jobs": job_status(args.out),
+    }
+    (args.out / "gpu_results.json").write_text(json.dumps(res, indent=2))
+    (args.out / "gpu_results.md").write_text(markdown(res))
+    print(markdown(res).split("## ACT")[0].rstrip())
+    failed = [k for k, v in res["jobs"].items() if v["exit"]]
+    if failed:
+        print(f"\nfailed jobs: {', '.join(failed)} (logs in {args.out / 'logs'})")
+    print(f"\nwrote {args.out / 'gpu_results.json'} and {args.out / 'gpu_results.md'}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
