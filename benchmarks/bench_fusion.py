@@ -23,11 +23,19 @@ Checks of the issue:
   skip the backbone's backward (and its optimizer update), so the difference should be at
   least the backbone's backward (``ft_minus_fe_over_backbone_backward`` >= 1).
 
+The steps above are the uncached ones (``fusion.cache=false``: FE reruns the frozen backbone
+every step). ``--unit`` instead times one few-shot FE unit end to end, as ``train.py`` runs it
+(data, tokenizer, compilation, steps, evaluations), with the backbone states cached
+(``fusion.cache``, tasks/state_cache.py) and without, and checks that both give the same F1 at
+every evaluation (target: cached >= 5x faster).
+
     python benchmarks/bench_fusion.py                     # d 256, 4 layers, T 64, B 16, P 16
     python benchmarks/bench_fusion.py --hf /path/to/bert-base-cased --seq-len 128 --batch 8
+    python benchmarks/bench_fusion.py --unit --ner-dir data/wikiann/en --hf models/all-MiniLM-L6-v2
 """
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -46,7 +54,7 @@ import numpy as np
 from jaxdepth.config import Config, apply_overrides
 from jaxdepth.data.ner import ner_labels
 from jaxdepth.models.backbone import depth_and_width
-from jaxdepth.tasks import task_for
+from jaxdepth.tasks import task_for, train
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
 from jaxdepth.trainer.step import init_state, make_train_step, state_shardings
@@ -54,6 +62,8 @@ from jaxdepth.trainer.step import init_state, make_train_step, state_shardings
 METHODS = ("base", "base+n", "concat", "dwatt")
 MODES = ("fe", "ft")
 DWATT_TARGET = 1.10  # t(FE dwatt) / t(FE base) <= this
+UNIT_TARGET = 5.0  # t(uncached FE unit) / t(cached FE unit) >= this
+CACHE_ORDER = (True, False)
 BACKBONE_PATHS = ("backbone_forward", "backbone_value_and_grad")
 
 # A tiny WikiAnn-format train file: only its format (-> the label set) is read by the model.
@@ -174,7 +184,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--hf", default="", help="a Hugging Face BERT/RoBERTa directory as backbone "
                                             "(task.init_from); --d-model/--layers/--heads ignored")
     p.add_argument("--out", default="runs/bench/bench_fusion.json")
+    u = p.add_argument_group("--unit: one few-shot FE unit end to end, cached vs uncached")
+    u.add_argument("--unit", action="store_true")
+    u.add_argument("--ner-dir", default="", help="a WikiAnn or CoNLL-2003 directory")
+    u.add_argument("--unit-method", choices=METHODS, default="dwatt")
+    u.add_argument("--shots", type=int, default=64, help="task.n_shot")
+    u.add_argument("--steps", type=int, default=300)
+    u.add_argument("--eval-every", type=int, default=50)
+    u.add_argument("--eval-max", type=int, default=500, help="dev/test sentences scored")
     args = p.parse_args(argv)
+    if args.unit:
+        return unit_benchmark(args)
     args.methods = [m for m in METHODS if m in {"base", "dwatt", *args.methods}]
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
@@ -184,6 +204,57 @@ def main(argv: list[str] | None = None) -> dict:
         return _run(args, tmp.name)
     finally:
         tmp.cleanup()
+
+
+def unit_benchmark(args) -> dict:
+    """Wall time of one FE unit with the backbone states cached and without; the F1 curves
+    must agree."""
+    if not args.ner_dir:
+        raise SystemExit("--unit needs --ner-dir (a WikiAnn or CoNLL-2003 directory)")
+    D = args.d_model
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="bench_fusion_unit_") as tmp:
+        for cache in CACHE_ORDER:
+            over = {"data": {"seq_len": args.seq_len, "batch_size": args.batch},
+                    "task": {"name": "ner", "dir": args.ner_dir, "init_from": args.hf,
+                             "n_shot": args.shots, "seed": args.seed, "eval_max": args.eval_max},
+                    "fusion": {"method": args.unit_method, "mode": "fe", "cache": cache,
+                               "extra_layers": args.extra_layers},
+                    "optim": {"name": "adamw", "lr": 1e-3, "schedule": "linear",
+                              "warmup_steps": 0, "min_lr_ratio": 0.0},
+                    "mesh": {"data": args.data_devices},
+                    "run": {"dir": f"{tmp}/cache_{cache}", "steps": args.steps,
+                            "eval_every": args.eval_every, "save_every": args.steps,
+                            "log_every": args.steps, "progress": False, "samples": 0,
+                            "seed": args.seed}}
+            if not args.hf:
+                over["model"] = {"arch": "encoder", "d_model": D, "n_layers": args.layers,
+                                 "d_ff": 4 * D, "n_heads": args.heads}
+            t0 = time.perf_counter()
+            summary = train(apply_overrides(Config(), over))
+            wall = time.perf_counter() - t0
+            evals = [json.loads(line) for line in
+                     (Path(tmp) / f"cache_{cache}" / "evals.jsonl").read_text().splitlines()]
+            runs["cached" if cache else "uncached"] = {
+                "wall_s": wall, "best_dev_f1": summary["best_dev_f1"],
+                "test_f1_at_best": summary["test_f1_at_best"],
+                "f1_curve": [(r["step"], r["dev_f1"], r["test_f1"]) for r in evals]}
+            print(f"  {'cached' if cache else 'uncached'}: {wall:.1f} s, best dev F1 "
+                  f"{summary['best_dev_f1']:.4f}", flush=True)
+    speedup = runs["uncached"]["wall_s"] / runs["cached"]["wall_s"]
+    same = runs["uncached"]["f1_curve"] == runs["cached"]["f1_curve"]
+    res = {"benchmark": "bench_fusion --unit", "ner_dir": args.ner_dir,
+           "backbone_source": args.hf or f"fresh encoder d {D} x {args.layers} layers",
+           "method": args.unit_method, "mode": "fe", "n_shot": args.shots, "steps": args.steps,
+           "batch": args.batch, "seq_len": args.seq_len, "eval_every": args.eval_every,
+           "eval_max": args.eval_max, "order": "cached first, then uncached", **runs,
+           "speedup": speedup, "target": UNIT_TARGET, "within_target": bool(speedup >= UNIT_TARGET),
+           "same_f1_at_every_evaluation": bool(same), **environment()}
+    print(f"FE unit end to end: uncached {runs['uncached']['wall_s']:.1f} s, cached "
+          f"{runs['cached']['wall_s']:.1f} s: {speedup:.2f}x (target >= {UNIT_TARGET}: "
+          f"{'met' if speedup >= UNIT_TARGET else 'MISSED'}); same F1 at every evaluation: {same}")
+    print(f"wrote {write_json(args.out, res)}")
+    return res
 
 
 def _run(args, ner_dir: str) -> dict:
