@@ -92,7 +92,9 @@ def ner_cfg(ner_dir, method, mode):
                   "vocab_size": V},
         "data": {"seq_len": T, "batch_size": B},
         "task": {"name": "ner", "dir": ner_dir},
-        "fusion": {"method": method, "mode": mode},
+        # the step on token batches, as FT and uncached FE take them (tests/test_state_cache.py
+        # checks that the cached FE step trains the same)
+        "fusion": {"method": method, "mode": mode, "cache": False},
         "optim": {"name": "adamw", "lr": 1e-2},
         "mesh": {"data": 1},
         "run": {"steps": 3}})

@@ -129,18 +129,36 @@ class FusedModel(eqx.Module):
         return jnp.moveaxis(gather_positions(z_LBTD, positions_BP[None]), 0, 1)
 
     def _fuse(self, z, mask_BT: Array | None, positions_BP: Array | None,
-              key: Array | None) -> Array:
+              key: Array | None, n_active: int = 0) -> Array:
         """h from the backbone's states: z_L [B, T, D] for Base+n (its layers attend over the
-        sentence; gathered after), else z [L, B, P or T, D] already at the wanted positions."""
+        sentence; gathered after), else z [L, B, P or T, D] already at the wanted positions.
+        n_active > 0: DWAtt / Concat run only at the word slots in use (see _fuse_active)."""
         if self.method == "base+n":
             mask = jnp.ones(z.shape[:2], bool) if mask_BT is None else mask_BT.astype(bool)
             rate = 0.0 if key is None else self.backbone.dropout_rate
             h_BTD = self.fusion(z, mask, rate, key)
             return h_BTD if positions_BP is None else gather_positions(h_BTD, positions_BP)
-        return z[-1] if self.fusion is None else self.fusion(z)
+        if self.fusion is None:
+            return z[-1]
+        if n_active and positions_BP is not None:
+            return self._fuse_active(z, positions_BP, n_active)
+        return self.fusion(z)
+
+    def _fuse_active(self, z_LBPD: Array, positions_BP: Array, n_active: int) -> Array:
+        """DWAtt and Concat act position by position, and a slot past a sentence's words
+        (position 0, [CLS]) is never read. Its h is 0 here instead of being computed: the
+        fusion runs on the first n_active slots in use, which the caller guarantees are
+        all of them (in a few-shot NER set most of the [B, P] slots are padding)."""
+        L, B, P, D = z_LBPD.shape
+        idx_K = jnp.nonzero((positions_BP > 0).reshape(-1), size=n_active, fill_value=B * P)[0]
+        z_LKD = jnp.take(z_LBPD.reshape(L, B * P, D), idx_K, axis=1, mode="clip")
+        h_KD = self.fusion(z_LKD[:, None])[0]
+        h = jnp.zeros((B * P, D), h_KD.dtype).at[idx_K].set(h_KD, mode="drop")
+        return h.reshape(B, P, D)
 
     def features(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
-                 positions_BP: Array | None = None, *, key: Array | None = None) -> Array:
+                 positions_BP: Array | None = None, *, key: Array | None = None,
+                 n_active: int = 0) -> Array:
         """h at positions_BP ([B, P, D]), or at every position ([B, T, D]) when it is None."""
         k_bb, k_fu = split_or_none(key, 2)
         z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT, key=k_bb)
@@ -148,17 +166,21 @@ class FusedModel(eqx.Module):
             return self._fuse(z_LBTD[-1], mask_BT, positions_BP, k_fu)
         if positions_BP is not None:
             z_LBTD = gather_positions(z_LBTD, positions_BP[None])
-        return self._fuse(z_LBTD, mask_BT, positions_BP, k_fu)
+        return self._fuse(z_LBTD, mask_BT, positions_BP, k_fu, n_active)
 
     def __call__(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
-                 positions_BP: Array | None = None, *, key: Array | None = None) -> Array:
-        """Token-classification logits (float32) at positions_BP (or every position)."""
+                 positions_BP: Array | None = None, *, key: Array | None = None,
+                 n_active: int = 0) -> Array:
+        """Token-classification logits (float32) at positions_BP (or every position).
+        n_active > 0 bounds the word slots in use (positions > 0) in the batch: the fusion
+        runs at those only, and the logits of the slots not in use are not meaningful."""
         k_feat, k_drop = split_or_none(key, 2)
-        h = self.features(tokens_BT, segments_BT, mask_BT, positions_BP, key=k_feat)
+        h = self.features(tokens_BT, segments_BT, mask_BT, positions_BP, key=k_feat,
+                          n_active=n_active)
         return self._classify(h, k_drop)
 
     def logits_from_states(self, states, mask_BT: Array, positions_BP: Array, *,
-                           key: Array | None = None) -> Array:
+                           key: Array | None = None, n_active: int = 0) -> Array:
         """``__call__``'s logits from ``frozen_states`` (fe only), with the same dropout masks
         for the same key: the keys are split exactly as there."""
         if not self.frozen_backbone:
@@ -166,7 +188,7 @@ class FusedModel(eqx.Module):
         k_feat, k_drop = split_or_none(key, 2)
         _, k_fu = split_or_none(k_feat, 2)
         z = states if self.method == "base+n" else jnp.moveaxis(states, 1, 0)
-        return self._classify(self._fuse(z, mask_BT, positions_BP, k_fu), k_drop)
+        return self._classify(self._fuse(z, mask_BT, positions_BP, k_fu, n_active), k_drop)
 
     def _classify(self, h: Array, key: Array | None) -> Array:
         return self.head(dropout(h, self.rate, key)).astype(jnp.float32)

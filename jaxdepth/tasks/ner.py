@@ -37,14 +37,17 @@ log = logging.getLogger(__name__)
 SPLITS = ("dev", "test")
 
 
-def ner_objective(cached: bool = False):
+def ner_objective(cached: bool = False, n_active: int = 0):
     """The mean cross-entropy over the batch's labelled words; `cached`: the batch carries the
-    frozen backbone's states instead of running it."""
+    frozen backbone's states instead of running it; `n_active`: a bound on the word slots in
+    use in a micro-batch (FusedModel runs its fusion at those only), 0: every slot."""
     def objective(model, mb, key, totals):
         if cached:
-            logits = model.logits_from_states(mb["states"], mb["mask"], mb["positions"], key=key)
+            logits = model.logits_from_states(mb["states"], mb["mask"], mb["positions"], key=key,
+                                              n_active=n_active)
         else:
-            logits = model(mb["tokens"], mb["segments"], mb["mask"], mb["positions"], key=key)
+            logits = model(mb["tokens"], mb["segments"], mb["mask"], mb["positions"], key=key,
+                           n_active=n_active)
         labels = mb["labels"]
         valid = (labels >= 0).astype(jnp.float32)
         ce = jnp.sum(valid * _xent(logits, jnp.maximum(labels, 0))) / totals["labels"]
@@ -57,13 +60,34 @@ def ner_objective(cached: bool = False):
 
 
 @eqx.filter_jit
-def _predict(model, tokens, segments, mask, positions):
-    return jnp.argmax(model(tokens, segments, mask, positions), -1)
+def _predict(model, tokens, segments, mask, positions, n_active):
+    return jnp.argmax(model(tokens, segments, mask, positions, n_active=n_active), -1)
 
 
 @eqx.filter_jit
-def _predict_from_states(model, states, mask, positions):
-    return jnp.argmax(model.logits_from_states(states, mask, positions), -1)
+def _predict_from_states(model, states, mask, positions, n_active):
+    return jnp.argmax(model.logits_from_states(states, mask, positions, n_active=n_active), -1)
+
+
+def slots_in_use(arrays: dict) -> np.ndarray:
+    """Word slots each sentence uses (positions > 0: the words that fit)."""
+    return (np.asarray(arrays["positions"]) > 0).sum(1)
+
+
+def train_active_bound(slots: np.ndarray, rows: int) -> int:
+    """The most word slots in use in any batch of `rows` sentences drawn from a split whose
+    sentences use `slots` each. Batches are drawn epoch by epoch, so one that straddles two
+    epochs (or is larger than the split) may hold a sentence up to ceil(rows / n) + 1 times."""
+    times = -(-rows // len(slots)) + 1
+    return int(max(1, np.sort(np.repeat(slots, times))[::-1][:rows].sum()))
+
+
+def eval_active_bound(slots: np.ndarray, batch: int) -> int:
+    """The most word slots in use in predict_tags' batches of a split (in order, the last
+    padded with copies of its last sentence)."""
+    pad = -len(slots) % batch
+    padded = np.concatenate([slots, np.repeat(slots[-1:], pad)])
+    return int(max(1, padded.reshape(-1, batch).sum(1).max()))
 
 
 def predict_tags(model, arrays: dict, n_words, labels, batch: int) -> list[list[str]]:
@@ -73,10 +97,11 @@ def predict_tags(model, arrays: dict, n_words, labels, batch: int) -> list[list[
     cached = "states" in arrays
     keys = ("states", "mask", "positions") if cached else ("tokens", "segments", "mask", "positions")
     predict = _predict_from_states if cached else _predict
+    n_active = eval_active_bound(slots_in_use(arrays), batch)
     preds = []
     for i in range(0, n, batch):
         part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
-        preds.append(predict(model, *(part[k] for k in keys)))
+        preds.append(predict(model, *(part[k] for k in keys), n_active))
     pred = np.concatenate([np.asarray(p) for p in preds])[:n]
     return ner.decode_tags(pred, arrays["labels"], n_words, labels)
 
@@ -95,6 +120,7 @@ class NERTask(FusionTask):
         self.labels = ner.ner_labels(cfg.task.dir)
         self.n_labels = len(self.labels)
         self.cached = cfg.fusion.mode == "fe" and cfg.fusion.cache
+        self.train_active = 0  # word slots in use in a training micro-batch, at most; 0: all
 
     def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
         cfg = self.cfg
@@ -119,6 +145,8 @@ class NERTask(FusionTask):
                 log.warning("NER %s: %d words do not fit in data.seq_len=%d and are scored as O",
                             split, dropped[split], cfg.data.seq_len)
         self.dropped = dropped
+        rows = cfg.data.batch_size // cfg.optim.accum_steps  # one micro-batch
+        self.train_active = train_active_bound(slots_in_use(self.arrays["train"]), rows)
         if self.cached:  # filled by model_ready, before the first batch is read
             for arrays in self.arrays.values():
                 arrays["states"] = state_cache.StateCache(len(arrays["tokens"]))
@@ -157,7 +185,7 @@ class NERTask(FusionTask):
             process_count=jax.process_count()))
 
     def objective(self):
-        return ner_objective(self.cached)
+        return ner_objective(self.cached, self.train_active)
 
     def flops_per_token(self, model) -> int:
         """With the cache a step never runs the backbone: the fusion module and head only

@@ -1,0 +1,69 @@
+"""Fusion at the word slots in use only (FusedModel n_active, tasks/ner.py bounds): the same
+logits at every slot in use, and bounds that no batch exceeds."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdepth.config import EncoderConfig
+from jaxdepth.data.pipeline import ExampleBatchSource
+from jaxdepth.models.encoder import Encoder
+from jaxdepth.models.fused import FusedModel
+from jaxdepth.tasks.ner import eval_active_bound, slots_in_use, train_active_bound
+
+B, T, P, V = 4, 16, 6, 50
+ENC = EncoderConfig(vocab_size=V, d_model=32, n_layers=3, n_heads=2, d_ff=64, max_positions=T,
+                    dropout=0.1)
+
+
+def _batch():
+    rng = np.random.default_rng(0)
+    words = np.array([6, 1, 3, 0])  # a row may be all padding
+    positions = np.zeros((B, P), np.int32)
+    for b, w in enumerate(words):
+        positions[b, :w] = np.sort(rng.choice(np.arange(1, T - 1), w, replace=False))
+    tokens = rng.integers(6, V, (B, T)).astype(np.int32)
+    return tokens, np.ones((B, T), bool), positions, words
+
+
+@pytest.mark.parametrize("method", ["dwatt", "concat"])
+@pytest.mark.parametrize("mode", ["fe", "ft"])
+def test_logits_at_the_slots_in_use_do_not_change(method, mode):
+    model = FusedModel(Encoder(ENC, key=jax.random.key(1)), method=method, mode=mode,
+                       n_labels=7, key=jax.random.key(2))
+    tokens, mask, positions, words = _batch()
+    used = positions > 0
+    key = jax.random.key(3)  # dropout on: the masks must be the same draws
+    full = np.asarray(model(tokens, None, mask, positions, key=key))
+    for n_active in (int(words.sum()), int(words.sum()) + 5):
+        some = np.asarray(model(tokens, None, mask, positions, key=key, n_active=n_active))
+        np.testing.assert_allclose(some[used], full[used], rtol=1e-6, atol=1e-6)
+    # too small a bound drops slots in use (it is the caller's to give a true bound)
+    short = np.asarray(model(tokens, None, mask, positions, key=key, n_active=2))
+    assert not np.allclose(short[used], full[used], atol=1e-3)
+    # cached states: the same slots, the same numbers
+    if mode == "fe":
+        states = model.frozen_states(tokens, None, mask, positions)
+        cached = np.asarray(model.logits_from_states(states, mask, positions, key=key,
+                                                     n_active=int(words.sum())))
+        np.testing.assert_allclose(cached[used], full[used], rtol=1e-6, atol=1e-6)
+
+
+def test_train_bound_holds_for_every_batch_the_trainer_draws():
+    rng = np.random.default_rng(0)
+    for n, rows in ((40, 8), (5, 8), (3, 16), (17, 4)):
+        slots = rng.integers(0, 12, n)
+        positions = (np.arange(12)[None, :] < slots[:, None]).astype(np.int32)
+        assert np.array_equal(slots_in_use({"positions": positions}), slots)
+        bound = train_active_bound(slots, rows)
+        src = ExampleBatchSource({"slots": slots}, global_batch=rows, seed=3)
+        worst = max(int(src[i]["slots"].sum()) for i in range(300))
+        assert worst <= bound <= max(1, rows * slots.max()), (n, rows, worst, bound)
+    # hand number: two epochs can meet in a batch, so the largest count may come twice
+    assert train_active_bound(np.array([5, 1, 1, 1]), 2) == 10
+
+
+def test_eval_bound_is_the_largest_padded_batch():
+    slots = np.array([3, 1, 4, 1, 5])  # batches [3, 1], [4, 1], [5, 5 (padding copy)]
+    assert eval_active_bound(slots, 2) == 10
+    assert eval_active_bound(np.array([0, 0]), 2) == 1
