@@ -51,7 +51,7 @@ def test_logits_at_the_slots_in_use_do_not_change(method, mode):
 
 def test_train_bound_holds_for_every_batch_the_trainer_draws():
     rng = np.random.default_rng(0)
-    for n, rows in ((40, 8), (5, 8), (3, 16), (17, 4)):
+    for n, rows in ((40, 8), (5, 8), (3, 16), (17, 4), (48, 16)):
         slots = rng.integers(0, 12, n)
         positions = (np.arange(12)[None, :] < slots[:, None]).astype(np.int32)
         assert np.array_equal(slots_in_use({"positions": positions}), slots)
@@ -59,11 +59,20 @@ def test_train_bound_holds_for_every_batch_the_trainer_draws():
         src = ExampleBatchSource({"slots": slots}, global_batch=rows, seed=3)
         worst = max(int(src[i]["slots"].sum()) for i in range(300))
         assert worst <= bound <= max(1, rows * slots.max()), (n, rows, worst, bound)
-    # hand number: two epochs can meet in a batch, so the largest count may come twice
-    assert train_active_bound(np.array([5, 1, 1, 1]), 2) == 10
+    # hand numbers: 2 divides 4, so no batch straddles two epochs; 3 does not divide 4, so
+    # the largest count may come twice
+    assert train_active_bound(np.array([5, 1, 1, 1]), 2) == 6
+    assert train_active_bound(np.array([5, 1, 1, 1]), 3) == 11
 
 
 def test_eval_bound_is_the_largest_padded_batch():
     slots = np.array([3, 1, 4, 1, 5])  # batches [3, 1], [4, 1], [5, 5 (padding copy)]
     assert eval_active_bound(slots, 2) == 10
     assert eval_active_bound(np.array([0, 0]), 2) == 1
+
+
+def test_compile_size_rounds_up_within_the_batch():
+    from jaxdepth.tasks.ner import compile_size
+
+    assert [compile_size(k, 1000) for k in (1, 64, 65, 700, 999)] == [64, 64, 128, 704, 1000]
+    assert compile_size(70, 96) == 96

@@ -704,3 +704,15 @@ def test_hf_import_tokenizer_neither_pads_nor_truncates(tmp_path):
     text = "alpha beta gamma delta went home alpha"
     ids = load_tokenizer(tmp_path).encode(text).ids
     assert ids == [vocab[w] for w in text.split()]
+
+
+def test_a_split_is_parsed_once_while_its_file_is_unchanged(tmp_path):
+    from jaxdepth.data import ner
+
+    _write_wikiann(tmp_path / "train", _sentences(5, 0))
+    first = ner.read_split(tmp_path, "train")
+    hits = ner._parsed.cache_info().hits
+    assert ner.read_split(tmp_path, "train") == first
+    assert ner._parsed.cache_info().hits == hits + 1
+    _write_wikiann(tmp_path / "train", _sentences(7, 1))  # another size: parsed again
+    assert ner.read_split(tmp_path, "train") == _sentences(7, 1)

@@ -9,6 +9,7 @@ raises ValueError naming ``file:line``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -202,8 +203,18 @@ def ner_labels(task_dir: str | Path) -> tuple[str, ...]:
 
 
 def read_split(task_dir: str | Path, split: str) -> list[Sentence]:
-    path = split_path(task_dir, split)
-    return (read_wikiann if detect_format(path) == "wikiann" else read_conll2003)(path)
+    """The split's sentences. A process parses a file once and reuses it while the file is
+    unchanged (an experiment runs many units on the same files in one process)."""
+    path = Path(split_path(task_dir, split))
+    st = path.stat()
+    return list(_parsed(str(path.resolve()), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple[Sentence, ...]:
+    """mtime and size are part of the key, so an edited file is parsed again."""
+    p = Path(path)
+    return tuple((read_wikiann if detect_format(p) == "wikiann" else read_conll2003)(p))
 
 
 def n_classes(labels: Sequence[str]) -> int:

@@ -76,9 +76,11 @@ def slots_in_use(arrays: dict) -> np.ndarray:
 
 def train_active_bound(slots: np.ndarray, rows: int) -> int:
     """The most word slots in use in any batch of `rows` sentences drawn from a split whose
-    sentences use `slots` each. Batches are drawn epoch by epoch, so one that straddles two
-    epochs (or is larger than the split) may hold a sentence up to ceil(rows / n) + 1 times."""
-    times = -(-rows // len(slots)) + 1
+    sentences use `slots` each. Batches are `rows` consecutive rows of a stream that visits
+    the split epoch by epoch: when `rows` divides the split's size no batch straddles two
+    epochs and a sentence appears at most once; otherwise up to ceil(rows / n) + 1 times."""
+    n = len(slots)
+    times = 1 if n % rows == 0 else -(-rows // n) + 1
     return int(max(1, np.sort(np.repeat(slots, times))[::-1][:rows].sum()))
 
 
@@ -90,6 +92,12 @@ def eval_active_bound(slots: np.ndarray, batch: int) -> int:
     return int(max(1, padded.reshape(-1, batch).sum(1).max()))
 
 
+def compile_size(n_active: int, slots_per_batch: int, step: int = 64) -> int:
+    """n_active rounded up to a multiple of `step` (at most every slot of a batch): runs whose
+    bounds differ a little (an experiment's units) share compiled programs."""
+    return min(slots_per_batch, -(-n_active // step) * step)
+
+
 def predict_tags(model, arrays: dict, n_words, labels, batch: int) -> list[list[str]]:
     """Greedy tags for every sentence (from its cached states when `arrays` has them); the
     last batch is padded so one compile serves all."""
@@ -97,7 +105,8 @@ def predict_tags(model, arrays: dict, n_words, labels, batch: int) -> list[list[
     cached = "states" in arrays
     keys = ("states", "mask", "positions") if cached else ("tokens", "segments", "mask", "positions")
     predict = _predict_from_states if cached else _predict
-    n_active = eval_active_bound(slots_in_use(arrays), batch)
+    n_active = compile_size(eval_active_bound(slots_in_use(arrays), batch),
+                            batch * arrays["positions"].shape[1])
     preds = []
     for i in range(0, n, batch):
         part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
@@ -146,7 +155,8 @@ class NERTask(FusionTask):
                             split, dropped[split], cfg.data.seq_len)
         self.dropped = dropped
         rows = cfg.data.batch_size // cfg.optim.accum_steps  # one micro-batch
-        self.train_active = train_active_bound(slots_in_use(self.arrays["train"]), rows)
+        self.train_active = compile_size(
+            train_active_bound(slots_in_use(self.arrays["train"]), rows), rows * P)
         if self.cached:  # filled by model_ready, before the first batch is read
             for arrays in self.arrays.values():
                 arrays["states"] = state_cache.StateCache(len(arrays["tokens"]))
