@@ -129,9 +129,26 @@ def newest_config(mngr: ocp.CheckpointManager) -> tuple[int, dict] | None:
     return None
 
 
-def restore_data(mngr: ocp.CheckpointManager, step: int, data_iter) -> None:
-    """The data iterator's position at `step`, set in place."""
-    mngr.restore(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(data_iter)))
+class _DataState:
+    """Takes a checkpoint's data-iterator state in place of an iterator: grain's handler calls
+    set_state (with the file's bytes for anything but its own iterators), then start_prefetch,
+    which an iterator would answer by reading batches."""
+
+    state = None
+
+    def set_state(self, state) -> None:
+        self.state = json.loads(state) if isinstance(state, (bytes, str)) else state
+
+    def start_prefetch(self) -> None:
+        pass
+
+
+def read_data_state(mngr: ocp.CheckpointManager, step: int) -> dict:
+    """The data iterator's state saved at `step`, read without touching an iterator (set it
+    with ``set_state`` when the batches may be read)."""
+    probe = _DataState()
+    mngr.restore(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(probe)))
+    return probe.state
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, data_iter=None):

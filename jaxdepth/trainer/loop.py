@@ -44,24 +44,25 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task):
     only then is the data iterator restored in place: restoring it starts reading batches,
     which may depend on the model (a frozen backbone's cached states).
     Returns (state, state shardings)."""
-    state, shardings, step = _model_state(cfg, tx, mesh, mngr, task)
+    state, shardings, data_state = _model_state(cfg, tx, mesh, mngr, task)
     task.model_ready(state.model)
-    if step is not None:
-        ckpt.restore_data(mngr, step, data_iter)
+    if data_state is not None:
+        data_iter.set_state(data_state)
     return state, shardings
 
 
 def _model_state(cfg: Config, tx, mesh, mngr, task: Task):
-    """(state, shardings, the step it was restored from or None)."""
+    """(state, shardings, the data iterator's saved state or None for a fresh start)."""
     abstract, shardings = state_shardings(cfg, tx, mesh, task)
     if mngr.all_steps():
         def restore_one(step: int):
-            ckpt.saved_config(mngr, step)  # a checkpoint is read whole: its config too
+            ckpt.saved_config(mngr, step)  # a checkpoint is read whole: its config and data
+            data_state = ckpt.read_data_state(mngr, step)  # state too, before anything moves
             state = ckpt.restore(mngr, step, abstract, shardings)
             ckpt.verify(mngr, step, state)
-            return state
+            return state, data_state
 
-        state, step, skipped = ckpt.restore_newest(
+        (state, data_state), step, skipped = ckpt.restore_newest(
             mngr, restore_one, advice=f"; move {mngr.directory} aside (or give another "
                                       f"--run.dir) to start afresh")
         if skipped:
@@ -73,7 +74,7 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task):
                          f"moved to {dest}; resuming from step {step}")
             barrier("checkpoint_fallback")
             mngr.reload()  # forget the steps moved away (the next saves must not touch them)
-        return state, shardings, step
+        return state, shardings, data_state
     state = sharded_init(cfg, tx, mesh, task, shardings)
     model = task.initial_model(mesh, state.model)
     if model is not None:  # pretrained weights, with this run's run-time options
