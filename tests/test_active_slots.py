@@ -1,7 +1,7 @@
 """Fusion at the word slots in use only (FusedModel n_active, tasks/ner.py bounds): the same
 logits at every slot in use, and bounds that no batch exceeds."""
+import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -26,26 +26,26 @@ def _batch():
     return tokens, np.ones((B, T), bool), positions, words
 
 
-@pytest.mark.parametrize("method", ["dwatt", "concat"])
-@pytest.mark.parametrize("mode", ["fe", "ft"])
+@pytest.mark.parametrize("method, mode", [("dwatt", "fe"), ("concat", "ft")])
 def test_logits_at_the_slots_in_use_do_not_change(method, mode):
     model = FusedModel(Encoder(ENC, key=jax.random.key(1)), method=method, mode=mode,
                        n_labels=7, key=jax.random.key(2))
     tokens, mask, positions, words = _batch()
     used = positions > 0
     key = jax.random.key(3)  # dropout on: the masks must be the same draws
-    full = np.asarray(model(tokens, None, mask, positions, key=key))
+    logits = eqx.filter_jit(lambda m, n: m(tokens, None, mask, positions, key=key, n_active=n))
+    full = np.asarray(logits(model, 0))
     for n_active in (int(words.sum()), int(words.sum()) + 5):
-        some = np.asarray(model(tokens, None, mask, positions, key=key, n_active=n_active))
+        some = np.asarray(logits(model, n_active))
         np.testing.assert_allclose(some[used], full[used], rtol=1e-6, atol=1e-6)
     # too small a bound drops slots in use (it is the caller's to give a true bound)
-    short = np.asarray(model(tokens, None, mask, positions, key=key, n_active=2))
+    short = np.asarray(logits(model, 2))
     assert not np.allclose(short[used], full[used], atol=1e-3)
     # cached states: the same slots, the same numbers
     if mode == "fe":
-        states = model.frozen_states(tokens, None, mask, positions)
-        cached = np.asarray(model.logits_from_states(states, mask, positions, key=key,
-                                                     n_active=int(words.sum())))
+        states = eqx.filter_jit(lambda m: m.frozen_states(tokens, None, mask, positions))(model)
+        cached = np.asarray(eqx.filter_jit(lambda m, s: m.logits_from_states(
+            s, mask, positions, key=key, n_active=int(words.sum())))(model, states))
         np.testing.assert_allclose(cached[used], full[used], rtol=1e-6, atol=1e-6)
 
 

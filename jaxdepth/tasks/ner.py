@@ -98,15 +98,23 @@ def compile_size(n_active: int, slots_per_batch: int, step: int = 64) -> int:
     return min(slots_per_batch, -(-n_active // step) * step)
 
 
-def predict_tags(model, arrays: dict, n_words, labels, batch: int) -> list[list[str]]:
+def eval_active(splits: list[dict], batch: int) -> int:
+    """One slot bound (compile_size) for predict_tags on every split given: one compilation."""
+    return max(compile_size(eval_active_bound(slots_in_use(a), batch),
+                            batch * a["positions"].shape[1]) for a in splits)
+
+
+def predict_tags(model, arrays: dict, n_words, labels, batch: int,
+                 n_active: int | None = None) -> list[list[str]]:
     """Greedy tags for every sentence (from its cached states when `arrays` has them); the
-    last batch is padded so one compile serves all."""
+    last batch is padded so one compile serves all. n_active: the slot bound (eval_active),
+    by default this split's own."""
     n = len(arrays["tokens"])
     cached = "states" in arrays
     keys = ("states", "mask", "positions") if cached else ("tokens", "segments", "mask", "positions")
     predict = _predict_from_states if cached else _predict
-    n_active = compile_size(eval_active_bound(slots_in_use(arrays), batch),
-                            batch * arrays["positions"].shape[1])
+    if n_active is None:
+        n_active = eval_active([arrays], batch)
     preds = []
     for i in range(0, n, batch):
         part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
@@ -209,8 +217,10 @@ class NERTask(FusionTask):
 
     def score(self, model, split: str) -> dict:
         sents = self.sentences[split]
+        batch = self.cfg.task.eval_batch or self.cfg.data.batch_size
         pred = predict_tags(model, self.arrays[split], [len(s.tokens) for s in sents],
-                            self.labels, self.cfg.task.eval_batch or self.cfg.data.batch_size)
+                            self.labels, batch,
+                            eval_active([self.arrays[s] for s in SPLITS], batch))
         return seqeval.f1([list(s.tags) for s in sents], pred)
 
     def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
