@@ -1,20 +1,14 @@
 """Feature extraction on cached backbone states (tasks/state_cache.py): the same training and
 the same evaluations as rerunning the frozen backbone every step."""
-import json
 
 import numpy as np
 import pytest
 
-from test_ner_job import _ner_cfg, _read_jsonl, _sentences, _write_wikiann
-
+from test_ner_job import _ner_cfg, _read_jsonl, wikiann_dir  # noqa: F401 (fixture)
 
 @pytest.fixture(scope="module")
-def ner_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("wikiann_cache")
-    for split, n, seed in (("train", 40, 0), ("dev", 10, 1), ("test", 10, 2)):
-        _write_wikiann(d / split, _sentences(n, seed))
-    return d
-
+def ner_dir(wikiann_dir):
+    return wikiann_dir
 
 def _run(run_dir, ner_dir, method, run=None, **fusion):
     from jaxdepth.tasks import train
@@ -24,7 +18,6 @@ def _run(run_dir, ner_dir, method, run=None, **fusion):
                              run=run_over))
     losses = [r["loss"] for r in _read_jsonl(run_dir / "metrics.jsonl") if "loss" in r]
     return summary, np.array(losses), _read_jsonl(run_dir / "evals.jsonl")
-
 
 def _same_training(a, b):
     """Losses to 1e-6 (the backbone ran on other batch compositions, so a matmul may round
@@ -37,11 +30,9 @@ def _same_training(a, b):
         for k in ("dev_f1", "test_f1", "dev_precision", "test_recall"):
             assert ra[k] == rb[k], (k, ra, rb)
 
-
 @pytest.fixture(scope="module")
 def uncached_dwatt(ner_dir, tmp_path_factory):
     return _run(tmp_path_factory.mktemp("plain") / "run", ner_dir, "dwatt", cache=False)
-
 
 @pytest.mark.parametrize("method", ["dwatt", "base+n"])
 def test_cached_fe_trains_and_scores_like_the_uncached(ner_dir, tmp_path, method, capsys,
@@ -56,7 +47,6 @@ def test_cached_fe_trains_and_scores_like_the_uncached(ner_dir, tmp_path, method
     # the cached step never runs the backbone, and is counted so
     assert 0 < cached[0]["flops_per_token"] < uncached[0]["flops_per_token"]
 
-
 def test_memory_mapped_cache_and_resume(ner_dir, tmp_path, capsys, uncached_dwatt):
     """Over fusion.cache_mib (0: always) the states go to <run>/cache/*.npy; a run interrupted at step 6
     and resumed (the cache recomputed) matches an uninterrupted uncached one."""
@@ -69,7 +59,6 @@ def test_memory_mapped_cache_and_resume(ner_dir, tmp_path, capsys, uncached_dwat
     assert rows.shape[0] == 40 and rows.dtype == np.float32
     resumed = _run(run, ner_dir, "dwatt", cache_mib=0)
     _same_training(uncached_dwatt, resumed)
-
 
 def test_a_cache_read_before_the_model_is_ready_is_an_error():
     from jaxdepth.tasks.state_cache import StateCache

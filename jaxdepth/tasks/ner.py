@@ -165,6 +165,8 @@ class NERTask(FusionTask):
         rows = cfg.data.batch_size // cfg.optim.accum_steps  # one micro-batch
         self.train_active = compile_size(
             train_active_bound(slots_in_use(self.arrays["train"]), rows), rows * P)
+        self.eval_batch = cfg.task.eval_batch or cfg.data.batch_size
+        self.eval_active = eval_active([self.arrays[s] for s in SPLITS], self.eval_batch)
         if self.cached:  # filled by model_ready, before the first batch is read
             for arrays in self.arrays.values():
                 arrays["states"] = state_cache.StateCache(len(arrays["tokens"]))
@@ -217,10 +219,8 @@ class NERTask(FusionTask):
 
     def score(self, model, split: str) -> dict:
         sents = self.sentences[split]
-        batch = self.cfg.task.eval_batch or self.cfg.data.batch_size
         pred = predict_tags(model, self.arrays[split], [len(s.tokens) for s in sents],
-                            self.labels, batch,
-                            eval_active([self.arrays[s] for s in SPLITS], batch))
+                            self.labels, self.eval_batch, self.eval_active)
         return seqeval.f1([list(s.tags) for s in sents], pred)
 
     def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
