@@ -138,8 +138,12 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    corpus: str = "grammar"  # "grammar" (embedded) or comma-separated text/JSONL paths
-    valid: str = ""  # comma-separated validation paths; empty -> split off valid_fraction
+    corpus: str = "grammar"  # "grammar" (embedded) or comma-separated files, directories, globs
+    valid: str = ""  # the same for validation; empty -> split off valid_fraction (not streaming)
+    streaming: bool = False  # tokenize and pack on the fly from the files (data/streaming.py)
+    streams: int = 8  # streaming: file streams (fixes the data order; hosts split them)
+    workers: int = 0  # streaming: loader processes per host; 0 = a thread of the trainer
+    tokenizer_sample: int = 50_000  # streaming: documents the tokenizer is trained on
     valid_fraction: float = 0.05
     valid_seed: int = 1234  # which documents valid_fraction holds out (any corpus)
     grammar_docs: int = 3000
@@ -158,6 +162,11 @@ class DataConfig:
         _require(0.0 <= self.valid_fraction < 1.0, "data.valid_fraction",
                  f"must be in [0, 1), got {self.valid_fraction}")
         _require(bool(self.corpus.strip()), "data.corpus", "must be 'grammar' or file paths")
+        _positive(self, "data", "streams", "tokenizer_sample")
+        _require(self.workers >= 0, "data.workers", f"must be >= 0, got {self.workers}")
+        if self.streaming:  # the corpus itself is checked where it is read (tasks/lm.py)
+            _require(self.batch_size % self.streams == 0, "data.streams",
+                     f"{self.streams} streams do not divide data.batch_size={self.batch_size}")
 
 
 @dataclass(frozen=True)
@@ -660,7 +669,8 @@ def param_count(m: ModelConfig) -> int:
 # ----------------------------------------------------------------------------- presets
 
 _PAPER_TRAINING = {  # Petty et al. pretraining (t5x): Adafactor, 1/sqrt(max(step, 10k)), C4
-    "data": {"seq_len": 1024, "batch_size": 128},
+    # streamed (32 streams split over 1, 2, 4 or 8 hosts; 4 loader workers each)
+    "data": {"seq_len": 1024, "batch_size": 128, "streaming": True, "streams": 32, "workers": 4},
     "optim": {"name": "adafactor", "lr": 1.0, "schedule": "rsqrt", "warmup_steps": 10000,
               "weight_decay": 0.0, "clip_norm": 0.0},
     "run": {"steps": 1_000_000, "eval_every": 5000, "save_every": 10000, "keep": 100},

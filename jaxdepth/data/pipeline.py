@@ -201,12 +201,18 @@ def lm_dataset(tokens: np.ndarray, **source) -> grain.MapDataset:
     return grain.MapDataset.source(LMBatchSource(tokens, **source))
 
 
-def lm_iterator(dataset: grain.MapDataset, start: int = 0, prefetch: int = 2) -> grain.DatasetIterator:
+def lm_iterator(dataset: grain.MapDataset | grain.IterDataset, start: int = 0,
+                prefetch: int = 2) -> grain.DatasetIterator:
     """Iterator over `dataset` from batch `start`, prefetching `prefetch` batches in a thread.
 
     Its state ({"next_index": i}) is checkpointed with `get_state`/`set_state` or orbax through
-    `grain.checkpoint.CheckpointSave`/`CheckpointRestore`.
+    `grain.checkpoint.CheckpointSave`/`CheckpointRestore`. A streamed dataset (an IterDataset,
+    data/streaming.py) prefetches on its own and has its own state; it starts at batch 0.
     """
+    if isinstance(dataset, grain.IterDataset):
+        if start:
+            raise ValueError("a streamed dataset is positioned by its saved state, not by an index")
+        return iter(dataset)
     options = grain.ReadOptions(num_threads=1 if prefetch > 0 else 0, prefetch_buffer_size=prefetch)
     it = iter(dataset.to_iter_dataset(options))
     if start:
@@ -246,6 +252,25 @@ def eval_batches(tokens: np.ndarray, *, seq_len: int, batch_size: int) -> list[d
         }
         for b in range(0, n_rows, batch_size)
     ]
+
+
+def window_batches(windows: list[dict[str, np.ndarray]], batch_size: int,
+                   keys: Sequence[str] = ("inputs", "targets", "weights", "segment_ids")
+                   ) -> list[dict[str, np.ndarray]]:
+    """Packed windows (data/packing.py) in batches of `batch_size` rows; the last batch is
+    filled with all-padding rows (weights 0), so every batch has one shape."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n_rows = -(-len(windows) // batch_size) * batch_size
+    out = []
+    for b in range(0, n_rows, batch_size):
+        rows = windows[b:b + batch_size]
+        batch = {k: np.stack([w[k] for w in rows]) for k in keys}
+        if len(rows) < batch_size:
+            batch = {k: np.concatenate([v, np.zeros((batch_size - len(rows), *v.shape[1:]), v.dtype)])
+                     for k, v in batch.items()}
+        out.append(batch)
+    return out
 
 
 def split_documents(

@@ -1,7 +1,10 @@
-"""Corpus -> tokenizer + cached token files in the run directory (done once, reused on resume).
+"""Corpus -> what an LM run reads: its tokenizer and its training and validation data.
 
-Layout under ``<run>/data``: ``tokenizer.model``, ``train.npy``, ``valid.npy``. Process 0
-prepares; the others wait at a barrier and memory-map the files.
+Small corpora (the embedded grammar, WikiText-2) are tokenized once into ``<run>/data``:
+``tokenizer.model``, ``train.npy``, ``valid.npy``; process 0 prepares, the others wait at a
+barrier and memory-map the files. A streamed corpus (``data.streaming``, C4) only gets its
+tokenizer there: training reads and tokenizes the files as it goes (data/streaming.py), and
+the validation windows are packed from the validation files in memory.
 """
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from ..config import ConfigError, DataConfig
-from ..errors import writing
+from ..errors import DataError, writing
 from . import grammar
+from .packing import document_ids, pack_finite
 from .pipeline import load_tokens, save_tokens, split_documents, tokenize_documents
-from .readers import read_corpus
+from .readers import iter_documents, read_corpus, resolve_paths
 from .tokenizer import Tokenizer, train_tokenizer
 
 
@@ -28,8 +32,8 @@ class LMData:
     valid_docs: list[str]  # a few validation documents, for greedy samples
 
 
-def _paths(spec: str) -> list[str]:
-    return [p.strip() for p in spec.split(",") if p.strip()]
+def _paths(spec: str, setting: str = "data.corpus") -> list[str]:
+    return resolve_paths(spec, setting)
 
 
 def load_documents(cfg: DataConfig) -> tuple[list[str], list[str]]:
@@ -39,7 +43,7 @@ def load_documents(cfg: DataConfig) -> tuple[list[str], list[str]]:
     else:
         docs = read_corpus(_paths(cfg.corpus))
     if cfg.valid:
-        return docs, read_corpus(_paths(cfg.valid))
+        return docs, read_corpus(_paths(cfg.valid, "data.valid"))
     return split_documents(docs, cfg.valid_fraction, seed=cfg.valid_seed)
 
 
@@ -136,3 +140,68 @@ def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary:
     valid_docs = (data_dir / "valid_docs.txt").read_text().split("\n\n")
     return LMData(tok, load_tokens(data_dir / "train.npy"), load_tokens(data_dir / "valid.npy"),
                   valid_docs)
+
+
+# ----------------------------------------------------------------------------- streamed corpora
+
+@dataclass
+class StreamData:
+    tokenizer: Tokenizer
+    tokenizer_path: Path  # what each loader worker loads
+    files: list[str]  # the training files, sorted (the order every host deals into streams)
+    valid: list[dict]  # packed validation windows (data/packing.py features)
+    valid_docs: list[str]  # a few validation documents, for greedy samples
+
+
+def sample_documents(files: list[str], n: int) -> list[str]:
+    """About n documents drawn across all files: the first ceil(n / len(files)) of each, so
+    a tokenizer sees every shard while reading a bounded share of the corpus."""
+    quota, out = -(-n // len(files)), []
+    for path in files:
+        docs = (d for _, d in iter_documents(path) if d.strip())
+        out.extend(d for _, d in zip(range(quota), docs))
+        if len(out) >= n:
+            break
+    if not out:
+        raise DataError(f"empty corpus: no non-empty document in {', '.join(files[:3])}"
+                        f"{' ...' if len(files) > 3 else ''}")
+    return out[:n]
+
+
+def valid_documents(files: list[str]):
+    """Every document of the validation files, in file order."""
+    for path in files:
+        yield from (d for _, d in iter_documents(path) if d.strip())
+
+
+def prepare_streaming(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary: bool,
+                      barrier=lambda: None, max_valid_windows: int = 0) -> StreamData:
+    """The tokenizer (data.tokenizer, or trained on data.tokenizer_sample documents drawn
+    across the shards) and the packed validation windows (at most max_valid_windows, > 0)."""
+    if cfg.corpus == "grammar":
+        raise ConfigError("data.corpus: data.streaming reads a corpus of files (e.g. --data.corpus "
+                          "'c4/en/c4-train.*-of-01024.json.gz'), not the embedded grammar",
+                          field="data.corpus")
+    if not cfg.valid.strip():
+        raise ConfigError("data.valid: data.streaming reads validation from its own files (e.g. "
+                          "--data.valid 'c4/en/c4-validation.*-of-00008.json.gz')",
+                          field="data.valid")
+    files = resolve_paths(cfg.corpus, "data.corpus")
+    valid_files = resolve_paths(cfg.valid, "data.valid")
+    copy = (cfg.tokenizer, "data.tokenizer") if cfg.tokenizer else None
+    tok = run_tokenizer(run_dir, vocab_size, is_primary, barrier, copy_from=copy,
+                        texts=lambda: sample_documents(files, cfg.tokenizer_sample),
+                        source=corpus_name(cfg))
+    docs = valid_documents(valid_files)
+    shown: list[str] = []
+
+    def tokenized():
+        for d in docs:
+            if len(shown) < 16:
+                shown.append(d)
+            yield document_ids(tok.encode(d))
+
+    valid = pack_finite(tokenized(), cfg.seq_len, max_valid_windows)
+    if not valid:
+        raise DataError(f"data.valid: no non-empty document in {', '.join(valid_files)}")
+    return StreamData(tok, run_dir / "data" / "tokenizer.model", files, valid, shown)

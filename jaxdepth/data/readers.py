@@ -71,50 +71,72 @@ def read_json_file(path: str | Path, what: str = "JSON"):
         raise DataError(f"{path}:{e.lineno}: malformed JSON ({e.msg}, column {e.colno})") from None
 
 
+def _text_documents(path: Path, lines: Iterator[str], first: int):
+    """(line of the document's first line, text) of each blank-line separated block."""
+    current: list[str] = []
+    start = first
+    for lineno, line in enumerate(lines, start=first):
+        line = line.rstrip("\r\n")
+        if line.strip():
+            if not current:
+                start = lineno
+            current.append(line)
+        elif current:
+            yield start, "\n".join(current)
+            current = []
+    if current:
+        yield start, "\n".join(current)
+
+
+def _jsonl_documents(path: Path, lines: Iterator[str], first: int, field: str):
+    for lineno, line in enumerate(lines, start=first):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: malformed JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        if field not in record:
+            raise DataError(f"{where}: missing field {field!r}")
+        value = record[field]
+        if not isinstance(value, str):
+            raise DataError(f"{where}: field {field!r} is {type(value).__name__}, not a string")
+        yield lineno, value
+
+
+def iter_documents(path: str | Path, fmt: str = "auto", *, start_line: int = 1,
+                   field: str = "text") -> Iterator[tuple[int, str]]:
+    """(line, text) of every document of one corpus file, lazily, from line `start_line` on:
+    the line is where the document starts, so a reader stopped at a document resumes there.
+
+    JSONL (one object per line, the string `field`) or plain text (blocks of lines separated
+    by blank lines), chosen by `fmt` ("auto": by suffix), optionally gzipped. Errors name the
+    file and line."""
+    path = Path(path)
+    jsonl = is_jsonl(path) if fmt == "auto" else fmt == "jsonl"
+    with text_lines(path) as lines:
+        for _ in range(start_line - 1):  # skipped lines are only decompressed, never parsed
+            if next(lines, None) is None:
+                return
+        docs = (_jsonl_documents(path, lines, start_line, field) if jsonl
+                else _text_documents(path, lines, start_line))
+        yield from docs
+
+
 def read_text(path: str | Path) -> list[str]:
     """Documents of a plain-text file: blocks of lines separated by blank lines."""
-    docs: list[str] = []
-    current: list[str] = []
-    with text_lines(path) as lines:
-        for line in lines:
-            line = line.rstrip("\r\n")
-            if line.strip():
-                current.append(line)
-            elif current:
-                docs.append("\n".join(current))
-                current = []
-    if current:
-        docs.append("\n".join(current))
-    return docs
+    return [d for _, d in iter_documents(path, "text")]
 
 
 def read_jsonl(path: str | Path, field: str = "text") -> list[str]:
     """The string `field` of every JSON object in a JSONL file (C4: url, text, timestamp)."""
-    path = Path(path)
-    docs: list[str] = []
-    with text_lines(path) as lines:
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: malformed JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            if field not in record:
-                raise DataError(f"{where}: missing field {field!r}")
-            value = record[field]
-            if not isinstance(value, str):
-                raise DataError(
-                    f"{where}: field {field!r} is {type(value).__name__}, not a string"
-                )
-            docs.append(value)
-    return docs
+    return [d for _, d in iter_documents(path, "jsonl", field=field)]
 
 
-def _is_jsonl(path: Path) -> bool:
+def is_jsonl(path: Path) -> bool:
     suffix = path.suffixes[-2] if path.suffix == ".gz" and len(path.suffixes) > 1 else path.suffix
     return suffix in (".jsonl", ".json")
 
@@ -130,10 +152,39 @@ def read_corpus(paths: Sequence[str | Path], fmt: str = "auto") -> list[str]:
     paths = [Path(p) for p in paths]
     docs: list[str] = []
     for path in paths:
-        jsonl = _is_jsonl(path) if fmt == "auto" else fmt == "jsonl"
+        jsonl = is_jsonl(path) if fmt == "auto" else fmt == "jsonl"
         docs.extend(read_jsonl(path) if jsonl else read_text(path))
     docs = [d for d in docs if d.strip()]
     if not docs:
         names = ", ".join(str(p) for p in paths) or "(no paths given)"
         raise DataError(f"empty corpus: no non-empty document in {names}")
     return docs
+
+
+def resolve_paths(spec: str, setting: str) -> list[str]:
+    """The files a comma-separated `spec` names, each entry a file, a directory (every file
+    in it, sorted) or a glob (``c4/en/c4-train.*-of-01024.json.gz``, sorted); in the order
+    given, without repeats, so the list is the same on every host. An entry that names
+    nothing is an error naming `setting` and the entry."""
+    files: list[str] = []
+    for entry in (e.strip() for e in spec.split(",")):
+        if not entry:
+            continue
+        path = Path(entry)
+        if any(c in entry for c in "*?["):
+            found = sorted(str(p) for p in Path(path.anchor or ".").glob(
+                str(path.relative_to(path.anchor)) if path.anchor else entry) if p.is_file())
+            if not found:
+                raise FileNotFoundError(f"{setting}: no file matches {entry!r}")
+        elif path.is_dir():
+            found = sorted(str(p) for p in path.iterdir() if p.is_file()
+                           and not p.name.startswith("."))
+            if not found:
+                raise FileNotFoundError(f"{setting}: directory {entry} holds no file")
+        else:
+            _check_file(path, "corpus")
+            found = [str(path)]
+        files.extend(found)
+    if not files:
+        raise FileNotFoundError(f"{setting}: no corpus file given")
+    return list(dict.fromkeys(files))

@@ -75,28 +75,34 @@ class DecoderLM(Backbone):
     # ------------------------------------------------------------------ forward
 
     def _run_layers(self, x_BTD: Array, bias_NTT: Array, key: Array | None,
-                    all_layers: bool) -> tuple[Array, Array | None]:
+                    all_layers: bool, segment_ids_BT: Array | None = None
+                    ) -> tuple[Array, Array | None]:
         cfg = self.cfg
         train = key is not None and cfg.dropout > 0.0
         # A scan of one or two layers only adds loop overhead (stacked residuals, dynamic
         # slices); unrolling it keeps compile time flat where depth is what we vary.
         unroll = cfg.scan_unroll or (cfg.n_layers if cfg.n_layers <= 2 else 1)
         return run_stack(cast_floating(self.blocks, self.compute_dtype), x_BTD,
-                         lambda block, x, k: block(x, bias_NTT, cfg.dropout, k, cfg.attention),
+                         lambda block, x, k: block(x, bias_NTT, cfg.dropout, k, cfg.attention,
+                                                   segment_ids_BT),
                          keys=jax.random.split(key, cfg.n_layers) if train else None,
                          scan=cfg.scan_layers, remat=cfg.remat, unroll=unroll,
                          all_layers=all_layers)
 
-    def hidden(self, tokens_BT: Array, *, key: Array | None = None,
-               all_layers: bool = False) -> tuple[Array, Array | None]:
-        """Final normed hidden states [B, T, D] and, if asked, every layer's output [L, B, T, D]."""
+    def hidden(self, tokens_BT: Array, *, key: Array | None = None, all_layers: bool = False,
+               segment_ids_BT: Array | None = None) -> tuple[Array, Array | None]:
+        """Final normed hidden states [B, T, D] and, if asked, every layer's output [L, B, T, D].
+
+        ``segment_ids_BT``: which packed document each position holds (seqio's
+        decoder_segment_ids; not BERT's token types). Attention then stays inside a document;
+        None is one stream, attended causally across document boundaries."""
         cfg = self.cfg
         k_emb, k_layers, k_out = (None,) * 3 if key is None else jax.random.split(key, 3)
         x_BTD = self.embed.astype(self.compute_dtype)[tokens_BT]
         x_BTD = dropout(x_BTD, cfg.dropout, k_emb)
         pos_T = jnp.arange(tokens_BT.shape[1])
         bias_NTT = self.rel_bias(pos_T, pos_T).astype(self.compute_dtype)
-        x_BTD, layers = self._run_layers(x_BTD, bias_NTT, k_layers, all_layers)
+        x_BTD, layers = self._run_layers(x_BTD, bias_NTT, k_layers, all_layers, segment_ids_BT)
         x_BTD = dropout(self.final_norm(x_BTD), cfg.dropout, k_out)
         return x_BTD, layers
 
@@ -104,9 +110,11 @@ class DecoderLM(Backbone):
         head = self.lm_head.astype(self.compute_dtype)
         return jnp.einsum("btd,dv->btv", x_BTD, head, preferred_element_type=jnp.float32)
 
-    def __call__(self, tokens_BT: Array, *, key: Array | None = None) -> Array:
-        """Logits [B, T, V] in float32. Dropout is active iff a key is given."""
-        x_BTD, _ = self.hidden(tokens_BT, key=key)
+    def __call__(self, tokens_BT: Array, *, key: Array | None = None,
+                 segment_ids_BT: Array | None = None) -> Array:
+        """Logits [B, T, V] in float32. Dropout is active iff a key is given; packed documents
+        (``segment_ids_BT``) never attend to each other."""
+        x_BTD, _ = self.hidden(tokens_BT, key=key, segment_ids_BT=segment_ids_BT)
         return self.logits(x_BTD)
 
     # ------------------------------------------------------------------ incremental decoding

@@ -134,7 +134,7 @@ def attend(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask_BNTS: Array, *,
 
 
 def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, *,
-                  implementation: str | None = None) -> Array:
+                  implementation: str | None = None, mask_B1TT: Array | None = None) -> Array:
     """Causal ``softmax(q k^T + bias) v`` through ``jax.nn.dot_product_attention`` (T5: scale
     1, the 1/sqrt(H) lives in the query kernel); [B, T, N*H] like ``attend``.
 
@@ -151,8 +151,8 @@ def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, 
     # standard promotion, train.py's default.)
     with jax.numpy_dtype_promotion("standard"):
         out_BTNH = jax.nn.dot_product_attention(
-            q_BTNH, k_BTNH, v_BTNH, bias=bias_NTT[None].astype(bias_dtype), is_causal=True,
-            scale=1.0, implementation=implementation)
+            q_BTNH, k_BTNH, v_BTNH, bias=bias_NTT[None].astype(bias_dtype), mask=mask_B1TT,
+            is_causal=True, scale=1.0, implementation=implementation)
     return out_BTNH.reshape(*out_BTNH.shape[:-2], -1)
 
 
@@ -184,15 +184,26 @@ class Attention(eqx.Module):
         """softmax(q k^T + bias) v over allowed keys, then the output projection."""
         return attend(q_BTNH, k_BSNH, v_BSNH, mask_BNTS, bias_BNTS=bias_BNTS) @ self.wo
 
-    def __call__(self, x_BTD: Array, bias_NTT: Array, attention: str = "einsum") -> Array:
-        """Causal self-attention; ``attention`` is ModelConfig.attention."""
+    def __call__(self, x_BTD: Array, bias_NTT: Array, attention: str = "einsum",
+                 segment_ids_BT: Array | None = None) -> Array:
+        """Causal self-attention; ``attention`` is ModelConfig.attention. With packed
+        documents (``segment_ids_BT``) a query sees only earlier keys of its own document."""
         q, k, v = self.project_qkv(x_BTD)
+        same_doc = None if segment_ids_BT is None else same_segment_mask(segment_ids_BT)
         if attention != "einsum":
             impl = "cudnn" if attention == "cudnn" else None
-            return causal_attend(q, k, v, bias_NTT, implementation=impl) @ self.wo
+            return causal_attend(q, k, v, bias_NTT, implementation=impl, mask_B1TT=same_doc) @ self.wo
         T = x_BTD.shape[1]
         causal = jnp.tril(jnp.ones((T, T), bool))[None, None]
-        return self.attend(q, k, v, bias_NTT[None], causal)
+        mask = causal if same_doc is None else causal & same_doc
+        return self.attend(q, k, v, bias_NTT[None], mask)
+
+
+def same_segment_mask(segment_ids_BT: Array) -> Array:
+    """[B, 1, T, T]: key s is in query t's document. Inside one packed document positions
+    advance by one per token, so k - q is the in-document relative distance and the unpacked
+    T5 bias stays right for every pair this mask allows."""
+    return (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])[:, None]
 
 
 class GatedMLP(eqx.Module):
@@ -229,9 +240,10 @@ class DecoderBlock(eqx.Module):
         self.mlp = GatedMLP(cfg.d_model, cfg.d_ff, key=km)
 
     def __call__(self, x_BTD: Array, bias_NTT: Array, rate: float = 0.0,
-                 key: Array | None = None, attention: str = "einsum") -> Array:
+                 key: Array | None = None, attention: str = "einsum",
+                 segment_ids_BT: Array | None = None) -> Array:
         k1, k2, k3 = split_or_none(key, 3)
-        h_BTD = self.attn(self.attn_norm(x_BTD), bias_NTT, attention)
+        h_BTD = self.attn(self.attn_norm(x_BTD), bias_NTT, attention, segment_ids_BT)
         x_BTD = x_BTD + dropout(h_BTD, rate, k1)
         return x_BTD + dropout(self.mlp(self.mlp_norm(x_BTD), rate, k2), rate, k3)
 

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import Config, param_count
-from ..data.pipeline import eval_batches, lm_dataset
-from ..data.prepare import LMData, prepare_lm_data
+from ..data.pipeline import eval_batches, lm_dataset, window_batches
+from ..data.prepare import prepare_lm_data, prepare_streaming
+from ..data.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, greedy_generate
 from ..trainer.flops import train_flops_per_token
 from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
@@ -31,10 +32,10 @@ def lm_objective(cfg: Config):
 
     def objective(model, mb, key, totals):
         if not cfg.model.xent_chunk:
-            logits = model(mb["inputs"], key=key)
+            logits = model(mb["inputs"], key=key, segment_ids_BT=mb.get("segment_ids"))
             obj, nll, n = lm_loss_sums(logits, mb["targets"], mb["weights"], z_loss)
             return obj, {"loss": nll, "tokens": n}
-        x_BTD, _ = model.hidden(mb["inputs"], key=key)
+        x_BTD, _ = model.hidden(mb["inputs"], key=key, segment_ids_BT=mb.get("segment_ids"))
         head = model.lm_head.astype(model.compute_dtype)
         obj, nll = fused_lm_head_loss(x_BTD.reshape(-1, x_BTD.shape[-1]), head,
                                       mb["targets"].reshape(-1), mb["weights"].reshape(-1),
@@ -47,7 +48,7 @@ def lm_objective(cfg: Config):
 @eqx.filter_jit
 def eval_step(model: DecoderLM, batch):
     """Sums of NLL and weights over one (possibly padded) batch; no dropout."""
-    logits = model(batch["inputs"])
+    logits = model(batch["inputs"], segment_ids_BT=batch.get("segment_ids"))
     _, nll, n = lm_loss_sums(logits, batch["targets"], batch["weights"])
     return nll, n
 
@@ -92,24 +93,34 @@ class LMTask(DecoderTask):
 
     def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
         cfg = self.cfg
-        self.data: LMData = prepare_lm_data(cfg.data, cfg.vocab_size, run_dir, primary,
-                                            barrier=barrier)
+        if cfg.data.streaming:
+            self.data = prepare_streaming(cfg.data, cfg.vocab_size, run_dir, primary, barrier,
+                                          max_valid_windows=cfg.run.eval_batches * cfg.data.batch_size)
+            self.valid = window_batches(self.data.valid, cfg.data.batch_size)
+            return
+        self.data = prepare_lm_data(cfg.data, cfg.vocab_size, run_dir, primary, barrier=barrier)
         valid = eval_batches(self.data.valid, seq_len=cfg.data.seq_len,
                              batch_size=cfg.data.batch_size)
         self.valid = valid[:cfg.run.eval_batches] if cfg.run.eval_batches else valid
 
-    def dataset(self) -> grain.MapDataset:
-        return lm_dataset(self.data.train, seq_len=self.cfg.data.seq_len,
-                          global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
-                          process_index=jax.process_index(), process_count=jax.process_count())
+    def dataset(self) -> grain.MapDataset | grain.IterDataset:
+        cfg = self.cfg
+        where = dict(process_index=jax.process_index(), process_count=jax.process_count())
+        if cfg.data.streaming:
+            return streaming_dataset(self.data.files, seq_len=cfg.data.seq_len,
+                                     global_batch=cfg.data.batch_size, n_streams=cfg.data.streams,
+                                     seed=cfg.run.seed, tokenizer=str(self.data.tokenizer_path),
+                                     workers=cfg.data.workers, **where)
+        return lm_dataset(self.data.train, seq_len=cfg.data.seq_len,
+                          global_batch=cfg.data.batch_size, seed=cfg.run.seed, **where)
 
     def evaluate(self, model: DecoderLM, step: int, sharding, final: bool) -> tuple[dict, str]:
         ev = evaluate(model, self.valid, sharding)
         return ev, f"valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}"
 
     def summary(self, model: DecoderLM) -> dict:
-        return {"samples": greedy_samples(model, self.data, self.cfg.run.samples,
-                                          self.cfg.run.sample_tokens)}
+        return {"samples": greedy_samples(model, self.data.tokenizer, self.data.valid_docs,
+                                          self.cfg.run.samples, self.cfg.run.sample_tokens)}
 
     def report(self, s: dict) -> str:
         lines = [f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})"]
@@ -128,10 +139,15 @@ class LMTask(DecoderTask):
             paths = [p.strip() for p in args.data.split(",") if p.strip()]
             tokens = tokenize_documents(read_corpus(paths), tok)
             source = paths
+            batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
+        elif cfg.data.streaming:  # the run's validation files, packed as in training
+            source = "validation set of the run"
+            data = prepare_streaming(cfg.data, cfg.vocab_size, run, is_primary=False)
+            batches = window_batches(data.valid, batch)
         else:
             tokens = load_tokens(run / "data" / "valid.npy")
             source = "validation set of the run"
-        batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
+            batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
         result = evaluate(model, batches, batch_sharding(mesh))
         out = {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
                "tokens": result["valid_tokens"], "loss": result["valid_loss"],
@@ -144,11 +160,12 @@ def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def greedy_samples(model: DecoderLM, data: LMData, n: int, max_new: int) -> list[dict]:
+def greedy_samples(model: DecoderLM, tokenizer, valid_docs: list[str], n: int,
+                   max_new: int) -> list[dict]:
     """Continue the first half (at most 12 tokens) of the first n validation documents."""
     if n == 0:
         return []
-    prompts = [data.tokenizer.encode(d)[:12] for d in data.valid_docs[:n] if d.strip()]
+    prompts = [tokenizer.encode(d)[:12] for d in valid_docs[:n] if d.strip()]
     prompts = [p[: max(1, len(p) // 2)] for p in prompts]
     width = max(len(p) for p in prompts)
     arr = np.zeros((len(prompts), width), np.int32)
@@ -156,5 +173,5 @@ def greedy_samples(model: DecoderLM, data: LMData, n: int, max_new: int) -> list
         arr[i, :len(p)] = p
     out = np.asarray(greedy_generate(model, jnp.asarray(arr),
                                      jnp.asarray([len(p) for p in prompts], jnp.int32), max_new))
-    return [{"prompt": data.tokenizer.decode(p), "continuation": data.tokenizer.decode(o.tolist())}
+    return [{"prompt": tokenizer.decode(p), "continuation": tokenizer.decode(o.tolist())}
             for p, o in zip(prompts, out)]

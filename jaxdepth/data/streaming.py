@@ -1,0 +1,208 @@
+"""A corpus of many files streamed into packed LM batches, tokenized on the fly (C4 scale).
+
+Start-up and memory do not depend on the corpus size: nothing is read before the first batch
+is asked for, and each stream holds one open file and one document.
+
+Layout. The sorted file list is dealt into S *streams* (``data.streams``): stream s reads files
+s, s+S, s+2S, ... — in epoch e in the order ``default_rng([seed, s, e]).permutation``, each
+file's documents in file order — tokenizes them with SentencePiece and packs them into windows
+(data/packing.py). Global batch i holds, stream after stream, rows [i*R, (i+1)*R) of each
+stream's windows, R = global_batch / S. So batch i is a function of (seed, i, file list, S)
+alone, whatever the number of hosts or loader workers:
+
+- process p of P owns streams [p*S/P, (p+1)*S/P), i.e. exactly its rows of every global batch,
+  and opens only those streams' files (no host reads what another trains on);
+- each of its W loader worker processes (grain's ``mp_prefetch``, ``data.workers``) takes
+  every W-th of those streams and emits their R-row blocks in turn; grain interleaves the
+  workers round-robin, which restores stream order.
+
+The iterator state is one cursor per stream — (epoch, position in the epoch's file order, line
+where the current document starts, tokens of it already packed) — saved in every checkpoint
+by grain. A resumed stream skips to that line (decompressing, not parsing) and re-tokenizes
+the one document it was in.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grain
+import numpy as np
+from absl import flags
+
+from ..config import ConfigError
+from ..errors import DataError
+from .packing import WindowPacker, document_ids, features
+from .readers import iter_documents
+from .tokenizer import Tokenizer
+
+BATCH_KEYS = ("inputs", "targets", "weights", "segment_ids")
+
+
+def deal_files(files: Sequence[str], n_streams: int) -> list[tuple[str, ...]]:
+    """Stream s's files: files[s::n_streams]."""
+    if len(files) < n_streams:
+        raise ConfigError(f"data.streams: {n_streams} streams need at least {n_streams} corpus "
+                          f"files, got {len(files)}; lower --data.streams", field="data.streams")
+    return [tuple(files[s::n_streams]) for s in range(n_streams)]
+
+
+def local_streams(n_streams: int, global_batch: int, process_index: int,
+                  process_count: int) -> range:
+    """The streams process `process_index` of `process_count` owns (its rows of every global
+    batch); impossible layouts are errors naming the setting to change."""
+    if global_batch % n_streams:
+        raise ConfigError(f"data.streams: {n_streams} streams do not divide data.batch_size="
+                          f"{global_batch}", field="data.streams")
+    if n_streams % process_count:
+        raise ConfigError(f"data.streams: {n_streams} streams do not split over "
+                          f"{process_count} processes", field="data.streams")
+    per = n_streams // process_count
+    return range(process_index * per, (process_index + 1) * per)
+
+
+class _Stream:
+    """One stream's documents, epoch after epoch, packed into windows."""
+
+    def __init__(self, files: tuple[str, ...], index: int, seed: int, seq_len: int,
+                 tokenizer: Tokenizer, fmt: str):
+        self.files, self.index, self.seed = files, index, seed
+        self.tokenizer, self.fmt = tokenizer, fmt
+        self.packer = WindowPacker(seq_len)
+        self.epoch, self.file_pos, self.doc_line = 0, 0, 0  # doc_line 0: no document yet
+        self._docs = None  # the open file's (line, text) iterator
+        self._files_without_docs = 0
+
+    def _path(self) -> str:
+        order = np.random.default_rng([self.seed, self.index, self.epoch]).permutation(len(self.files))
+        return self.files[order[self.file_pos]]
+
+    def _open(self, start_line: int = 1) -> None:
+        self._docs = iter_documents(self._path(), self.fmt, start_line=start_line)
+
+    def next_document(self) -> np.ndarray:
+        while True:
+            if self._docs is None:
+                self._open()
+            item = next(self._docs, None)
+            if item is not None and item[1].strip():
+                self._files_without_docs = 0
+                self.doc_line = item[0]
+                return document_ids(self.tokenizer.encode(item[1]))
+            if item is not None:
+                continue
+            self._docs = None
+            self._files_without_docs += 1
+            if self._files_without_docs > len(self.files):
+                raise DataError(f"stream {self.index}: no document in any of its files "
+                                f"({', '.join(self.files)})")
+            self.file_pos += 1
+            if self.file_pos == len(self.files):
+                self.epoch, self.file_pos = self.epoch + 1, 0
+
+    def window(self) -> dict[str, np.ndarray]:
+        return features(*self.packer.window(self.next_document))
+
+    def cursor(self) -> list[int]:
+        return [self.epoch, self.file_pos, self.doc_line, self.packer.offset]
+
+    def seek(self, cursor: Sequence[int]) -> None:
+        self.epoch, self.file_pos, self.doc_line, offset = (int(c) for c in cursor)
+        self.packer = WindowPacker(self.packer.seq_len)
+        self._docs = None
+        if self.doc_line:
+            self._open(self.doc_line)
+            item = next(self._docs, None)
+            if item is None or item[0] != self.doc_line:
+                raise DataError(f"{self._path()}:{self.doc_line}: no document starts here any more; "
+                                f"the corpus changed since the checkpoint was written")
+            ids = document_ids(self.tokenizer.encode(item[1]))
+            if offset > len(ids):
+                raise DataError(f"{self._path()}:{self.doc_line}: the document is shorter than "
+                                f"the checkpoint says ({len(ids)} < {offset} tokens); the corpus "
+                                f"or tokenizer changed since the checkpoint was written")
+            self.packer.doc, self.packer.offset = ids, offset
+
+
+class PackedStreams(grain.IterDataset):
+    """Source of R-row blocks of packed windows from `streams`, one stream after another.
+
+    Supports grain's in-place slicing: ``mp_prefetch`` gives worker w of W ``streams[w::W]``."""
+
+    def __init__(self, files_by_stream: Sequence[tuple[str, ...]], streams: Sequence[int], *,
+                 seq_len: int, rows: int, seed: int, tokenizer: str, fmt: str = "auto"):
+        super().__init__()
+        self.files_by_stream = list(files_by_stream)
+        self.streams = list(streams)
+        self.seq_len, self.rows, self.seed = seq_len, rows, seed
+        self.tokenizer, self.fmt = tokenizer, fmt  # a path: each worker process loads its own
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        del sequential_slice  # streams are dealt one by one either way
+        self.streams = self.streams[sl]
+
+    def __iter__(self) -> "_PackedStreamsIterator":
+        return _PackedStreamsIterator(self)
+
+    def __str__(self) -> str:
+        return f"PackedStreams(streams={self.streams}, seq_len={self.seq_len}, rows={self.rows})"
+
+
+class _PackedStreamsIterator(grain.DatasetIterator):
+    def __init__(self, ds: PackedStreams):
+        super().__init__()
+        tok = Tokenizer.load(ds.tokenizer)
+        self.rows = ds.rows
+        self.streams = [_Stream(ds.files_by_stream[s], s, ds.seed, ds.seq_len, tok, ds.fmt)
+                        for s in ds.streams]
+        self.turn = 0
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        stream = self.streams[self.turn]
+        self.turn = (self.turn + 1) % len(self.streams)
+        windows = [stream.window() for _ in range(self.rows)]
+        return {k: np.stack([w[k] for w in windows]) for k in BATCH_KEYS}
+
+    def get_state(self) -> dict:
+        return {"turn": self.turn, "cursors": {str(s.index): s.cursor() for s in self.streams}}
+
+    def set_state(self, state: dict) -> None:
+        mine = sorted(str(s.index) for s in self.streams)
+        if sorted(state.get("cursors", {})) != mine:
+            raise DataError(f"the data-iterator state holds streams {sorted(state.get('cursors', {}))}, "
+                            f"this loader reads streams {mine}: data.streams, data.workers or the "
+                            f"process count changed since the checkpoint was written")
+        for s in self.streams:
+            s.seek(state["cursors"][str(s.index)])
+        self.turn = int(state["turn"])
+
+
+def _concat_rows(blocks: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([b[k] for b in blocks]) for k in BATCH_KEYS}
+
+
+def streaming_dataset(files: Sequence[str], *, seq_len: int, global_batch: int, n_streams: int,
+                      seed: int, tokenizer: str, workers: int = 0, process_index: int = 0,
+                      process_count: int = 1, fmt: str = "auto") -> grain.IterDataset:
+    """This process's rows of every global batch, [global_batch / process_count, seq_len] per
+    feature (BATCH_KEYS), read and tokenized by `workers` loader processes (0: a thread of
+    this one)."""
+    # grain reads absl flags in its worker plumbing; a program that never parsed them (ours
+    # take their own command line) would fail there.
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    if workers < 0:
+        raise ConfigError(f"data.workers: must be >= 0, got {workers}", field="data.workers")
+    mine = local_streams(n_streams, global_batch, process_index, process_count)
+    if workers > len(mine) or (workers and len(mine) % workers):
+        raise ConfigError(f"data.workers: {workers} loader workers do not split this process's "
+                          f"{len(mine)} streams evenly (data.streams={n_streams} over "
+                          f"{process_count} processes)", field="data.workers")
+    ds: grain.IterDataset = PackedStreams(deal_files(files, n_streams), mine, seq_len=seq_len,
+                                          rows=global_batch // n_streams, seed=seed,
+                                          tokenizer=tokenizer, fmt=fmt)
+    if workers:
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
+                                                         per_worker_buffer_size=2 * len(mine) // workers))
+    else:
+        ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2 * len(mine))
+    return ds.batch(len(mine), batch_fn=_concat_rows)
