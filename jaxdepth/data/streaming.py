@@ -23,6 +23,9 @@ the one document it was in.
 """
 from __future__ import annotations
 
+import os
+import threading
+import time
 from collections.abc import Sequence
 
 import grain
@@ -176,6 +179,21 @@ class _PackedStreamsIterator(grain.DatasetIterator):
         self.turn = int(state["turn"])
 
 
+def _exit_with_parent(worker_index: int, worker_count: int) -> None:
+    """Runs in each loader worker: exit when the trainer that started it is gone. A trainer
+    killed with SIGKILL never tells grain's workers to stop, and they would wait forever on a
+    full buffer, holding memory and the trainer's output pipes."""
+    del worker_index, worker_count
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-trainer").start()
+
+
 def _concat_rows(blocks: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([b[k] for b in blocks]) for k in BATCH_KEYS}
 
@@ -201,8 +219,9 @@ def streaming_dataset(files: Sequence[str], *, seq_len: int, global_batch: int, 
                                           rows=global_batch // n_streams, seed=seed,
                                           tokenizer=tokenizer, fmt=fmt)
     if workers:
-        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
-                                                         per_worker_buffer_size=2 * len(mine) // workers))
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(
+            num_workers=workers, per_worker_buffer_size=2 * len(mine) // workers),
+            worker_init_fn=_exit_with_parent)
     else:
         ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2 * len(mine))
     return ds.batch(len(mine), batch_fn=_concat_rows)
