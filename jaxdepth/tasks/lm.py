@@ -128,25 +128,31 @@ class LMTask(DecoderTask):
 
     def evaluate_checkpoint(self, run: Path, args) -> dict:
         """Perplexity of the checkpoint on the run's validation set or on --data files."""
+        from ..data.packing import document_ids, pack_finite
         from ..data.pipeline import load_tokens, tokenize_documents
-        from ..data.readers import read_corpus
+        from ..data.prepare import valid_documents
+        from ..data.readers import read_corpus, resolve_paths
         from ..trainer.sharding import batch_sharding
         from .checkpoints import load_checkpoint
 
         cfg, model, step, tok, mesh = load_checkpoint(run, args.step, args.batch)
         batch = args.batch or cfg.data.batch_size
-        if args.data:
-            paths = [p.strip() for p in args.data.split(",") if p.strip()]
-            tokens = tokenize_documents(read_corpus(paths), tok)
-            source = paths
-            batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
-        elif cfg.data.streaming:  # the run's validation files, packed as in training
-            source = "validation set of the run"
-            data = prepare_streaming(cfg.data, cfg.vocab_size, run, is_primary=False)
-            batches = window_batches(data.valid, batch)
+        source = "validation set of the run"
+        if cfg.data.streaming:  # documents packed and kept apart, as the run trained
+            files = resolve_paths(args.data, "--data") if args.data else None
+            if files is None:
+                windows = prepare_streaming(cfg.data, cfg.vocab_size, run, is_primary=False).valid
+            else:
+                source = files
+                windows = pack_finite((document_ids(tok.encode(d)) for d in valid_documents(files)),
+                                      cfg.data.seq_len)
+            batches = window_batches(windows, batch)
         else:
-            tokens = load_tokens(run / "data" / "valid.npy")
-            source = "validation set of the run"
+            if args.data:
+                source = resolve_paths(args.data, "--data")
+                tokens = tokenize_documents(read_corpus(source), tok)
+            else:
+                tokens = load_tokens(run / "data" / "valid.npy")
             batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
         result = evaluate(model, batches, batch_sharding(mesh))
         out = {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
