@@ -250,13 +250,14 @@ def tree_memory(proc, full: bool = False) -> dict:
         procs = [proc] + proc.children(recursive=True)
     except psutil.Error:
         return {"rss": 0, "processes": 0}
-    out = {"rss": 0, "processes": 0, **({"pss": 0, "uss": 0} if full else {})}
+    out = {"rss": 0, "processes": 0, **({"pss": 0, "uss": 0, "rss_each": []} if full else {})}
     for p in procs:
         try:
             if full:
                 m = p.memory_full_info()
                 out["pss"] += m.pss
                 out["uss"] += m.uss
+                out["rss_each"].append(m.rss)  # train.py first, then its descendants
             else:
                 m = p.memory_info()
             out["rss"] += m.rss
@@ -315,6 +316,7 @@ def run_train(cmd: list[str], run_dir: Path, steps: int, timeout: float,
                             rec.update(last_step_s=now, rss_last_step=mem["rss"],
                                        pss_last_step=mem.get("pss"), uss_last_step=mem.get("uss"),
                                        processes_last_step=mem["processes"],
+                                       rss_each_last_step=mem["rss_each"],
                                        train_tokens_per_s=m.get("tokens_per_s"))
                             peak = max(peak, mem["rss"])
                 if done:
