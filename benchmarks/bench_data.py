@@ -16,7 +16,7 @@ The script writes a synthetic corpus in C4's format and measures the targets of 
    ``-of-00008`` names.
 2. time to first step, small corpus against large: ``train.py --data.streaming true`` as a
    subprocess (``--preset``, ``--steps``, ``--seq-len``, ``--batch``, ``--streams``,
-   ``--workers``). The clock runs from just before the process starts until step 1's line
+   ``--workers``; one device, ``--mesh.data 1``). The clock runs from just before the process starts until step 1's line
    appears in ``<run>/metrics.jsonl``. The loop writes that line after it has dispatched step
    2, so the time includes compilation and two batches. The runs alternate, small then large,
    ``--repeats`` times, and the medians are compared. Target: large/small <= 1.2.
@@ -29,7 +29,7 @@ The script writes a synthetic corpus in C4's format and measures the targets of 
    loader processes, at ``--pipe-seq-len`` x ``--pipe-batch`` (512 x 8 by default: the 41M
    baseline's batches). It takes ``--pipe-batches`` batches after ``--pipe-warmup`` untimed
    ones and reports tokens/s. This is compared with the tokens/s of the real train step of
-   the 41M baseline (``depth_family("41M")[2]``, float32, T=512, B=8), timed by
+   the 41M baseline (``depth_family("41M")[2]``, float32, T=512, B=8, one device), timed by
    ``bench_step.bench_member``. Target: pipeline/step >= 3.
 5. packing efficiency over the batches of (4): sum of weights / tokens. Target: >= 0.99. The
    mean number of documents (segments) per window is reported as well.
@@ -66,7 +66,7 @@ from common import arg_parser, environment, print_table, write_json
 import numpy as np
 
 import bench_step
-from jaxdepth.config import depth_family, param_count
+from jaxdepth.config import MeshConfig, depth_family, param_count
 from jaxdepth.data import grammar
 from jaxdepth.data.readers import resolve_paths
 from jaxdepth.data.streaming import streaming_dataset
@@ -181,10 +181,18 @@ def make_corpus(root: Path, args) -> dict:
         shutil.rmtree(root / sub, ignore_errors=True)
     (root / "train").mkdir(parents=True)
     (root / "valid").mkdir()
-    t0 = time.perf_counter()
+    start = t0 = time.perf_counter()
     units, ordered = text_units("train", wikitext=args.wikitext, pool_docs=args.pool_docs,
                                 seed=args.seed)
     pool_s = time.perf_counter() - t0
+    t1 = time.perf_counter()  # the tokenizer first: a vocab_size too large fails at once
+    sample, _ = Documents(units, ordered, np.random.default_rng([args.seed, 10**6 + 1]),
+                          args.doc_words).take(args.tokenizer_docs)
+    tok = train_tokenizer(sample, args.vocab_size, source="bench_data's synthetic corpus",
+                          vocab_field="--vocab-size")
+    tok.save(root / "tokenizer.model")
+    tokenizer_s = time.perf_counter() - t1
+    t0 = time.perf_counter()
     stats = []
     for i in range(args.shards):
         docs = Documents(units, ordered, np.random.default_rng([args.seed, i]), args.doc_words)
@@ -196,21 +204,17 @@ def make_corpus(root: Path, args) -> dict:
                            args.doc_words)
     write_shard(root / "valid" / "c4-validation.00000-of-00001.json.gz", valid_docs,
                 int(args.valid_mb * 2**20), "validation")
-    corpus_s = time.perf_counter() - t0
+    shards_s = time.perf_counter() - t0
+    generation_s = time.perf_counter() - start
 
-    t1 = time.perf_counter()
-    sample, _ = Documents(units, ordered, np.random.default_rng([args.seed, 10**6 + 1]),
-                          args.doc_words).take(args.tokenizer_docs)
-    tok = train_tokenizer(sample, args.vocab_size, source="bench_data's synthetic corpus")
-    tok.save(root / "tokenizer.model")
-    tokenizer_s = time.perf_counter() - t1
     ids = tok.encode_batch(sample)
     words = np.concatenate([s.pop("words") for s in stats])
     manifest = {
         "settings": settings,
         "train_glob": f"train/c4-train.*-of-{args.shards:05d}.json.gz",
         "valid": "valid/c4-validation.00000-of-00001.json.gz", "tokenizer": "tokenizer.model",
-        "pool_s": pool_s, "generation_s": corpus_s, "tokenizer_train_s": tokenizer_s,
+        "generation_s": generation_s, "pool_s": pool_s, "tokenizer_train_s": tokenizer_s,
+        "shards_s": shards_s,
         "shard_bytes_mean": statistics.fmean(s["bytes"] for s in stats),
         "shard_bytes_min": min(s["bytes"] for s in stats),
         "shard_bytes_max": max(s["bytes"] for s in stats),
@@ -274,7 +278,7 @@ def train_command(spec: str, valid: str, tokenizer: str, run_dir: Path, args) ->
             "--data.workers", str(args.workers), "--data.seq_len", str(args.seq_len),
             "--data.batch_size", str(args.batch), "--run.steps", str(args.steps),
             "--run.eval_batches", str(args.eval_batches), "--run.dir", str(run_dir),
-            "--run.progress", "false", "--run.samples", "0"]
+            "--run.progress", "false", "--run.samples", "0", "--mesh.data", "1"]
 
 
 def run_train(cmd: list[str], run_dir: Path, steps: int, timeout: float,
@@ -390,7 +394,8 @@ def baseline_step(args) -> dict:
     """The real train step of the family's baseline member (bench_step.bench_member)."""
     model = depth_family(args.step_family)[args.step_layers]
     rec = bench_step.bench_member(model, seq_len=args.step_seq_len, batch=args.step_batch,
-                                  steps=args.step_steps, warmup=1, peak_flops=1.0,
+                                  steps=args.step_steps, warmup=1, mesh=MeshConfig(data=1),
+                                  peak_flops=1.0,
                                   peak_source="not used")
     keep = ("n_layers", "d_model", "d_ff", "vocab_size", "compute_dtype", "seq_len", "batch",
             "steps", "compile_s", "first_call_s", "step_s_median", "step_s_mean", "step_s_min",
@@ -413,7 +418,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--pool-docs", type=int, default=12_000,
                    help="grammar documents in the pool the shards cycle over")
     c.add_argument("--doc-words", type=int, default=300, help="median words per document")
-    c.add_argument("--vocab-size", type=int, default=1024, help="SentencePiece pieces")
+    c.add_argument("--vocab-size", type=int, default=512,
+                   help="SentencePiece pieces (the tiny presets' vocabulary; the grammar's "
+                        "text allows about 670)")
     c.add_argument("--tokenizer-docs", type=int, default=1000, help="documents it trains on")
     c.add_argument("--corpus", default="", help="keep the corpus here and reuse it when the "
                                                "settings match (default: a temporary folder)")

@@ -366,10 +366,13 @@ def test_task_files_are_named_in_errors(tmp_path, train_main, capsys, split, con
     one_line_error(err, code, f"{d}/{message}")
 
 
-def test_a_directory_given_as_the_corpus(tmp_path, train_main, capsys):
-    code, _, err = call(train_main, argv(tmp_path / "run", "", **{"data.corpus": tmp_path}),
+def test_an_empty_directory_given_as_the_corpus(tmp_path, train_main, capsys):
+    """A directory stands for the files in it (README, Data); one without any is named."""
+    empty = tmp_path / "corpus"
+    empty.mkdir()
+    code, _, err = call(train_main, argv(tmp_path / "run", "", **{"data.corpus": empty}),
                         capsys)
-    one_line_error(err, code, f"{tmp_path}: is a directory, not a corpus file")
+    one_line_error(err, code, f"data.corpus: directory {empty} holds no file")
 
 
 def test_a_vocabulary_too_small_for_the_corpus(tmp_path, train_main, capsys):
