@@ -7,19 +7,22 @@ The script writes a synthetic corpus in C4's format and measures the targets of 
    each, and one validation shard. The text is WikiText-2 with ``--wikitext DIR``
    (``wiki.train.tokens`` and ``wiki.valid.tokens``): its paragraphs, in order, grouped into
    documents. Otherwise it is the embedded grammar (``grammar.corpus_texts``): its short
-   documents, shuffled, joined into long ones. Document lengths follow a lognormal around
-   ``--doc-words`` words (median 300, clipped to 30..4000; mean about 380), which is roughly
-   C4's shape. The shards are cycles over one pool of text, each in its own order, so 64 shards
-   take about a minute to write. One SentencePiece tokenizer (``--vocab-size``) is trained on
+   documents, shuffled, joined into long ones. A document takes pieces until it has a
+   lognormal number of words (median ``--doc-words`` = 300, sigma 0.5, clipped to 30..4000),
+   which gives a right-skewed length distribution roughly like C4's: median about 320 words,
+   mean about 360, 10th-90th percentile 180-590 with the grammar. The shards are cycles over
+   one pool of text, each in its own order, so the 64 shards take about 40 s to write on two
+   cores. One SentencePiece tokenizer (``--vocab-size``) is trained on
    a sample of documents and given to every run with ``--data.tokenizer``. The small corpus is
    the first ``--shards-small`` (8) shards, linked into a folder of its own under
    ``-of-00008`` names.
 2. time to first step, small corpus against large: ``train.py --data.streaming true`` as a
    subprocess (``--preset``, ``--steps``, ``--seq-len``, ``--batch``, ``--streams``,
-   ``--workers``; one device, ``--mesh.data 1``). The clock runs from just before the process starts until step 1's line
-   appears in ``<run>/metrics.jsonl``. The loop writes that line after it has dispatched step
-   2, so the time includes compilation and two batches. The runs alternate, small then large,
-   ``--repeats`` times, and the medians are compared. Target: large/small <= 1.2.
+   ``--workers``, ``--eval-batches``; one device, ``--mesh.data 1``). The clock runs from
+   just before the process starts until step 1's line appears in ``<run>/metrics.jsonl``. The
+   loop writes that line after it has dispatched step 2, so the time includes compilation and
+   two batches. The runs alternate, small then large, ``--repeats`` times, and the medians are
+   compared. Target: large/small <= 1.2.
 3. resident memory of the same runs: the sum of RSS over train.py's process tree (its grain
    workers included), sampled when the line of the last step (``--steps``) appears. The
    tree's PSS and USS are taken at that moment too, and the largest RSS sum seen during the
@@ -28,9 +31,12 @@ The script writes a synthetic corpus in C4's format and measures the targets of 
 4. pipeline throughput: ``streaming_dataset`` alone, on the large corpus, with ``--workers``
    loader processes, at ``--pipe-seq-len`` x ``--pipe-batch`` (512 x 8 by default: the 41M
    baseline's batches). It takes ``--pipe-batches`` batches after ``--pipe-warmup`` untimed
-   ones and reports tokens/s. This is compared with the tokens/s of the real train step of
-   the 41M baseline (``depth_family("41M")[2]``, float32, T=512, B=8, one device), timed by
-   ``bench_step.bench_member``. Target: pipeline/step >= 3.
+   ones and reports tokens/s (``first_batch_s`` includes starting the workers, which import
+   this script again). This is compared with the tokens/s of the real train step of the 41M
+   baseline (``depth_family("41M")[2]``, float32, T=512, B=8, one device), timed by
+   ``bench_step.bench_member``. Target: pipeline/step >= 3. The grammar's text with a
+   512-piece vocabulary has about 3 characters per token (``chars_per_token``), against about
+   4.5 for C4 with T5's 32k vocabulary, so these tokens/s overstate C4's by about 1.5x.
 5. packing efficiency over the batches of (4): sum of weights / tokens. Target: >= 0.99. The
    mean number of documents (segments) per window is reported as well.
 
@@ -40,7 +46,7 @@ of the tiny model, the tiny family's step. ``--corpus DIR`` keeps the corpus and
 there and reuses them when the settings match; otherwise they go in a temporary folder that is
 deleted at the end.
 
-    python benchmarks/bench_data.py --out bench_data.json      # 64 x 2 MB shards (~7 min)
+    python benchmarks/bench_data.py --out bench_data.json      # 64 x 2 MB shards (~3 min)
     python benchmarks/bench_data.py --wikitext data/wikitext-2 --corpus c4_synth
     python benchmarks/bench_data.py --quick --out q.json
 """
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import json
 import math
 import os
@@ -70,7 +77,7 @@ from jaxdepth.config import MeshConfig, depth_family, param_count
 from jaxdepth.data import grammar
 from jaxdepth.data.readers import resolve_paths
 from jaxdepth.data.streaming import streaming_dataset
-from jaxdepth.data.tokenizer import Tokenizer, train_tokenizer
+from jaxdepth.data.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_VERSION = 1  # bump when the generator changes, so a kept corpus is rebuilt
@@ -197,7 +204,8 @@ def make_corpus(root: Path, args) -> dict:
     for i in range(args.shards):
         docs = Documents(units, ordered, np.random.default_rng([args.seed, i]), args.doc_words)
         name = f"c4-train.{i:05d}-of-{args.shards:05d}.json.gz"
-        stats.append(write_shard(root / "train" / name, docs, int(args.shard_mb * 2**20), name))
+        stats.append(write_shard(root / "train" / name, docs, int(args.shard_mb * 2**20),
+                                 f"train{i:05d}"))
     v_units, v_ordered = text_units("valid", wikitext=args.wikitext, pool_docs=args.pool_docs,
                                     seed=args.seed)
     valid_docs = Documents(v_units, v_ordered, np.random.default_rng([args.seed, 10**6]),
@@ -245,29 +253,84 @@ def small_corpus(root: Path, n: int, large: list[str]) -> str:
 
 # ----------------------------------------------------------------------------- train.py runs
 
-def tree_memory(proc, full: bool = False) -> dict:
-    """RSS (and with `full`, PSS and USS) summed over psutil Process `proc` and its
-    descendants, in bytes; processes that end meanwhile are skipped."""
+def _descendants_proc(pid: int) -> list[int]:
+    """pid's descendants, from the parent ids in /proc/<pid>/stat (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def _kib_fields(path: str, names: tuple[str, ...]) -> dict[str, int]:
+    """Bytes of the ``Name:  N kB`` lines of a /proc file."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in names:
+                out[name] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _memory_proc(pid: int, full: bool) -> dict:
+    if full:  # smaps_rollup: Rss, Pss and the private pages (= USS), as psutil reads them
+        m = _kib_fields(f"/proc/{pid}/smaps_rollup",
+                        ("Rss", "Pss", "Private_Clean", "Private_Dirty"))
+        return {"rss": m["Rss"], "pss": m["Pss"], "uss": m["Private_Clean"] + m["Private_Dirty"]}
+    return {"rss": _kib_fields(f"/proc/{pid}/status", ("VmRSS",)).get("VmRSS", 0)}
+
+
+def _memory_psutil(pid: int, full: bool) -> dict:
     import psutil
 
-    try:
-        procs = [proc] + proc.children(recursive=True)
-    except psutil.Error:
-        return {"rss": 0, "processes": 0}
-    out = {"rss": 0, "processes": 0, **({"pss": 0, "uss": 0, "rss_each": []} if full else {})}
-    for p in procs:
+    p = psutil.Process(pid)
+    if full:
+        m = p.memory_full_info()
+        return {"rss": m.rss, "pss": m.pss, "uss": m.uss}
+    return {"rss": p.memory_info().rss}
+
+
+def tree_memory(pid: int, full: bool = False, use_psutil: bool | None = None) -> dict:
+    """RSS (with `full`, also PSS and USS and each process's RSS) summed over process `pid` and
+    its descendants, in bytes, from psutil when it is installed (`use_psutil` None), else from
+    /proc. Processes that end meanwhile are skipped."""
+    if use_psutil is None:
+        use_psutil = importlib.util.find_spec("psutil") is not None
+    if use_psutil:
+        import psutil
+
         try:
-            if full:
-                m = p.memory_full_info()
-                out["pss"] += m.pss
-                out["uss"] += m.uss
-                out["rss_each"].append(m.rss)  # train.py first, then its descendants
-            else:
-                m = p.memory_info()
-            out["rss"] += m.rss
-            out["processes"] += 1
+            pids = [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
         except psutil.Error:
-            pass
+            pids = []
+        errors: tuple = (psutil.Error, OSError)
+        read = _memory_psutil
+    else:
+        pids = [pid] + _descendants_proc(pid)
+        errors, read = (OSError, KeyError), _memory_proc
+    out = {"rss": 0, "processes": 0, **({"pss": 0, "uss": 0, "rss_each": []} if full else {})}
+    for p in pids:
+        try:
+            m = read(p, full)
+        except errors:
+            continue
+        out["rss"] += m["rss"]
+        out["processes"] += 1
+        if full:
+            out["pss"] += m["pss"]
+            out["uss"] += m["uss"]
+            out["rss_each"].append(m["rss"])  # `pid` first, then its descendants
     return out
 
 
@@ -284,8 +347,6 @@ def train_command(spec: str, valid: str, tokenizer: str, run_dir: Path, args) ->
 def run_train(cmd: list[str], run_dir: Path, steps: int, timeout: float,
               poll_s: float = 0.05, sample_s: float = 0.25) -> dict:
     """Run one train.py command, watching its metrics.jsonl and its process tree's memory."""
-    import psutil
-
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
                "PYTHONPATH", "").split(os.pathsep) if p])}
@@ -296,7 +357,7 @@ def run_train(cmd: list[str], run_dir: Path, steps: int, timeout: float,
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        ps, next_sample = psutil.Process(proc.pid), 0.0
+        next_sample = 0.0
         try:
             while True:
                 done = proc.poll() is not None
@@ -316,7 +377,7 @@ def run_train(cmd: list[str], run_dir: Path, steps: int, timeout: float,
                         if rec["first_step_s"] is None:
                             rec.update(first_step_s=now, first_logged_step=m["step"])
                         if m["step"] == steps and rec["last_step_s"] is None:
-                            mem = tree_memory(ps, full=True)
+                            mem = tree_memory(proc.pid, full=True)
                             rec.update(last_step_s=now, rss_last_step=mem["rss"],
                                        pss_last_step=mem.get("pss"), uss_last_step=mem.get("uss"),
                                        processes_last_step=mem["processes"],
@@ -326,7 +387,7 @@ def run_train(cmd: list[str], run_dir: Path, steps: int, timeout: float,
                 if done:
                     break
                 if now >= next_sample:
-                    peak = max(peak, tree_memory(ps)["rss"])
+                    peak = max(peak, tree_memory(proc.pid)["rss"])
                     next_sample = now + sample_s
                 if now > timeout:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -433,16 +494,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     t.add_argument("--streams", type=int, default=8)
     t.add_argument("--workers", type=int, default=2, help="loader processes (train.py and (4))")
     t.add_argument("--eval-batches", type=int, default=2, help="--run.eval_batches")
-    t.add_argument("--repeats", type=int, default=2, help="runs of each corpus, alternating")
+    t.add_argument("--repeats", type=int, default=3, help="runs of each corpus, alternating")
     t.add_argument("--timeout", type=float, default=600, help="seconds per train.py run")
     q = p.add_argument_group("pipeline throughput and packing")
     q.add_argument("--pipe-seq-len", type=int, default=512)
     q.add_argument("--pipe-batch", type=int, default=8)
     q.add_argument("--pipe-warmup", type=int, default=10)
-    q.add_argument("--pipe-batches", type=int, default=200)
+    q.add_argument("--pipe-batches", type=int, default=1000)
     s = p.add_argument_group("the train step it is compared with")
     s.add_argument("--step-family", default="41M")
-    s.add_argument("--step-layers", type=int, default=2, help="the baseline member (BASELINE_LAYERS)")
+    s.add_argument("--step-layers", type=int, default=2,
+                   help="the baseline member (tests/test_config.py BASELINE_LAYERS)")
     s.add_argument("--step-seq-len", type=int, default=512)
     s.add_argument("--step-batch", type=int, default=8)
     s.add_argument("--step-steps", type=int, default=3, help="timed steps after one warm-up")

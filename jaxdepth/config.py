@@ -226,12 +226,14 @@ class RunConfig:
     keep: int = 3  # checkpoints retained (the latest ones)
     samples: int = 2  # greedy samples printed at the end
     sample_tokens: int = 24
+    grammar_samples: int = 32  # embedded grammar: continuations scored by its recognizer
     progress: bool = True
     stop_after: int = 0  # >0: exit after this many steps in this invocation (tests, preemption drills)
 
     def __post_init__(self):
         _positive(self, "run", "steps", "log_every", "eval_every", "save_every", "keep")
         _require(self.samples >= 0, "run.samples", "must be >= 0")
+        _require(self.grammar_samples >= 0, "run.grammar_samples", "must be >= 0")
         _require(self.stop_after >= 0, "run.stop_after", "must be >= 0")
 
 
@@ -673,7 +675,10 @@ _PAPER_TRAINING = {  # Petty et al. pretraining (t5x): Adafactor, 1/sqrt(max(ste
     "data": {"seq_len": 1024, "batch_size": 128, "streaming": True, "streams": 32, "workers": 4},
     "optim": {"name": "adafactor", "lr": 1.0, "schedule": "rsqrt", "warmup_steps": 10000,
               "weight_decay": 0.0, "clip_norm": 0.0},
-    "run": {"steps": 1_000_000, "eval_every": 5000, "save_every": 10000, "keep": 100},
+    # 20 validation batches (2.6M tokens): the whole C4 validation set would be packed into
+    # memory at start-up
+    "run": {"steps": 1_000_000, "eval_every": 5000, "eval_batches": 20, "save_every": 10000,
+            "keep": 100},
 }
 
 

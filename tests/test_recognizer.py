@@ -73,3 +73,20 @@ def test_prefix_mode_refuses_what_cannot_be_completed():
     assert not is_grammatical("the dog slept . a every clever big built the cray", prefix=True)
     assert not is_grammatical("the dog slept . the the", prefix=True)
     assert not is_grammatical("the dogs sleeps . the", prefix=True)  # a bad whole sentence
+
+
+def test_grammatical_share_reads_eos_as_the_end(monkeypatch):
+    """A continuation that generated EOS must end a sentence; one cut by the token limit may
+    stop inside one (tasks/lm.py:grammatical_share)."""
+    from jaxdepth.data.tokenizer import EOS_ID, train_tokenizer
+    from jaxdepth.tasks import lm
+
+    tok = train_tokenizer(g.corpus_texts(300, seed=1), 512)
+    cases = [("sees the dog . emma", False),  # cut by the limit: a viable prefix, accepted
+             ("sees .", True),                 # ended: "sees" needs an object, refused
+             ("slept .", True),                # ended after a sentence, accepted
+             ("slept . the the", False)]       # cut, and no sentence goes on "the the"
+    pairs = [(tok.encode("the cat"), tok.encode(c) + ([EOS_ID] if ended else []))
+             for c, ended in cases]
+    monkeypatch.setattr(lm, "_continue", lambda model, tok_, docs, n: pairs)
+    assert lm.grammatical_share(None, tok, ["unused"], 8) == 0.5

@@ -301,11 +301,17 @@ def test_prepare_streaming_refuses_grammar_and_packs_validation(tmp_path, corpus
         prepare_streaming(DataConfig(streaming=True, corpus=files[0]), 256, tmp_path, True)
     valid = str(Path(files[0]).parent / "c4-validation.*")
     cfg = DataConfig(streaming=True, corpus=",".join(files), valid=valid, tokenizer=tok, seq_len=SEQ)
-    capped = prepare_streaming(cfg, 256, tmp_path / "a", True, max_valid_windows=3)
-    whole = prepare_streaming(cfg, 256, tmp_path / "b", True)
-    assert len(capped.valid) == 3 and len(whole.valid) > 3
+    capped = prepare_streaming(cfg, 256, tmp_path / "a", True, max_valid_batches=2, batch_size=3)
+    whole = prepare_streaming(cfg, 256, tmp_path / "b", True, batch_size=3)
+    assert len(capped.valid) == 2 and len(whole.valid) > 2
     for x, y in zip(capped.valid, whole.valid):
-        assert np.array_equal(x["targets"], y["targets"])
+        assert np.array_equal(x["targets"], y["targets"]) and x["targets"].shape == (3, SEQ)
+    # every validation token is scored once: the documents, concatenated, in file order
+    tok_ = Tokenizer.load(tok)
+    docs = grammar.corpus_texts(30, seed=8)
+    stream = np.concatenate([document_ids(tok_.encode(d)) for d in docs])
+    scored = np.concatenate([b["targets"][b["weights"] > 0] for b in whole.valid])
+    assert np.array_equal(scored, stream)
     assert capped.files == files and capped.valid_docs[0] == grammar.corpus_texts(30, seed=8)[0]
 
 

@@ -17,6 +17,7 @@ every document exactly as if it sat alone at the start of a window.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -86,17 +87,21 @@ def document_ids(ids: list[int]) -> np.ndarray:
     return np.asarray([*ids, EOS_ID], np.int32)
 
 
-def pack_finite(docs: Iterator[np.ndarray], seq_len: int, max_windows: int = 0
-                ) -> list[dict[str, np.ndarray]]:
-    """Pack a finite sequence of documents (evaluation): every window full but the last,
-    which is padded. Stops after `max_windows` windows when it is > 0, reading no more
-    documents than those need."""
-    packer, pending, out = WindowPacker(seq_len), iter(docs), []
-    while not max_windows or len(out) < max_windows:
+def iter_windows(docs: Iterator[np.ndarray], seq_len: int) -> Iterator[dict[str, np.ndarray]]:
+    """Pack a finite sequence of documents (evaluation), lazily: every window full but the
+    last, which is padded. A consumer that stops early reads no more documents than the
+    windows it took need."""
+    packer, pending = WindowPacker(seq_len), iter(docs)
+    while True:
         tokens, segs = packer.window(lambda: next(pending, None))
         if not segs.any():
-            break
-        out.append(features(tokens, segs))
+            return
+        yield features(tokens, segs)
         if not segs.all():
-            break
-    return out
+            return
+
+
+def pack_finite(docs: Iterator[np.ndarray], seq_len: int, max_windows: int = 0
+                ) -> list[dict[str, np.ndarray]]:
+    """The first `max_windows` windows of ``iter_windows`` (all when 0)."""
+    return list(itertools.islice(iter_windows(docs, seq_len), max_windows or None))

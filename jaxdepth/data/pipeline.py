@@ -10,8 +10,9 @@ once, in order.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import grain
@@ -254,17 +255,20 @@ def eval_batches(tokens: np.ndarray, *, seq_len: int, batch_size: int) -> list[d
     ]
 
 
-def window_batches(windows: list[dict[str, np.ndarray]], batch_size: int,
+def window_batches(windows: Iterable[dict[str, np.ndarray]], batch_size: int,
+                   max_batches: int = 0,
                    keys: Sequence[str] = ("inputs", "targets", "weights", "segment_ids")
                    ) -> list[dict[str, np.ndarray]]:
-    """Packed windows (data/packing.py) in batches of `batch_size` rows; the last batch is
-    filled with all-padding rows (weights 0), so every batch has one shape."""
+    """Packed windows (data/packing.py) in batches of `batch_size` rows, consumed lazily and
+    at most `max_batches` of them (all when 0); the last batch is filled with all-padding
+    rows (weights 0), so every batch has one shape."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    n_rows = -(-len(windows) // batch_size) * batch_size
-    out = []
-    for b in range(0, n_rows, batch_size):
-        rows = windows[b:b + batch_size]
+    out, pending = [], iter(windows)
+    while not max_batches or len(out) < max_batches:
+        rows = list(itertools.islice(pending, batch_size))
+        if not rows:
+            break
         batch = {k: np.stack([w[k] for w in rows]) for k in keys}
         if len(rows) < batch_size:
             batch = {k: np.concatenate([v, np.zeros((batch_size - len(rows), *v.shape[1:]), v.dtype)])

@@ -18,10 +18,15 @@ import numpy as np
 from ..config import ConfigError, DataConfig
 from ..errors import DataError, writing
 from . import grammar
-from .packing import document_ids, pack_finite
-from .pipeline import load_tokens, save_tokens, split_documents, tokenize_documents
+from .packing import document_ids, iter_windows
+from .pipeline import (load_tokens, save_tokens, split_documents, tokenize_documents,
+                       window_batches)
 from .readers import iter_documents, read_corpus, resolve_paths
 from .tokenizer import Tokenizer, train_tokenizer
+
+
+# Validation documents kept for greedy samples and the grammar metric's prompts.
+N_PROMPT_DOCS = 128
 
 
 @dataclass
@@ -131,7 +136,7 @@ def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary:
             tok.save(tok_path)
             save_tokens(data_dir / "train.npy", tokenize_documents(train_docs, tok))
             (data_dir / "valid_docs.txt").write_text(
-                "\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:16]))
+                "\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:N_PROMPT_DOCS]))
             save_tokens(data_dir / "valid.npy", tokenize_documents(valid_docs, tok))
             stamp_path.write_text(stamp)
     barrier()
@@ -149,7 +154,7 @@ class StreamData:
     tokenizer: Tokenizer
     tokenizer_path: Path  # what each loader worker loads
     files: list[str]  # the training files, sorted (the order every host deals into streams)
-    valid: list[dict]  # packed validation windows (data/packing.py features)
+    valid: list[dict]  # packed validation batches (pipeline.py:window_batches)
     valid_docs: list[str]  # a few validation documents, for greedy samples
 
 
@@ -175,9 +180,12 @@ def valid_documents(files: list[str]):
 
 
 def prepare_streaming(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary: bool,
-                      barrier=lambda: None, max_valid_windows: int = 0) -> StreamData:
+                      barrier=lambda: None, max_valid_batches: int = 0,
+                      batch_size: int = 0) -> StreamData:
     """The tokenizer (data.tokenizer, or trained on data.tokenizer_sample documents drawn
-    across the shards) and the packed validation windows (at most max_valid_windows, > 0)."""
+    across the shards) and the validation set: the data.valid documents packed into batches
+    of `batch_size` (0: data.batch_size) windows, at most max_valid_batches (0: all) of them,
+    reading only the documents those need."""
     if cfg.corpus == "grammar":
         raise ConfigError("data.corpus: data.streaming reads a corpus of files (e.g. --data.corpus "
                           "'c4/en/c4-train.*-of-01024.json.gz'), not the embedded grammar",
@@ -192,16 +200,16 @@ def prepare_streaming(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primar
     tok = run_tokenizer(run_dir, vocab_size, is_primary, barrier, copy_from=copy,
                         texts=lambda: sample_documents(files, cfg.tokenizer_sample),
                         source=corpus_name(cfg))
-    docs = valid_documents(valid_files)
     shown: list[str] = []
 
     def tokenized():
-        for d in docs:
-            if len(shown) < 16:
+        for d in valid_documents(valid_files):
+            if len(shown) < N_PROMPT_DOCS:
                 shown.append(d)
             yield document_ids(tok.encode(d))
 
-    valid = pack_finite(tokenized(), cfg.seq_len, max_valid_windows)
+    valid = window_batches(iter_windows(tokenized(), cfg.seq_len), batch_size or cfg.batch_size,
+                           max_valid_batches)
     if not valid:
         raise DataError(f"data.valid: no non-empty document in {', '.join(valid_files)}")
     return StreamData(tok, run_dir / "data" / "tokenizer.model", files, valid, shown)

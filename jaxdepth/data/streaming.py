@@ -13,8 +13,9 @@ alone, whatever the number of hosts or loader workers:
 - process p of P owns streams [p*S/P, (p+1)*S/P), i.e. exactly its rows of every global batch,
   and opens only those streams' files (no host reads what another trains on);
 - each of its W loader worker processes (grain's ``mp_prefetch``, ``data.workers``) takes
-  every W-th of those streams and emits their R-row blocks in turn; grain interleaves the
-  workers round-robin, which restores stream order.
+  every W-th of those streams and hands over one block per batch, their R rows each; grain
+  takes one block from each worker in turn, and ``_merge_blocks`` puts the rows back in
+  stream order.
 
 The iterator state is one cursor per stream — (epoch, position in the epoch's file order, line
 where the current document starts, tokens of it already packed) — saved in every checkpoint
@@ -127,9 +128,12 @@ class _Stream:
 
 
 class PackedStreams(grain.IterDataset):
-    """Source of R-row blocks of packed windows from `streams`, one stream after another.
+    """Source of one block per global batch: this loader's streams' R windows each,
+    [n_streams_here, R, T] per feature.
 
-    Supports grain's in-place slicing: ``mp_prefetch`` gives worker w of W ``streams[w::W]``."""
+    Supports grain's in-place slicing: ``mp_prefetch`` gives worker w of W ``streams[w::W]``,
+    and each worker then hands over one block per batch (a transfer per stream would cost
+    the trainer more than the tokenization it saves)."""
 
     def __init__(self, files_by_stream: Sequence[tuple[str, ...]], streams: Sequence[int], *,
                  seq_len: int, rows: int, seed: int, tokenizer: str, fmt: str = "auto"):
@@ -157,16 +161,14 @@ class _PackedStreamsIterator(grain.DatasetIterator):
         self.rows = ds.rows
         self.streams = [_Stream(ds.files_by_stream[s], s, ds.seed, ds.seq_len, tok, ds.fmt)
                         for s in ds.streams]
-        self.turn = 0
 
     def __next__(self) -> dict[str, np.ndarray]:
-        stream = self.streams[self.turn]
-        self.turn = (self.turn + 1) % len(self.streams)
-        windows = [stream.window() for _ in range(self.rows)]
-        return {k: np.stack([w[k] for w in windows]) for k in BATCH_KEYS}
+        windows = [[s.window() for _ in range(self.rows)] for s in self.streams]
+        return {k: np.stack([np.stack([w[k] for w in ws]) for ws in windows])
+                for k in BATCH_KEYS}
 
     def get_state(self) -> dict:
-        return {"turn": self.turn, "cursors": {str(s.index): s.cursor() for s in self.streams}}
+        return {"cursors": {str(s.index): s.cursor() for s in self.streams}}
 
     def set_state(self, state: dict) -> None:
         mine = sorted(str(s.index) for s in self.streams)
@@ -176,7 +178,6 @@ class _PackedStreamsIterator(grain.DatasetIterator):
                             f"process count changed since the checkpoint was written")
         for s in self.streams:
             s.seek(state["cursors"][str(s.index)])
-        self.turn = int(state["turn"])
 
 
 def _exit_with_parent(worker_index: int, worker_count: int) -> None:
@@ -194,8 +195,16 @@ def _exit_with_parent(worker_index: int, worker_count: int) -> None:
     threading.Thread(target=watch, daemon=True, name="exit-with-trainer").start()
 
 
-def _concat_rows(blocks: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {k: np.concatenate([b[k] for b in blocks]) for k in BATCH_KEYS}
+def _merge_blocks(blocks: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One batch from each worker's block: worker w holds local streams w, w+W, ..., so
+    local stream s is row s // W of block s % W; rows come out stream after stream."""
+    W = len(blocks)
+    out = {}
+    for k in BATCH_KEYS:
+        n = sum(b[k].shape[0] for b in blocks)
+        per_stream = [blocks[s % W][k][s // W] for s in range(n)]  # each [R, T]
+        out[k] = np.concatenate(per_stream)
+    return out
 
 
 def streaming_dataset(files: Sequence[str], *, seq_len: int, global_batch: int, n_streams: int,
@@ -219,9 +228,9 @@ def streaming_dataset(files: Sequence[str], *, seq_len: int, global_batch: int, 
                                           rows=global_batch // n_streams, seed=seed,
                                           tokenizer=tokenizer, fmt=fmt)
     if workers:
-        ds = ds.mp_prefetch(grain.MultiprocessingOptions(
-            num_workers=workers, per_worker_buffer_size=2 * len(mine) // workers),
-            worker_init_fn=_exit_with_parent)
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
+                                                         per_worker_buffer_size=2),
+                            worker_init_fn=_exit_with_parent)
     else:
-        ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2 * len(mine))
-    return ds.batch(len(mine), batch_fn=_concat_rows)
+        ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2)
+    return ds.batch(max(workers, 1), batch_fn=_merge_blocks)

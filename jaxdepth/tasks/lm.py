@@ -16,6 +16,7 @@ import numpy as np
 from ..config import Config, param_count
 from ..data.pipeline import eval_batches, lm_dataset, window_batches
 from ..data.prepare import prepare_lm_data, prepare_streaming
+from ..data.tokenizer import EOS_ID
 from ..data.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, greedy_generate
 from ..trainer.flops import train_flops_per_token
@@ -95,8 +96,8 @@ class LMTask(DecoderTask):
         cfg = self.cfg
         if cfg.data.streaming:
             self.data = prepare_streaming(cfg.data, cfg.vocab_size, run_dir, primary, barrier,
-                                          max_valid_windows=cfg.run.eval_batches * cfg.data.batch_size)
-            self.valid = window_batches(self.data.valid, cfg.data.batch_size)
+                                          max_valid_batches=cfg.run.eval_batches)
+            self.valid = self.data.valid
             return
         self.data = prepare_lm_data(cfg.data, cfg.vocab_size, run_dir, primary, barrier=barrier)
         valid = eval_batches(self.data.valid, seq_len=cfg.data.seq_len,
@@ -116,7 +117,14 @@ class LMTask(DecoderTask):
 
     def evaluate(self, model: DecoderLM, step: int, sharding, final: bool) -> tuple[dict, str]:
         ev = evaluate(model, self.valid, sharding)
-        return ev, f"valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}"
+        message = f"valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}"
+        n = self.cfg.run.grammar_samples
+        if self.cfg.data.corpus == "grammar" and n:
+            ev["grammatical"] = grammatical_share(model, self.data.tokenizer,
+                                                  self.data.valid_docs[:n],
+                                                  self.cfg.run.sample_tokens)
+            message += f", grammatical {ev['grammatical']:.0%}"
+        return ev, message
 
     def summary(self, model: DecoderLM) -> dict:
         return {"samples": greedy_samples(model, self.data.tokenizer, self.data.valid_docs,
@@ -124,11 +132,15 @@ class LMTask(DecoderTask):
 
     def report(self, s: dict) -> str:
         lines = [f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})"]
+        if "grammatical" in s:
+            lines.append(f"grammatical: {s['grammatical']:.0%} of "
+                         f"{min(self.cfg.run.grammar_samples, len(self.data.valid_docs))} greedy "
+                         f"continuations of validation prompts derive from the grammar's rules")
         return "\n".join(lines)
 
     def evaluate_checkpoint(self, run: Path, args) -> dict:
         """Perplexity of the checkpoint on the run's validation set or on --data files."""
-        from ..data.packing import document_ids, pack_finite
+        from ..data.packing import document_ids, iter_windows
         from ..data.pipeline import load_tokens, tokenize_documents
         from ..data.prepare import valid_documents
         from ..data.readers import read_corpus, resolve_paths
@@ -139,14 +151,13 @@ class LMTask(DecoderTask):
         batch = args.batch or cfg.data.batch_size
         source = "validation set of the run"
         if cfg.data.streaming:  # documents packed and kept apart, as the run trained
-            files = resolve_paths(args.data, "--data") if args.data else None
-            if files is None:
-                windows = prepare_streaming(cfg.data, cfg.vocab_size, run, is_primary=False).valid
+            if args.data:
+                source = resolve_paths(args.data, "--data")
+                docs = (document_ids(tok.encode(d)) for d in valid_documents(source))
+                batches = window_batches(iter_windows(docs, cfg.data.seq_len), batch)
             else:
-                source = files
-                windows = pack_finite((document_ids(tok.encode(d)) for d in valid_documents(files)),
-                                      cfg.data.seq_len)
-            batches = window_batches(windows, batch)
+                batches = prepare_streaming(cfg.data, cfg.vocab_size, run, is_primary=False,
+                                            batch_size=batch).valid
         else:
             if args.data:
                 source = resolve_paths(args.data, "--data")
@@ -166,18 +177,40 @@ def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
+def _continue(model: DecoderLM, tokenizer, docs: list[str], max_new: int
+              ) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, greedy continuation ids up to and with its EOS) for each document: the
+    prompt is the first half of its first 12 tokens."""
+    prompts = [tokenizer.encode(d)[:12] for d in docs if d.strip()]
+    prompts = [p[: max(1, len(p) // 2)] for p in prompts]
+    if not prompts:
+        return []
+    arr = np.zeros((len(prompts), max(len(p) for p in prompts)), np.int32)
+    for i, p in enumerate(prompts):
+        arr[i, :len(p)] = p
+    out = np.asarray(greedy_generate(model, jnp.asarray(arr),
+                                     jnp.asarray([len(p) for p in prompts], jnp.int32), max_new))
+    conts = []
+    for o in out.tolist():
+        conts.append(o[:o.index(EOS_ID) + 1] if EOS_ID in o else o)
+    return list(zip(prompts, conts))
+
+
 def greedy_samples(model: DecoderLM, tokenizer, valid_docs: list[str], n: int,
                    max_new: int) -> list[dict]:
     """Continue the first half (at most 12 tokens) of the first n validation documents."""
     if n == 0:
         return []
-    prompts = [tokenizer.encode(d)[:12] for d in valid_docs[:n] if d.strip()]
-    prompts = [p[: max(1, len(p) // 2)] for p in prompts]
-    width = max(len(p) for p in prompts)
-    arr = np.zeros((len(prompts), width), np.int32)
-    for i, p in enumerate(prompts):
-        arr[i, :len(p)] = p
-    out = np.asarray(greedy_generate(model, jnp.asarray(arr),
-                                     jnp.asarray([len(p) for p in prompts], jnp.int32), max_new))
-    return [{"prompt": tokenizer.decode(p), "continuation": tokenizer.decode(o.tolist())}
-            for p, o in zip(prompts, out)]
+    return [{"prompt": tokenizer.decode(p), "continuation": tokenizer.decode(c)}
+            for p, c in _continue(model, tokenizer, valid_docs[:n], max_new)]
+
+
+def grammatical_share(model: DecoderLM, tokenizer, docs: list[str], max_new: int) -> float:
+    """Share of greedy continuations of `docs`' prompts that, read with their prompt, are
+    sentences of the embedded grammar (data/recognizer.py). A continuation that ended with
+    EOS must end a sentence; one cut by `max_new` may end inside one that can be completed."""
+    from ..data.recognizer import is_grammatical
+    pairs = _continue(model, tokenizer, docs, max_new)
+    ok = [is_grammatical(tokenizer.decode(p + c), prefix=not (c and c[-1] == EOS_ID))
+          for p, c in pairs]
+    return float(np.mean(ok)) if ok else 0.0

@@ -42,6 +42,7 @@ class CorruptCheckpoint(Exception):
 # Fields that may differ between the run that saved a checkpoint and the one resuming it.
 _RESUMABLE_CHANGES = {"run.steps", "run.stop_after", "run.progress", "run.log_every",
                       "run.eval_every", "run.eval_batches", "run.samples", "run.sample_tokens",
+                      "run.grammar_samples",
                       "run.save_every", "run.keep", "run.dir", "mesh.data", "mesh.model",
                       "mesh.fsdp", "mesh.coordinator", "mesh.num_processes", "mesh.process_id",
                       "model.remat", "model.scan_layers", "model.scan_unroll", "model.xent_chunk",

@@ -48,6 +48,7 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task):
     task.model_ready(state.model)
     if data_state is not None:
         data_iter.set_state(data_state)
+    data_iter.start_prefetch()  # loader threads or workers start while the step compiles
     return state, shardings
 
 
