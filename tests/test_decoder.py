@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from jaxdepth.config import ModelConfig, OptimConfig, param_count
-from jaxdepth.models.decoder import DecoderLM, greedy_generate, prefill
+from jaxdepth.models.decoder import DecoderLM, generate, greedy_generate, prefill
 from jaxdepth.trainer.losses import lm_loss_sums
 from jaxdepth.trainer.optim import make_optimizer
 
@@ -194,8 +194,9 @@ def test_kv_cache_ragged_prompts(model, tokens, extend_jit):
                                        rtol=0, atol=1e-5)
 
 
-def naive_greedy(model, prompt, lengths, max_new, eos_id, pad_id=0):
-    """Argmax loop re-running the full forward (no cache) every step.
+def naive_greedy(model, prompt, lengths, max_new, eos_id, pad_id=0, key=None):
+    """Argmax loop re-running the full forward (no cache) every step; with a key, token i of
+    every row is drawn from the batch's last-position logits with fold_in(key, i).
 
     Each row lives in a fixed (B, W) buffer, zero padded on the right; by causality (tested
     above) the padding does not change the logits at the row's last real position."""
@@ -209,10 +210,13 @@ def naive_greedy(model, prompt, lengths, max_new, eos_id, pad_id=0):
     running = [True] * B
     for i in range(max_new):
         logits = np.asarray(fwd(model, jnp.asarray(seq)))
+        last = np.stack([logits[b, n[b] - 1] for b in range(B)])
+        drawn = (None if key is None else
+                 np.asarray(jax.random.categorical(jax.random.fold_in(key, i), jnp.asarray(last))))
         for b in range(B):
             if not running[b]:
                 continue
-            tok = int(np.argmax(logits[b, n[b] - 1]))
+            tok = int(np.argmax(last[b])) if key is None else int(drawn[b])
             out[b, i] = tok
             if tok == eos_id:
                 running[b] = False
@@ -250,6 +254,18 @@ def test_greedy_generate_matches_naive_loop(model, tokens):
     # before the EOS both follow the unstopped greedy path
     for b, i in stopped:
         np.testing.assert_array_equal(got[b, :i + 1], free[b, :i + 1])
+
+
+def test_sampled_generation_matches_naive_loop(model, tokens):
+    prompt = np.asarray(tokens[:, :6]).copy()
+    lengths = np.array([6, 3])
+    key = jax.random.key(7)
+    ref = naive_greedy(model, prompt, lengths, 8, eos_id=-1, key=key)
+    got = np.asarray(generate(model, jnp.asarray(prompt), jnp.asarray(lengths, jnp.int32), 8,
+                              key=key, eos_id=-1))
+    np.testing.assert_array_equal(got, ref)
+    greedy = naive_greedy(model, prompt, lengths, 8, eos_id=-1)
+    assert not np.array_equal(got, greedy)  # a draw, not the argmax path
 
 
 def test_initialisation_statistics(raw_model):

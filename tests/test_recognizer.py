@@ -88,5 +88,5 @@ def test_grammatical_share_reads_eos_as_the_end(monkeypatch):
              ("slept . the the", False)]       # cut, and no sentence goes on "the the"
     pairs = [(tok.encode("the cat"), tok.encode(c) + ([EOS_ID] if ended else []))
              for c, ended in cases]
-    monkeypatch.setattr(lm, "_continue", lambda model, tok_, docs, n: pairs)
+    monkeypatch.setattr(lm, "_continue", lambda model, tok_, docs, n, key: pairs)
     assert lm.grammatical_share(None, tok, ["unused"], 8) == 0.5

@@ -169,10 +169,18 @@ def prefill(model: DecoderLM, prompt_BT: Array, lengths_B: Array,
     return last, KVCache(cache.k_LBSNH, cache.v_LBSNH, lengths_B.astype(jnp.int32))
 
 
-@eqx.filter_jit
 def greedy_generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
                     eos_id: int = 1, pad_id: int = 0) -> Array:
-    """Greedy (argmax) continuation of right-padded prompts, with a KV cache.
+    """Greedy (argmax) continuation of right-padded prompts: ``generate`` without a key."""
+    return generate(model, prompt_BT, lengths_B, max_new, eos_id=eos_id, pad_id=pad_id)
+
+
+@eqx.filter_jit
+def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int, *,
+             key: Array | None = None, eos_id: int = 1, pad_id: int = 0) -> Array:
+    """Continuation of right-padded prompts with a KV cache: argmax, or with a `key` a
+    sample from the model's distribution (temperature 1; token i drawn with
+    ``fold_in(key, i)``).
 
     Returns [B, max_new] tokens; each row stops after its first EOS (later slots hold pad_id),
     and the loop ends early once every row has stopped.
@@ -191,7 +199,10 @@ def greedy_generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_ne
 
     def step(carry):
         i, logits_BV, cache, done, out = carry
-        tok = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        if key is None:
+            tok = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        else:
+            tok = jax.random.categorical(jax.random.fold_in(key, i), logits_BV).astype(jnp.int32)
         out = out.at[:, i].set(jnp.where(done, pad_id, tok))
         done = done | (tok == eos_id)
         logits_B1V, cache = model.extend(tok[:, None], cache)

@@ -18,7 +18,7 @@ from ..data.pipeline import eval_batches, lm_dataset, window_batches
 from ..data.prepare import prepare_lm_data, prepare_streaming
 from ..data.tokenizer import EOS_ID
 from ..data.streaming import streaming_dataset
-from ..models.decoder import DecoderLM, greedy_generate
+from ..models.decoder import DecoderLM, generate
 from ..trainer.flops import train_flops_per_token
 from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
@@ -134,7 +134,7 @@ class LMTask(DecoderTask):
         lines = [f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})"]
         if "grammatical" in s:
             lines.append(f"grammatical: {s['grammatical']:.0%} of "
-                         f"{min(self.cfg.run.grammar_samples, len(self.data.valid_docs))} greedy "
+                         f"{min(self.cfg.run.grammar_samples, len(self.data.valid_docs))} sampled "
                          f"continuations of validation prompts derive from the grammar's rules")
         return "\n".join(lines)
 
@@ -177,10 +177,10 @@ def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def _continue(model: DecoderLM, tokenizer, docs: list[str], max_new: int
+def _continue(model: DecoderLM, tokenizer, docs: list[str], max_new: int, key=None
               ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, greedy continuation ids up to and with its EOS) for each document: the
-    prompt is the first half of its first 12 tokens."""
+    """(prompt ids, continuation ids up to and with its EOS) for each document: the prompt
+    is the first half of its first 12 tokens; greedy, or sampled with `key`."""
     prompts = [tokenizer.encode(d)[:12] for d in docs if d.strip()]
     prompts = [p[: max(1, len(p) // 2)] for p in prompts]
     if not prompts:
@@ -188,8 +188,8 @@ def _continue(model: DecoderLM, tokenizer, docs: list[str], max_new: int
     arr = np.zeros((len(prompts), max(len(p) for p in prompts)), np.int32)
     for i, p in enumerate(prompts):
         arr[i, :len(p)] = p
-    out = np.asarray(greedy_generate(model, jnp.asarray(arr),
-                                     jnp.asarray([len(p) for p in prompts], jnp.int32), max_new))
+    out = np.asarray(generate(model, jnp.asarray(arr),
+                              jnp.asarray([len(p) for p in prompts], jnp.int32), max_new, key=key))
     conts = []
     for o in out.tolist():
         conts.append(o[:o.index(EOS_ID) + 1] if EOS_ID in o else o)
@@ -205,12 +205,16 @@ def greedy_samples(model: DecoderLM, tokenizer, valid_docs: list[str], n: int,
             for p, c in _continue(model, tokenizer, valid_docs[:n], max_new)]
 
 
-def grammatical_share(model: DecoderLM, tokenizer, docs: list[str], max_new: int) -> float:
-    """Share of greedy continuations of `docs`' prompts that, read with their prompt, are
-    sentences of the embedded grammar (data/recognizer.py). A continuation that ended with
-    EOS must end a sentence; one cut by `max_new` may end inside one that can be completed."""
+def grammatical_share(model: DecoderLM, tokenizer, docs: list[str], max_new: int,
+                      seed: int = 0) -> float:
+    """Share of continuations of `docs`' prompts, sampled from the model (temperature 1, a
+    fixed key: the same draws at every evaluation), that, read with their prompt, are
+    sentences of the embedded grammar (data/recognizer.py). Sampled, not greedy: the
+    question is whether the model's distribution has learned the rules, and an argmax
+    chain can repeat one safe clause forever. A continuation that ended with EOS must end a
+    sentence; one cut by `max_new` may end inside one that can be completed."""
     from ..data.recognizer import is_grammatical
-    pairs = _continue(model, tokenizer, docs, max_new)
+    pairs = _continue(model, tokenizer, docs, max_new, key=jax.random.key(seed))
     ok = [is_grammatical(tokenizer.decode(p + c), prefix=not (c and c[-1] == EOS_ID))
           for p, c in pairs]
     return float(np.mean(ok)) if ok else 0.0
