@@ -127,8 +127,9 @@ class LMTask(DecoderTask):
         return ev, message
 
     def summary(self, model: DecoderLM) -> dict:
-        return {"samples": greedy_samples(model, self.data.tokenizer, self.data.valid_docs,
-                                          self.cfg.run.samples, self.cfg.run.sample_tokens)}
+        return {"samples": sampled_continuations(model, self.data.tokenizer, self.data.valid_docs,
+                                                 self.cfg.run.samples, self.cfg.run.sample_tokens,
+                                                 seed=self.cfg.run.seed)}
 
     def report(self, s: dict) -> str:
         lines = [f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})"]
@@ -196,13 +197,17 @@ def _continue(model: DecoderLM, tokenizer, docs: list[str], max_new: int, key=No
     return list(zip(prompts, conts))
 
 
-def greedy_samples(model: DecoderLM, tokenizer, valid_docs: list[str], n: int,
-                   max_new: int) -> list[dict]:
-    """Continue the first half (at most 12 tokens) of the first n validation documents."""
+def sampled_continuations(model: DecoderLM, tokenizer, valid_docs: list[str], n: int,
+                          max_new: int, seed: int = 0) -> list[dict]:
+    """Continue the first half (at most 12 tokens) of the first n validation documents with
+    tokens sampled from the model (temperature 1, key `seed`: the same run prints the same
+    samples). Sampled rather than greedy: an argmax chain shows a model's most likely loop,
+    not what it has learned to write."""
     if n == 0:
         return []
     return [{"prompt": tokenizer.decode(p), "continuation": tokenizer.decode(c)}
-            for p, c in _continue(model, tokenizer, valid_docs[:n], max_new)]
+            for p, c in _continue(model, tokenizer, valid_docs[:n], max_new,
+                                  key=jax.random.key(seed))]
 
 
 def grammatical_share(model: DecoderLM, tokenizer, docs: list[str], max_new: int,
