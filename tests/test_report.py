@@ -253,3 +253,17 @@ def test_cli(tmp_path, capsys):
     assert main([str(results), "--out", str(tmp_path / "cli")]) == 0
     assert (tmp_path / "cli" / "table3.md").is_file()
     assert "table3.csv" in capsys.readouterr().out
+
+
+def test_table3_grammatical_column_only_when_measured():
+    rows = dedupe(make_rows())
+    md, _ = table3(rows)
+    header = next(line for line in md.splitlines() if line.startswith("|"))
+    assert "grammatical" not in header
+    for r in rows:
+        if r["kind"] == "pretrain":  # depth 4: 0.50 and 0.70 -> 60.0 ± 100 * t * 0.1
+            r["grammatical"] = {2: 0.2, 4: 0.5, 6: 0.8}[r["depth"]] + 0.2 * r["seed"]
+    md, text = table3(rows)
+    assert "grammatical (%)" in md and f"60.0 ± {100 * T1 * 0.1:.1f}" in md
+    table = list(csv.DictReader(io.StringIO(text)))
+    assert [float(t["grammatical_mean"]) for t in table] == pytest.approx([0.3, 0.6, 0.9])

@@ -92,6 +92,8 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
     where = {"init": init}
     task_list = tasks(rows, "finetune", where)
     ppl = _index(aggregate(rows, "pretrain", "valid_ppl", by), by)
+    # syntactic well-formedness of what each pretrained model writes (embedded grammar only)
+    gram = _index(aggregate(rows, "pretrain", "grammatical", by), by)
     gen = {t: _index(aggregate(rows, "finetune", "gen_accuracy", by, {**where, "task": t}), by)
            for t in task_list}
     idacc = {t: _index(aggregate(rows, "finetune", "id_accuracy", by, {**where, "task": t}), by)
@@ -105,12 +107,14 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
                     key=_sort_key)
 
     md_header = ["size class", "depth", "d_model", "d_ff", "params", "d_model/d_ff",
-                 "seeds", "valid ppl"]
+                 "seeds", "valid ppl"] + (["grammatical (%)"] if gram else [])
     md_header += [f"{t} gen acc (%)" for t in task_list]
     md_header += [f"{t} ID acc (%)" for t in task_list]
     md_header += [f"{t} ID loss" for t in task_list]
     csv_header = ["size_class", "depth", "d_model", "d_ff", "params", "ratio",
                   "valid_ppl_mean", "valid_ppl_ci95", "valid_ppl_n"]
+    if gram:
+        csv_header += ["grammatical_mean", "grammatical_ci95", "grammatical_n"]
     for t in task_list:
         csv_header += [f"{t}_gen_mean", f"{t}_gen_ci95", f"{t}_gen_n"]
     for t in task_list:
@@ -128,6 +132,10 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
               "" if p is None else p["n"], "" if p is None else _fmt(p["mean"], p["ci95"], 1, 2)]
         cs = [key[0], key[1], info.get("d_model"), info.get("d_ff"), info.get("params"), ratio]
         cs += _stat_cells(p)
+        if gram:
+            g = gram.get(key)
+            md.append("" if g is None else _fmt(g["mean"], g["ci95"], 100.0, 1))
+            cs += _stat_cells(g)
         for table, scale, digits in ((gen, 100.0, 1), (idacc, 100.0, 1), (idloss, 1.0, 3)):
             for t in task_list:
                 a = table[t].get(key)
@@ -136,7 +144,9 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
         md_lines.append(md)
         csv_lines.append(cs)
     caption = (f"Table 3 (fine-tuned from the {init} checkpoint): mean ± 95% CI over seeds; "
-               "perplexity of the final pretraining checkpoint; accuracies in %; ID loss = "
+               "perplexity of the final pretraining checkpoint; grammatical = share of its "
+               "sampled continuations the embedded grammar's recognizer accepts; accuracies "
+               "in %; ID loss = "
                "final in-distribution (dev) loss per target token.")
     return _markdown(md_header, md_lines, caption), _csv(csv_header, csv_lines)
 

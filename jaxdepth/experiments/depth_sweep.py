@@ -159,6 +159,7 @@ class Sweep(PlannedExperiment):
                              "d_model": cfg.model.d_model, "d_ff": cfg.model.d_ff,
                              "params": param_count(cfg.model), "valid_ppl": s["valid_ppl"],
                              "valid_loss": s["valid_loss"], "step": s["step"],
+                             "grammatical": s.get("grammatical"),  # embedded grammar only
                              "run_dir": str(cfg.run.dir)})
         for seed in p.seeds:
             for depth in p.family:
