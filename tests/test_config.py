@@ -171,7 +171,7 @@ def test_cli_preset_then_overrides_regardless_of_order():
     assert cfg.model.d_ff == 142
     assert cfg.model.n_layers == 4  # override beats the preset even though given first
     assert cfg.optim.lr == 0.1
-    assert cfg.optim.name == "adamw"  # tiny presets keep the default optimizer
+    assert cfg.optim.name == "adafactor"  # tiny presets keep the default optimizer
     assert cfg.data == DataConfig()
 
 
