@@ -84,6 +84,10 @@ def test_iteration_stats_by_hand():
     assert t["tokens"] == {"all": 9, "unmasked": 2, "[MASK/MASK]": 1, "[MASK/random]": 1,
                            "[MASK/original]": 1, "[CLS]": 2, "[SEP]": 2}
     assert t["iterations_std"]["[CLS]"] == pytest.approx(0.5)
+    assert t["histogram"]["all"] == {"1": 1, "2": 2, "3": 2, "4": 2, "5": 1, "6": 1}
+    assert t["histogram"]["[CLS]"] == {"1": 1, "2": 1}
+    assert t["histogram"]["[SEP]"] == {"4": 1, "6": 1}
+    assert "Tokens by number of iterations (all 9): N=1: 11.1%, N=2: 22.2%" in format_table1(st)
     assert t["mlm_accuracy"] == pytest.approx(2 / 3) and t["mlm_predictions"] == 3
     assert t["sop_accuracy"] == pytest.approx(1 / 2) and t["sop_rows"] == 2
     roles = st.roles()
@@ -98,6 +102,7 @@ def test_iteration_stats_by_hand():
     st.add(b2, N[1:2], R[1:2], mlm_logits=mlm[1:2], sop_logits=sop[1:2])
     t = st.table1()
     assert t["iterations"]["all"] == pytest.approx((10 + 20 + 20) / 14)
+    assert sum(t["histogram"]["all"].values()) == t["tokens"]["all"] == 14
     assert t["mlm_accuracy"] == pytest.approx(3 / 5)
     assert t["sop_accuracy"] == pytest.approx(1 / 3)
 
@@ -231,7 +236,8 @@ def test_writers(tmp_path):
     data = json.loads(js.read_text())
     assert data["table1"]["iterations"]["[SEP]"] == pytest.approx(5.0)
     assert data["roles"]["verb"]["count"] == 2
-    assert format_table1(st.table1()).count("\n") == 5  # no role table from a bare table1
+    # no role table from a bare table1: the table and the histogram line
+    assert format_table1(st.table1()).count("\n") == 7
 
     h0 = np.ones((1, 2, 3), np.float32)
     states = np.stack([np.ones((1, 2, 3), np.float32) * (m + 1) for m in range(3)])

@@ -78,6 +78,7 @@ class IterationStats:
         self._n2 = {g: 0.0 for g in GROUPS}  # sum of N^2
         self._ponder = {g: 0.0 for g in GROUPS}  # sum of N + R
         self._count = {g: 0 for g in GROUPS}
+        self._hist: dict[str, dict[int, int]] = {g: {} for g in GROUPS}  # N -> tokens
         self._mlm = [0, 0]  # correct, total
         self._sop = [0, 0]
         self._roles: dict[str, list] = {}  # name -> [sum N, sum N + R, count]
@@ -98,6 +99,9 @@ class IterationStats:
             self._n2[g] += float((N[sel] ** 2).sum())
             self._ponder[g] += float(P[sel].sum())
             self._count[g] += int(sel.sum())
+            values, counts = np.unique(np.rint(N[sel]).astype(np.int64), return_counts=True)
+            for v, c in zip(values.tolist(), counts.tolist()):
+                self._hist[g][v] = self._hist[g].get(v, 0) + c
         real = np.asarray(batch["mask"]) != 0
         if mlm_logits is not None:
             pred = np.argmax(np.asarray(mlm_logits), axis=-1)
@@ -131,7 +135,9 @@ class IterationStats:
     def table1(self) -> dict[str, Any]:
         """The paper's Table 1 row: {"mlm_accuracy", "sop_accuracy" (fractions), "iterations"
         (mean N per group), "iterations_std", "ponder" (mean N + R per group), "tokens" (count
-        per group), "mlm_predictions", "sop_rows"}. Empty groups give None."""
+        per group), "histogram" (per group: {"N": tokens that made N updates}, keys as
+        strings so the dict survives JSON), "mlm_predictions", "sop_rows"}. Empty groups give
+        None (an empty histogram)."""
         it = {g: _ratio(self._n[g], self._count[g]) for g in GROUPS}
         std = {}
         for g in GROUPS:
@@ -144,6 +150,8 @@ class IterationStats:
             "iterations_std": std,
             "ponder": {g: _ratio(self._ponder[g], self._count[g]) for g in GROUPS},
             "tokens": dict(self._count),
+            "histogram": {g: {str(n): c for n, c in sorted(self._hist[g].items())}
+                          for g in GROUPS},
             "mlm_predictions": self._mlm[1],
             "sop_rows": self._sop[1],
         }
@@ -305,6 +313,10 @@ def format_table1(stats, label: str = "model") -> str:
     its = [_fmt(t1["iterations"][g], ".2f") for g in GROUPS]
     lines = ["Mean iterations (number of updates N) per token group; accuracies in %.", "",
              head, sep, "| " + " | ".join([label, *acc, *its]) + " |"]
+    hist, total = t1.get("histogram", {}).get("all") or {}, t1["tokens"]["all"]
+    if hist and total:  # whether halting differs by token at all
+        shares = ", ".join(f"N={n}: {100 * c / total:.1f}%" for n, c in hist.items())
+        lines += ["", f"Tokens by number of iterations (all {total}): {shares}."]
     if roles:
         lines += ["", "| role | mean iterations | tokens |", "|---|---|---|"]
         lines += [f"| {name} | {_fmt(r['iterations'], '.2f')} | {r['count']} |"

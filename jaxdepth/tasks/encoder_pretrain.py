@@ -168,8 +168,11 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
     def report(self, s: dict) -> str:
         t1 = s["table1"]
         it = ", ".join(f"{g} {v:.2f}" for g, v in t1["iterations"].items() if v is not None)
+        hist, total = t1["histogram"]["all"], t1["tokens"]["all"]
+        shares = ", ".join(f"{n}: {100 * c / total:.1f}%" for n, c in hist.items()) if total else ""
         return (f"MLM accuracy {100 * t1['mlm_accuracy']:.1f}%, SOP accuracy "
                 f"{100 * t1['sop_accuracy']:.1f}%\nmean iterations: {it}\n"
+                f"tokens by iterations: {shares}\n"
                 f"Table 1 and Fig. 2: {s['analysis']}")
 
     def evaluate_checkpoint(self, run: Path, args) -> dict:
