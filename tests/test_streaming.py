@@ -7,6 +7,7 @@ documents, a model run on one document alone), never from the code under test it
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 from jaxdepth.config import ConfigError, DataConfig, ModelConfig
 from jaxdepth.data import grammar, readers
-from jaxdepth.data.packing import WindowPacker, document_ids, features, pack_finite
+from jaxdepth.data.packing import WindowPacker, document_ids, features, iter_windows
 from jaxdepth.data.pipeline import window_batches
 from jaxdepth.data.prepare import prepare_streaming, sample_documents
 from jaxdepth.data.readers import resolve_paths
@@ -93,7 +94,7 @@ def test_windows_are_the_documents_concatenated_and_cut():
     rng = np.random.default_rng(0)
     docs = [rng.integers(3, 100, size=n).astype(np.int32) for n in (3, 11, 1, 30, 7, 2)]
     stream = np.concatenate([document_ids(d.tolist()) for d in docs])
-    windows = pack_finite(iter(document_ids(d.tolist()) for d in docs), 8)
+    windows = list(iter_windows(iter(document_ids(d.tolist()) for d in docs), 8))
     assert len(windows) == -(-len(stream) // 8)
     flat = np.concatenate([w["targets"][w["weights"] > 0] for w in windows])
     assert np.array_equal(flat, stream)  # nothing lost, nothing repeated, in order
@@ -109,7 +110,7 @@ def test_windows_are_the_documents_concatenated_and_cut():
     assert sum(w["positions"][0] == 0 for w in windows) == len(windows)
 
 
-def test_pack_finite_reads_only_the_documents_it_needs():
+def test_windows_read_only_the_documents_they_need():
     read = []
 
     def docs():
@@ -117,7 +118,7 @@ def test_pack_finite_reads_only_the_documents_it_needs():
             read.append(i)
             yield np.full(5, 7, np.int32)
 
-    out = pack_finite(docs(), 10, max_windows=3)
+    out = list(itertools.islice(iter_windows(docs(), 10), 3))
     assert len(out) == 3 and all(w["weights"].all() for w in out)
     assert len(read) == 6
 
@@ -134,7 +135,7 @@ def test_packer_carries_a_long_document_over():
 
 
 def test_window_batches_pad_the_last_batch():
-    windows = pack_finite(iter([np.arange(3, 30, dtype=np.int32)]), 4)  # 7 windows
+    windows = list(iter_windows(iter([np.arange(3, 30, dtype=np.int32)]), 4))  # 7 windows
     batches = window_batches(windows, 3)
     assert [b["inputs"].shape for b in batches] == [(3, 4)] * 3
     assert batches[-1]["weights"].sum() == 27 - 24

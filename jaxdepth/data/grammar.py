@@ -331,7 +331,7 @@ UNERGATIVE_VERBS = tuple(_UNERGATIVE)
 UNACCUSATIVE_VERBS = tuple(_UNACCUSATIVE)
 CLAUSAL_VERBS = tuple(_CLAUSAL)
 # (tense, number) -> form of "be" in a passive
-_BE = {("past", "sg"): "was", ("past", "pl"): "were", ("present", "sg"): "is",
+BE_FORMS = {("past", "sg"): "was", ("past", "pl"): "were", ("present", "sg"): "is",
        ("present", "pl"): "are"}
 
 # ---------------------------------------------------------------------------------------
@@ -477,7 +477,7 @@ def _build(cl: Clause, voice: str) -> Sentence:
         subj_number, obj_number = cl.subj.number, (cl.obj.number if cl.obj else None)
     else:
         theme = _realize_np(cl.obj, "subj", out)
-        out.append((_BE[cl.tense, cl.obj.number], "aux", "be"))
+        out.append((BE_FORMS[cl.tense, cl.obj.number], "aux", "be"))
         out.append((VERB_FORMS[cl.verb][2], "verb", cl.verb))
         out.append(("by", "by", "by"))
         agent = _realize_np(cl.subj, "agent", out)

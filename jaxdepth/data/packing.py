@@ -17,7 +17,6 @@ every document exactly as if it sat alone at the start of a window.
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -99,9 +98,3 @@ def iter_windows(docs: Iterator[np.ndarray], seq_len: int) -> Iterator[dict[str,
         yield features(tokens, segs)
         if not segs.all():
             return
-
-
-def pack_finite(docs: Iterator[np.ndarray], seq_len: int, max_windows: int = 0
-                ) -> list[dict[str, np.ndarray]]:
-    """The first `max_windows` windows of ``iter_windows`` (all when 0)."""
-    return list(itertools.islice(iter_windows(docs, seq_len), max_windows or None))

@@ -37,18 +37,14 @@ class LMData:
     valid_docs: list[str]  # a few validation documents, for greedy samples
 
 
-def _paths(spec: str, setting: str = "data.corpus") -> list[str]:
-    return resolve_paths(spec, setting)
-
-
 def load_documents(cfg: DataConfig) -> tuple[list[str], list[str]]:
     """(train documents, validation documents) as the config describes them."""
     if cfg.corpus == "grammar":
         docs = grammar.corpus_texts(cfg.grammar_docs, seed=cfg.grammar_seed)
     else:
-        docs = read_corpus(_paths(cfg.corpus))
+        docs = read_corpus(resolve_paths(cfg.corpus, "data.corpus"))
     if cfg.valid:
-        return docs, read_corpus(_paths(cfg.valid, "data.valid"))
+        return docs, read_corpus(resolve_paths(cfg.valid, "data.valid"))
     return split_documents(docs, cfg.valid_fraction, seed=cfg.valid_seed)
 
 

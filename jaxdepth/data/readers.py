@@ -5,8 +5,10 @@ find.
 """
 from __future__ import annotations
 
+import glob
 import gzip
 import json
+import os
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -116,7 +118,7 @@ def iter_documents(path: str | Path, fmt: str = "auto", *, start_line: int = 1,
     by blank lines), chosen by `fmt` ("auto": by suffix), optionally gzipped. Errors name the
     file and line."""
     path = Path(path)
-    jsonl = is_jsonl(path) if fmt == "auto" else fmt == "jsonl"
+    jsonl = _is_jsonl(path) if fmt == "auto" else fmt == "jsonl"
     with text_lines(path) as lines:
         for _ in range(start_line - 1):  # skipped lines are only decompressed, never parsed
             if next(lines, None) is None:
@@ -136,7 +138,7 @@ def read_jsonl(path: str | Path, field: str = "text") -> list[str]:
     return [d for _, d in iter_documents(path, "jsonl", field=field)]
 
 
-def is_jsonl(path: Path) -> bool:
+def _is_jsonl(path: Path) -> bool:
     suffix = path.suffixes[-2] if path.suffix == ".gz" and len(path.suffixes) > 1 else path.suffix
     return suffix in (".jsonl", ".json")
 
@@ -150,11 +152,7 @@ def read_corpus(paths: Sequence[str | Path], fmt: str = "auto") -> list[str]:
     if fmt not in ("auto", "jsonl", "text"):
         raise ValueError(f"unknown corpus format {fmt!r}; expected 'auto', 'jsonl' or 'text'")
     paths = [Path(p) for p in paths]
-    docs: list[str] = []
-    for path in paths:
-        jsonl = is_jsonl(path) if fmt == "auto" else fmt == "jsonl"
-        docs.extend(read_jsonl(path) if jsonl else read_text(path))
-    docs = [d for d in docs if d.strip()]
+    docs = [d for path in paths for _, d in iter_documents(path, fmt) if d.strip()]
     if not docs:
         names = ", ".join(str(p) for p in paths) or "(no paths given)"
         raise DataError(f"empty corpus: no non-empty document in {names}")
@@ -171,9 +169,8 @@ def resolve_paths(spec: str, setting: str) -> list[str]:
         if not entry:
             continue
         path = Path(entry)
-        if any(c in entry for c in "*?["):
-            found = sorted(str(p) for p in Path(path.anchor or ".").glob(
-                str(path.relative_to(path.anchor)) if path.anchor else entry) if p.is_file())
+        if any(c in entry for c in "*?["):  # a glob
+            found = sorted(p for p in glob.glob(entry) if os.path.isfile(p))
             if not found:
                 raise FileNotFoundError(f"{setting}: no file matches {entry!r}")
         elif path.is_dir():

@@ -36,7 +36,7 @@ _INANIMATE = frozenset(g.INANIMATE_NOUNS)
 _NAMES = frozenset(g.NAMES)
 _PREPS = frozenset(g.PREPOSITIONS)
 _ADJS = frozenset(g.ADJECTIVES)
-_BE = {form: key for key, form in g._BE.items()}  # "was" -> ("past", "sg")
+_BE = {form: key for key, form in g.BE_FORMS.items()}  # "was" -> ("past", "sg")
 
 
 def _verb_forms(lemmas: Sequence[str]) -> dict[str, set[tuple[str, str]]]:
@@ -117,13 +117,13 @@ class _Parser:
             yield i + 1
 
     def clause(self, i: int) -> Iterator[int]:
+        animate_ends = {end for end, _ in self.np(i, "animate")}
         for j, number in self.np(i, "any"):
             if j == _MORE:
                 yield _MORE
                 continue
-            animate = any(True for end, _ in self.np(i, "animate") if end == j)
             yield from self.verb_then(j, number, _UNACC)
-            if animate:
+            if j in animate_ends:
                 yield from self.verb_then(j, number, _UNERG)
                 for k in self.verb_then(j, number, _TRANS):
                     yield from (e for e, _ in self.np(k, "any")) if k != _MORE else (_MORE,)

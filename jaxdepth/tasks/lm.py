@@ -178,10 +178,10 @@ def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def _continue(model: DecoderLM, tokenizer, docs: list[str], max_new: int, key=None
+def _continue(model: DecoderLM, tokenizer, docs: list[str], max_new: int, key
               ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, continuation ids up to and with its EOS) for each document: the prompt
-    is the first half of its first 12 tokens; greedy, or sampled with `key`."""
+    """(prompt ids, continuation ids sampled with `key`, up to and with its EOS) for each
+    document: the prompt is the first half of its first 12 tokens."""
     prompts = [tokenizer.encode(d)[:12] for d in docs if d.strip()]
     prompts = [p[: max(1, len(p) // 2)] for p in prompts]
     if not prompts:
@@ -191,9 +191,7 @@ def _continue(model: DecoderLM, tokenizer, docs: list[str], max_new: int, key=No
         arr[i, :len(p)] = p
     out = np.asarray(generate(model, jnp.asarray(arr),
                               jnp.asarray([len(p) for p in prompts], jnp.int32), max_new, key=key))
-    conts = []
-    for o in out.tolist():
-        conts.append(o[:o.index(EOS_ID) + 1] if EOS_ID in o else o)
+    conts = [o[:o.index(EOS_ID) + 1] if EOS_ID in o else o for o in out.tolist()]
     return list(zip(prompts, conts))
 
 
