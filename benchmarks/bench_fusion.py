@@ -27,11 +27,15 @@ The steps above are the uncached ones (``fusion.cache=false``: FE reruns the fro
 every step). ``--unit`` instead times one few-shot FE unit end to end, as ``train.py`` runs it
 (data, tokenizer, compilation, steps, evaluations), with the backbone states cached
 (``fusion.cache``, tasks/state_cache.py) and without, and checks that both give the same F1 at
-every evaluation (target: cached >= 5x faster).
+every evaluation (target: cached >= 5x faster). ``--grid`` times the FE half of the miniature
+few-shot experiment (``fusion_fewshot all --preset miniature --modes fe``, 40 units in one
+process each way) cached and uncached on one pretrained backbone, and checks that every
+unit's results agree (target: cached >= 3x faster).
 
     python benchmarks/bench_fusion.py                     # d 256, 4 layers, T 64, B 16, P 16
     python benchmarks/bench_fusion.py --hf /path/to/bert-base-cased --seq-len 128 --batch 8
     python benchmarks/bench_fusion.py --unit --ner-dir data/wikiann/en --hf models/all-MiniLM-L6-v2
+    python benchmarks/bench_fusion.py --grid --ner-dir data/wikiann/en   # pretrains its backbone
 """
 from __future__ import annotations
 
@@ -63,6 +67,7 @@ METHODS = ("base", "base+n", "concat", "dwatt")
 MODES = ("fe", "ft")
 DWATT_TARGET = 1.10  # t(FE dwatt) / t(FE base) <= this
 UNIT_TARGET = 5.0  # t(uncached FE unit) / t(cached FE unit) >= this
+GRID_TARGET = 3.0  # t(uncached FE grid) / t(cached FE grid) >= this
 CACHE_ORDER = (True, False)
 BACKBONE_PATHS = ("backbone_forward", "backbone_value_and_grad")
 
@@ -192,9 +197,19 @@ def main(argv: list[str] | None = None) -> dict:
     u.add_argument("--steps", type=int, default=300)
     u.add_argument("--eval-every", type=int, default=50)
     u.add_argument("--eval-max", type=int, default=500, help="dev/test sentences scored")
+    g = p.add_argument_group("--grid: the FE half of the miniature few-shot grid, cached vs not")
+    g.add_argument("--grid", action="store_true")
+    g.add_argument("--backbone", default="", help="a pretrained run or HF directory for --grid; "
+                   "empty: the experiment's miniature pretraining, once, untimed")
+    g.add_argument("--workdir", default="", help="where --grid runs (kept); default: a temporary "
+                   "directory")
+    g.add_argument("--grid-extra", default="", help="more fusion_fewshot arguments for --grid, "
+                   "e.g. \"--methods base dwatt --shots 8 --trials 1\"")
     args = p.parse_args(argv)
     if args.unit:
         return unit_benchmark(args)
+    if args.grid:
+        return grid_benchmark(args)
     args.methods = [m for m in METHODS if m in {"base", "dwatt", *args.methods}]
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
@@ -254,6 +269,66 @@ def unit_benchmark(args) -> dict:
           f"{runs['cached']['wall_s']:.1f} s: {speedup:.2f}x (target >= {UNIT_TARGET}: "
           f"{'met' if speedup >= UNIT_TARGET else 'MISSED'}); same F1 at every evaluation: {same}")
     print(f"wrote {write_json(args.out, res)}")
+    return res
+
+
+def _grid_units(results: Path) -> dict:
+    """(method, N, trial) -> (best dev F1, test F1 there, best step) of a grid's units."""
+    out = {}
+    for line in results.read_text().splitlines():
+        r = json.loads(line)
+        out[f"{r['method']} N={r['n_shot']} trial={r['seed']}"] = (
+            r["best_dev_f1"], r["test_f1"], r["best_step"])
+    return out
+
+
+def grid_benchmark(args) -> dict:
+    """Wall time of `fusion_fewshot all --preset miniature --modes fe` with the backbone's
+    states cached and without (each in a fresh process, as a user runs it); every unit's
+    best dev F1, test F1 and best step must agree."""
+    import shlex
+    import subprocess
+    import sys
+
+    if not args.ner_dir:
+        raise SystemExit("--grid needs --ner-dir (a WikiAnn or CoNLL-2003 directory)")
+    tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench_fusion_grid_")
+    work = Path(args.workdir or tmp.name)
+    base = [sys.executable, "-m", "jaxdepth.experiments.fusion_fewshot", "all", "--ner-dir",
+            args.ner_dir, "--preset", "miniature", "--modes", "fe", *shlex.split(args.grid_extra)]
+    backbone = args.backbone
+    if not backbone:  # the miniature pretraining (and one FT unit), untimed
+        subprocess.run(base + ["--out", str(work / "pretrain_only"), "--methods", "base",
+                               "--shots", "8", "--modes", "ft", "--trials", "1"], check=True,
+                       stdout=subprocess.DEVNULL)
+        backbone = str(work / "pretrain_only" / "pretrain")
+    runs = {}
+    for name in ("cached", "uncached"):
+        cmd = base + ["--out", str(work / name), "--backbone", backbone]
+        if name == "uncached":  # one --finetune list (argparse keeps the last one given)
+            cmd = (cmd[:cmd.index("--finetune") + 1] + ["fusion.cache=false"] +
+                   cmd[cmd.index("--finetune") + 1:]) if "--finetune" in cmd else \
+                cmd + ["--finetune", "fusion.cache=false"]
+        out = work / name
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+        units = _grid_units(out / "results.jsonl")
+        runs[name] = {"wall_s": wall, "units": len(units), "results": units}
+        print(f"  {name}: {wall:.1f} s for {len(units)} units", flush=True)
+    speedup = runs["uncached"]["wall_s"] / runs["cached"]["wall_s"]
+    same = runs["uncached"]["results"] == runs["cached"]["results"]
+    res = {"benchmark": "bench_fusion --grid", "ner_dir": args.ner_dir, "backbone": backbone,
+           "command": " ".join(base[1:]), "order": "cached first, then uncached", **runs,
+           "speedup": speedup, "target": GRID_TARGET,
+           "within_target": bool(speedup >= GRID_TARGET), "same_results_every_unit": bool(same),
+           **environment()}
+    print(f"FE half of the miniature grid: uncached {runs['uncached']['wall_s']:.1f} s, cached "
+          f"{runs['cached']['wall_s']:.1f} s: {speedup:.2f}x (target >= {GRID_TARGET}: "
+          f"{'met' if speedup >= GRID_TARGET else 'MISSED'}); same results in every unit: {same}")
+    print(f"wrote {write_json(args.out, res)}")
+    if tmp is not None:
+        tmp.cleanup()
     return res
 
 

@@ -34,19 +34,36 @@ def test_logits_at_the_slots_in_use_do_not_change(method, mode):
     used = positions > 0
     key = jax.random.key(3)  # dropout on: the masks must be the same draws
     logits = eqx.filter_jit(lambda m, n: m(tokens, None, mask, positions, key=key, n_active=n))
-    full = np.asarray(logits(model, 0))
-    for n_active in (int(words.sum()), int(words.sum()) + 5):
-        some = np.asarray(logits(model, n_active))
-        np.testing.assert_allclose(some[used], full[used], rtol=1e-6, atol=1e-6)
+    n = int(words.sum())
+    some = np.asarray(logits(model, n))
+    # a larger bound only adds padding: the dropout masks are drawn per slot, so they do
+    # not move with the packing
+    np.testing.assert_allclose(np.asarray(logits(model, n + 5)), some, rtol=1e-6, atol=1e-6)
+    # without dropout the packed path is the full one at every slot in use
+    plain = eqx.filter_jit(lambda m, n: m(tokens, None, mask, positions, n_active=n))
+    np.testing.assert_allclose(np.asarray(plain(model, n))[used],
+                               np.asarray(plain(model, 0))[used], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(some[used], np.asarray(plain(model, n))[used], atol=1e-3)  # dropout acts
     # too small a bound drops slots in use (it is the caller's to give a true bound)
-    short = np.asarray(logits(model, 2))
-    assert not np.allclose(short[used], full[used], atol=1e-3)
-    # cached states: the same slots, the same numbers
+    short = np.asarray(plain(model, 2))
+    assert not np.allclose(short[used], np.asarray(plain(model, 0))[used], atol=1e-3)
+    # cached states, packed word by word by a WordCache: the same slots, the same numbers
+    # and the same dropout masks (drawn per slot, not per packed position)
     if mode == "fe":
+        from jaxdepth.tasks.state_cache import WordCache, fill
+
         states = eqx.filter_jit(lambda m: m.frozen_states(tokens, None, mask, positions))(model)
-        cached = np.asarray(eqx.filter_jit(lambda m, s: m.logits_from_states(
-            s, mask, positions, key=key, n_active=int(words.sum())))(model, states))
-        np.testing.assert_allclose(cached[used], full[used], rtol=1e-6, atol=1e-6)
+        cache = WordCache(positions)
+        fill(cache, model, {"tokens": tokens, "segments": np.zeros_like(tokens),
+                            "mask": mask.astype(np.int32), "positions": positions},
+             B, jax.ShapeDtypeStruct(states.shape[1:], states.dtype), None)
+        n = int(words.sum())
+        packed, slots = cache.pack(np.arange(B), first_row=0, accum=1, micro_rows=B,
+                                   per_micro=n + 3)
+        cached = np.asarray(eqx.filter_jit(lambda m, w, s: m.logits_from_words(
+            w, s, positions, key=key))(model, packed, slots))
+        np.testing.assert_allclose(cached[used], some[used], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(cached[~used], 0.0)
 
 
 def test_train_bound_holds_for_every_batch_the_trainer_draws():

@@ -74,3 +74,28 @@ def test_ratios_are_recomputed_from_times(result):
         assert r["within_target"] == (diff >= bwd)
     assert c["ft_minus_fe_all_within_target"] == all(
         c["ft_minus_fe"][m]["within_target"] for m in METHODS)
+
+
+def test_grid_mode_times_both_ways_and_compares_every_unit(tmp_path, shared_data):
+    """--grid on a two-unit grid over a tiny pretrained encoder (the shared WikiAnn): the
+    cached and uncached grids give the same results in every unit, and the reported speedup
+    is the ratio of the reported wall times."""
+    ner = shared_data / "wikiann" / "en"
+    out = tmp_path / "grid.json"
+    res = bench_fusion.main([
+        "--grid", "--ner-dir", str(ner), "--workdir", str(tmp_path / "work"), "--out", str(out),
+        "--grid-extra", "--methods base dwatt --shots 8 --trials 1 --pretrain run.steps=4 "
+        "model.n_layers=1 model.d_model=32 model.d_ff=64 model.vocab_size=600 "
+        "--finetune run.steps=4 run.eval_every=2 task.eval_max=20"])
+    disk = json.loads(out.read_text())
+    assert disk["cached"]["units"] == disk["uncached"]["units"] == 2
+    assert sorted(disk["cached"]["results"]) == ["base N=8 trial=0", "dwatt N=8 trial=0"]
+    assert disk["same_results_every_unit"] is True
+    assert disk["cached"]["results"] == disk["uncached"]["results"]
+    assert disk["speedup"] == pytest.approx(disk["uncached"]["wall_s"] / disk["cached"]["wall_s"])
+    assert res["within_target"] == (res["speedup"] >= 3.0)
+    # the uncached grid really ran with the cache off, the cached one with it on
+    plans = {n: json.loads((tmp_path / "work" / n / "plan.json").read_text())["finetune"]
+             for n in ("cached", "uncached")}
+    assert plans["uncached"]["fusion.cache"] is False and "fusion.cache" not in plans["cached"]
+    assert plans["cached"]["run.steps"] == plans["uncached"]["run.steps"] == 4

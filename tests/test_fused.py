@@ -493,3 +493,31 @@ def test_base_n_layer_copies_the_backbone_activation_and_eps(arch):
     swapped = copy.copy(layer)
     object.__setattr__(swapped, "activation", other)  # a static field: same weights
     assert not np.allclose(np.asarray(layer(x, mask)), np.asarray(swapped(x, mask)))
+
+
+def test_pretrained_weights_enter_the_sharded_init(ner_dir):
+    """Task.initial_model's weights go into the jitted init (trainer/step.py sharded_init):
+    the state holds them exactly, fresh arrays elsewhere, optimizer moments for them (FT),
+    and every leaf is committed to the state's sharding (else the step compiles twice)."""
+    from jaxdepth.trainer.step import sharded_init
+
+    cfg = ner_cfg(ner_dir, "dwatt", "ft")
+    mesh = make_mesh(cfg.mesh)
+    tx = make_optimizer(cfg.optim, cfg.run.steps)
+    task = task_for(cfg)
+    abstract, sh = state_shardings(cfg, tx, mesh, task)
+    fresh = init_state(cfg, tx, task)
+    backbone = randomize(fresh.model.backbone, seed=7)  # stands for pretrained weights
+    state = sharded_init(cfg, tx, mesh, task, sh,
+                         eqx.tree_at(lambda m: m.backbone, abstract.model, backbone))
+    for got, want in zip(arrays(state.model.backbone), arrays(backbone)):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(arrays(fusion_and_head(state.model)), arrays(fusion_and_head(fresh.model))):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(arrays(backbone)[0], arrays(fresh.model.backbone)[0])
+    want = eqx.tree_at(lambda m: m.backbone, fresh.model, backbone)
+    want_opt = tx.init(eqx.filter(want, task.trainable(want)))
+    for got, w in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(want_opt)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(w), rtol=1e-6, atol=1e-7)
+    placed = jax.tree.map(lambda s, x: x.sharding.is_equivalent_to(s, x.ndim), sh, state)
+    assert all(jax.tree.leaves(placed))

@@ -55,8 +55,13 @@ def test_memory_mapped_cache_and_resume(ner_dir, tmp_path, capsys, uncached_dwat
     assert "memory-mapped under" in capsys.readouterr().out
     files = sorted(p.name for p in (run / "cache").iterdir())
     assert files == ["dev.process0.npy", "test.process0.npy", "train.process0.npy"]
+    from jaxdepth.tasks.ner import NERTask
+
+    task = NERTask(_ner_cfg(run, ner_dir, fusion={"method": "dwatt", "mode": "fe"}))
+    task.prepare(run, primary=False, barrier=lambda: None)
+    words = int((task.arrays["train"]["positions"] > 0).sum())  # the 40 sentences' words
     rows = np.load(run / "cache" / "train.process0.npy", mmap_mode="r")
-    assert rows.shape[0] == 40 and rows.dtype == np.float32
+    assert rows.shape[0] == words > 40 and rows.ndim == 3 and rows.dtype == np.float32
     resumed = _run(run, ner_dir, "dwatt", cache_mib=0)
     _same_training(uncached_dwatt, resumed)
 
@@ -67,3 +72,172 @@ def test_a_cache_read_before_the_model_is_ready_is_an_error():
     assert len(cache) == 3
     with pytest.raises(RuntimeError, match="before the model was ready"):
         cache[np.array([0, 2])]
+
+
+# --- the pieces, on a small random backbone -------------------------------------------------
+
+def _small_model(method):
+    import jax
+
+    from jaxdepth.config import EncoderConfig
+    from jaxdepth.models.encoder import Encoder
+    from jaxdepth.models.fused import FusedModel
+
+    enc = EncoderConfig(vocab_size=50, d_model=32, n_layers=3, n_heads=2, d_ff=64,
+                        max_positions=64, dropout=0.1)
+    return FusedModel(Encoder(enc, key=jax.random.key(1)), method=method, mode="fe",
+                      n_labels=5, key=jax.random.key(2))
+
+
+def _sentences(n=11, T=64, P=12, seed=0):
+    """Sentences of 3..60 pieces; each labels its first pieces' word slots."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(3, 61, n)
+    lengths[0] = 60  # one long sentence, as a real split has
+    mask = (np.arange(T)[None] < lengths[:, None]).astype(np.int32)
+    tokens = np.where(mask, rng.integers(5, 50, (n, T)), 0).astype(np.int32)
+    positions = np.zeros((n, P), np.int32)
+    for i, length in enumerate(lengths):
+        w = int(rng.integers(0, min(P, length - 2) + 1))
+        positions[i, :w] = np.sort(rng.choice(np.arange(1, length - 1), w, replace=False))
+    return {"tokens": tokens, "segments": np.zeros_like(tokens), "mask": mask,
+            "positions": positions}
+
+
+def _filled(method, arrays, by_length, batch=4):
+    import jax
+
+    from jaxdepth.tasks import state_cache as sc
+
+    model = _small_model(method)
+    spec = sc.row_spec(model, arrays)
+    cache = sc.StateCache(len(arrays["tokens"])) if method == "base+n" else \
+        sc.WordCache(arrays["positions"])
+    sc.fill(cache, model, arrays, batch, spec, None, by_length)
+    return cache, model, spec
+
+
+@pytest.mark.parametrize("method", ["dwatt", "base+n"])
+def test_states_filled_by_length_equal_full_width_ones(method):
+    """Batches cut to their width give the full-width states to float rounding (1e-5) at
+    every position a sentence has, and zeros past the width for Base+n's rows."""
+    arrays = _sentences()
+    full, _, _ = _filled(method, arrays, by_length=False)
+    cut, _, _ = _filled(method, arrays, by_length=True)
+    if method == "base+n":
+        real = arrays["mask"].astype(bool)
+        np.testing.assert_allclose(cut.array[real], full.array[real], rtol=1e-5, atol=1e-5)
+    else:
+        assert cut.words.shape == full.words.shape == (int((arrays["positions"] > 0).sum()), 3, 32)
+        np.testing.assert_allclose(cut.words, full.words, rtol=1e-5, atol=1e-5)
+
+
+def test_word_cache_holds_each_words_states_in_slot_order():
+    import equinox as eqx
+
+    arrays = _sentences()
+    cache, model, _ = _filled("dwatt", arrays, by_length=False)
+    states = np.asarray(eqx.filter_jit(lambda m: m.frozen_states(
+        arrays["tokens"], arrays["segments"], arrays["mask"], arrays["positions"]))(model))
+    for r in range(len(arrays["tokens"])):
+        lo, hi = cache.offsets[r], cache.offsets[r + 1]
+        slots = np.nonzero(arrays["positions"][r] > 0)[0]
+        assert list(cache.slot[lo:hi]) == list(slots)
+        np.testing.assert_allclose(cache.words[lo:hi], np.moveaxis(states[r][:, slots], 1, 0),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_packed_batches_split_into_the_trainers_micro_batches():
+    """Two processes × 2 micro-batches: after the global concatenation and the train step's
+    split (row b -> micro-batch b % accum), micro-batch m holds the words of its rows in row
+    order, with slots into its own [rows, P] grid, then zero padding."""
+    from jaxdepth.tasks.state_cache import WordCache
+
+    P, accum, procs, batch = 5, 2, 2, 8
+    rng = np.random.default_rng(1)
+    counts = rng.integers(0, P + 1, 9)
+    positions = (np.arange(P)[None] < counts[:, None]).astype(np.int32)
+    cache = WordCache(positions)
+    cache.words = np.arange(1, int(counts.sum()) + 1, dtype=np.float32)[:, None, None] * \
+        np.ones((1, 2, 3), np.float32)  # word w's states are all w + 1
+    rows = rng.integers(0, 9, batch)  # the global batch's sentences
+    micro_rows, per_micro = batch // accum, 24  # per process: 12 >= 2 rows of <= 5 words
+    parts = [cache.pack(rows[p * 4:(p + 1) * 4], first_row=p * 4, accum=accum,
+                        micro_rows=micro_rows, per_micro=per_micro // procs)
+             for p in range(procs)]
+    words = np.concatenate([w for w, _ in parts])
+    slots = np.concatenate([s for _, s in parts])
+    split = lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+    for m in range(accum):
+        got_w, got_s = split(words)[m][:, 0, 0], split(slots)[m]
+        want_w, want_s = [], []
+        for p in range(procs):
+            for b in range(p * 4, (p + 1) * 4):
+                if b % accum != m:
+                    continue
+                r = rows[b]
+                lo, hi = cache.offsets[r], cache.offsets[r + 1]
+                want_w += list(range(lo + 1, hi + 1))
+                want_s += [(b // accum) * P + s for s in range(hi - lo)]
+            pad = (per_micro // procs) * (p + 1) - len(want_w)
+            want_w += [0] * pad
+            want_s += [micro_rows * P] * pad
+        assert list(got_w) == want_w and list(got_s) == want_s, m
+    with pytest.raises(ValueError, match="more than its bound of 1 word slots"):
+        cache.pack(np.array([int(np.argmax(counts))]), first_row=0, accum=1, micro_rows=1,
+                   per_micro=1)
+
+
+def test_scored_splits_are_reused_within_a_process_and_only_for_the_same_backbone():
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    from jaxdepth.tasks import state_cache as sc
+
+    arrays = _sentences()
+    model = _small_model("dwatt")
+    spec = sc.row_spec(model, arrays)
+    digest = sc.backbone_digest(model)
+    first, again = sc.WordCache(arrays["positions"]), sc.WordCache(arrays["positions"])
+    sc._REUSED.clear()
+    assert not sc.fill_or_reuse(first, model, arrays, 4, spec, True, digest)
+    assert sc.fill_or_reuse(again, model, arrays, 4, spec, True, digest)
+    assert again.words is first.words and not again.words.flags.writeable
+    # other weights, another split, or other batching: computed afresh
+    moved = eqx.tree_at(lambda m: m.backbone.embed.word_VD, model,
+                        model.backbone.embed.word_VD + jnp.float32(1e-3))
+    assert sc.backbone_digest(moved) != digest
+    other = sc.WordCache(arrays["positions"])
+    assert not sc.fill_or_reuse(other, moved, arrays, 4, spec, True, sc.backbone_digest(moved))
+    assert not np.allclose(other.words, first.words)
+    fewer = {k: v[1:] for k, v in arrays.items()}
+    assert not sc.fill_or_reuse(sc.WordCache(fewer["positions"]), model, fewer, 4, spec, True,
+                                digest)
+    assert not sc.fill_or_reuse(sc.WordCache(arrays["positions"]), model, arrays, 4, spec,
+                                False, digest)
+    # Base+n reads other states from the same backbone
+    assert sc.backbone_digest(_small_model("base+n")) != digest
+    sc._REUSED.clear()
+
+
+def test_drawn_bounds_are_the_largest_micro_batch_and_process_share_drawn():
+    from jaxdepth.data.pipeline import ExampleBatchSource
+    from jaxdepth.tasks.ner import drawn_active_bounds, train_active_bound
+
+    rng = np.random.default_rng(0)
+    for n, batch, accum, procs in ((40, 8, 1, 1), (13, 8, 2, 1), (7, 16, 2, 2), (30, 12, 3, 2)):
+        slots = rng.integers(0, 12, n)
+        steps = 50
+        whole, part = drawn_active_bounds(slots, seed=5, steps=steps, batch=batch, accum=accum,
+                                          processes=procs)
+        src = ExampleBatchSource({"s": slots}, global_batch=batch, seed=5)
+        want_whole = want_part = 0
+        for i in range(steps):
+            s = src[i]["s"]
+            for m in range(accum):
+                want_whole = max(want_whole, int(s[m::accum].sum()))
+                for p in range(procs):
+                    local = np.arange(p * batch // procs, (p + 1) * batch // procs)
+                    want_part = max(want_part, int(s[local[local % accum == m]].sum()))
+        assert (whole, part) == (max(want_whole, 1), max(want_part, 1))
+        assert whole <= train_active_bound(slots, batch // accum, batch)

@@ -82,15 +82,18 @@ def _epoch_permutation(seed: int, epoch: int, n_windows: int) -> np.ndarray:
     return perm
 
 
-def _sample_ids(seed: int, n: int, first: int, count: int) -> np.ndarray:
+def sample_ids(seed: int, n: int, first: int, count: int) -> np.ndarray:
     """Items of global samples first .. first+count-1 when epoch e visits n items in the order
     _epoch_permutation(seed, e, n)."""
-    ids = np.empty(count, dtype=np.int64)
-    # Python ints: i * global_batch may exceed int64, and one slice may span two epochs.
-    for r in range(count):
-        epoch, k = divmod(first + r, n)
-        ids[r] = _epoch_permutation(seed, epoch, n)[k]
-    return ids
+    # Python ints: i * global_batch may exceed int64, and one slice may span epochs.
+    parts, at, end = [], first, first + count
+    while at < end:
+        epoch, k = divmod(at, n)
+        take = min(n - k, end - at)
+        parts.append(_epoch_permutation(seed, epoch, n)[k:k + take])
+        at += take
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+
 
 
 def process_rows(global_batch: int, seed: int, process_index: int,
@@ -156,7 +159,7 @@ class LMBatchSource:
 
     def window_ids(self, i: int) -> np.ndarray:
         """Window indices of this process's rows of global batch i."""
-        return _sample_ids(self.seed, self.n_windows, int(i) * self.global_batch + self.first_row,
+        return sample_ids(self.seed, self.n_windows, int(i) * self.global_batch + self.first_row,
                            self.local_batch)
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
@@ -188,11 +191,15 @@ class ExampleBatchSource:
     def __len__(self) -> int:
         return _INFINITE
 
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+    def rows(self, i: int) -> np.ndarray:
+        """The example indices of this process's rows of global batch i."""
         if not 0 <= i < _INFINITE:
             raise IndexError(f"batch index {i} out of range")
-        ids = _sample_ids(self.seed, self.n, int(i) * self.global_batch + self.first_row,
-                          self.local_batch)
+        return sample_ids(self.seed, self.n, int(i) * self.global_batch + self.first_row,
+                           self.local_batch)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        ids = self.rows(i)
         return {k: v[ids] for k, v in self.arrays.items()}
 
 

@@ -129,10 +129,9 @@ class FusedModel(eqx.Module):
         return jnp.moveaxis(gather_positions(z_LBTD, positions_BP[None]), 0, 1)
 
     def _fuse(self, z, mask_BT: Array | None, positions_BP: Array | None,
-              key: Array | None, n_active: int = 0) -> Array:
+              key: Array | None) -> Array:
         """h from the backbone's states: z_L [B, T, D] for Base+n (its layers attend over the
-        sentence; gathered after), else z [L, B, P or T, D] already at the wanted positions.
-        n_active > 0: DWAtt / Concat run only at the word slots in use (see _fuse_active)."""
+        sentence; gathered after), else z [L, B, P or T, D] already at the wanted positions."""
         if self.method == "base+n":
             mask = jnp.ones(z.shape[:2], bool) if mask_BT is None else mask_BT.astype(bool)
             rate = 0.0 if key is None else self.backbone.dropout_rate
@@ -140,25 +139,10 @@ class FusedModel(eqx.Module):
             return h_BTD if positions_BP is None else gather_positions(h_BTD, positions_BP)
         if self.fusion is None:
             return z[-1]
-        if n_active and positions_BP is not None:
-            return self._fuse_active(z, positions_BP, n_active)
         return self.fusion(z)
 
-    def _fuse_active(self, z_LBPD: Array, positions_BP: Array, n_active: int) -> Array:
-        """DWAtt and Concat act position by position, and a slot past a sentence's words
-        (position 0, [CLS]) is never read. Its h is 0 here instead of being computed: the
-        fusion runs on the first n_active slots in use, which the caller guarantees are
-        all of them (in a few-shot NER set most of the [B, P] slots are padding)."""
-        L, B, P, D = z_LBPD.shape
-        idx_K = jnp.nonzero((positions_BP > 0).reshape(-1), size=n_active, fill_value=B * P)[0]
-        z_LKD = jnp.take(z_LBPD.reshape(L, B * P, D), idx_K, axis=1, mode="clip")
-        h_KD = self.fusion(z_LKD[:, None])[0]
-        h = jnp.zeros((B * P, D), h_KD.dtype).at[idx_K].set(h_KD, mode="drop")
-        return h.reshape(B, P, D)
-
     def features(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
-                 positions_BP: Array | None = None, *, key: Array | None = None,
-                 n_active: int = 0) -> Array:
+                 positions_BP: Array | None = None, *, key: Array | None = None) -> Array:
         """h at positions_BP ([B, P, D]), or at every position ([B, T, D]) when it is None."""
         k_bb, k_fu = split_or_none(key, 2)
         z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT, key=k_bb)
@@ -166,21 +150,53 @@ class FusedModel(eqx.Module):
             return self._fuse(z_LBTD[-1], mask_BT, positions_BP, k_fu)
         if positions_BP is not None:
             z_LBTD = gather_positions(z_LBTD, positions_BP[None])
-        return self._fuse(z_LBTD, mask_BT, positions_BP, k_fu, n_active)
+        return self._fuse(z_LBTD, mask_BT, positions_BP, k_fu)
 
     def __call__(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                  positions_BP: Array | None = None, *, key: Array | None = None,
                  n_active: int = 0) -> Array:
         """Token-classification logits (float32) at positions_BP (or every position).
-        n_active > 0 bounds the word slots in use (positions > 0) in the batch: the fusion
-        runs at those only, and the logits of the slots not in use are not meaningful."""
+        n_active > 0 bounds the word slots in use (positions > 0) in the batch: Base, Concat
+        and DWAtt then run at those only (_packed_logits), and the logits of the other slots
+        are 0."""
         k_feat, k_drop = split_or_none(key, 2)
-        h = self.features(tokens_BT, segments_BT, mask_BT, positions_BP, key=k_feat,
-                          n_active=n_active)
+        if n_active and positions_BP is not None and self.method != "base+n":
+            k_bb, _ = split_or_none(k_feat, 2)
+            z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT, key=k_bb)
+            z_LBPD = gather_positions(z_LBTD, positions_BP[None])
+            L, B, P, D = z_LBPD.shape
+            slots_K = jnp.nonzero((positions_BP > 0).reshape(-1), size=n_active,
+                                  fill_value=B * P)[0]
+            z_LKD = jnp.take(z_LBPD.reshape(L, B * P, D), slots_K, axis=1, mode="fill",
+                             fill_value=0)
+            return self._packed_logits(z_LKD, slots_K, B, P, k_drop)
+        h = self.features(tokens_BT, segments_BT, mask_BT, positions_BP, key=k_feat)
         return self._classify(h, k_drop)
 
+    def _packed_logits(self, z_LKD: Array, slots_K: Array, B: int, P: int,
+                       key: Array | None) -> Array:
+        """Logits [B, P, C] from the states of K word slots packed in slot order (slots_K:
+        their flat index in [B, P]; B * P marks padding, whose states are zeros and whose
+        logits are dropped), 0 at the slots not given. DWAtt and Concat act position by
+        position, and a few-shot NER batch leaves most of its [B, P] slots empty. Dropout
+        is drawn per slot (fold_in(key, slot)), so a slot's mask does not depend on where
+        it was packed: the cached and uncached paths and any process layout agree."""
+        logits_KC = self.word_logits(z_LKD, slots_K, key)
+        out = jnp.zeros((B * P, logits_KC.shape[-1]), jnp.float32)
+        return out.at[slots_K].set(logits_KC, mode="drop").reshape(B, P, -1)
+
+    def word_logits(self, z_LKD: Array, slots_K: Array | None = None,
+                    key: Array | None = None) -> Array:
+        """Logits [K, C] (float32) of K words from their layer states [L, K, D] alone
+        (Base, Concat, DWAtt); dropout (with a key) needs each word's slot id."""
+        h_KD = z_LKD[-1] if self.fusion is None else self.fusion(z_LKD[:, None])[0]
+        if key is not None and self.rate > 0.0:
+            keys_K = jax.vmap(lambda s: jax.random.fold_in(key, s))(slots_K)
+            h_KD = jax.vmap(lambda k, h: dropout(h, self.rate, k))(keys_K, h_KD)
+        return self.head(h_KD).astype(jnp.float32)
+
     def logits_from_states(self, states, mask_BT: Array, positions_BP: Array, *,
-                           key: Array | None = None, n_active: int = 0) -> Array:
+                           key: Array | None = None) -> Array:
         """``__call__``'s logits from ``frozen_states`` (fe only), with the same dropout masks
         for the same key: the keys are split exactly as there."""
         if not self.frozen_backbone:
@@ -188,7 +204,20 @@ class FusedModel(eqx.Module):
         k_feat, k_drop = split_or_none(key, 2)
         _, k_fu = split_or_none(k_feat, 2)
         z = states if self.method == "base+n" else jnp.moveaxis(states, 1, 0)
-        return self._classify(self._fuse(z, mask_BT, positions_BP, k_fu, n_active), k_drop)
+        return self._classify(self._fuse(z, mask_BT, positions_BP, k_fu), k_drop)
+
+    def logits_from_words(self, words_KLD: Array, slots_K: Array, positions_BP: Array, *,
+                          key: Array | None = None) -> Array:
+        """``__call__``'s logits with n_active (fe; Base, Concat, DWAtt) from the frozen
+        states of the words in use alone, packed as there ([K, L, D], slots_K their flat
+        index in [B, P], B * P: padding): the same numbers and dropout masks, without a
+        [B, L, P, D] block per batch."""
+        if not self.frozen_backbone or self.method == "base+n":
+            raise ValueError("logits_from_words needs a frozen backbone (fusion.mode=fe) and "
+                             "a fusion that acts word by word (not base+n)")
+        _, k_drop = split_or_none(key, 2)
+        B, P = positions_BP.shape
+        return self._packed_logits(jnp.moveaxis(words_KLD, 1, 0), slots_K, B, P, k_drop)
 
     def _classify(self, h: Array, key: Array | None) -> Array:
         return self.head(dropout(h, self.rate, key)).astype(jnp.float32)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
+import numpy as np
 from jaxtyping import Array
 
 from ..config import Config, ConfigError
@@ -116,19 +117,24 @@ class FusionTask(TaskBase):
         if not cfg.task.init_from:
             return None
         backbone, head, self.init_step = load_backbone(cfg, mesh)
-        if jax.tree.structure(eqx.filter(backbone, eqx.is_array)) != \
-                jax.tree.structure(eqx.filter(fresh.backbone, eqx.is_array)):
+        if jax.tree.structure(eqx.filter(backbone, _shaped)) != \
+                jax.tree.structure(eqx.filter(fresh.backbone, _shaped)):
             raise ConfigError(f"task.init_from: the backbone in {cfg.task.init_from} does not "
                               f"match the one its config describes")
         model = eqx.tree_at(lambda m: m.backbone, fresh, backbone)
         if head is not None and not self.n_labels:
-            if jax.tree.map(lambda a: a.shape, eqx.filter(head, eqx.is_array)) == \
-                    jax.tree.map(lambda a: a.shape, eqx.filter(fresh.head, eqx.is_array)):
+            if jax.tree.map(lambda a: a.shape, eqx.filter(head, _shaped)) == \
+                    jax.tree.map(lambda a: a.shape, eqx.filter(fresh.head, _shaped)):
                 model = eqx.tree_at(lambda m: m.head, model, head)
             elif jax.process_index() == 0:
                 warn(f"task.init_from: the MLM head of {cfg.task.init_from} does not fit this "
                      f"model's head (other shapes); training starts from a fresh head")
         return model
+
+
+def _shaped(x) -> bool:
+    """An array leaf, concrete or abstract (initial_model sees the abstract fresh model)."""
+    return isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
 
 
 def module_flops(model, trainable_spec, seq_len: int) -> int:

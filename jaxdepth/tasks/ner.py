@@ -25,7 +25,7 @@ import numpy as np
 from ..analysis import seqeval
 from ..config import Config
 from ..data import ner
-from ..data.pipeline import ExampleBatchSource
+from ..data.pipeline import ExampleBatchSource, sample_ids
 from ..trainer.flops import module_flops_per_token
 from ..trainer.losses import softmax_xent as _xent
 from . import state_cache
@@ -37,14 +37,16 @@ log = logging.getLogger(__name__)
 SPLITS = ("dev", "test")
 
 
-def ner_objective(cached: bool = False, n_active: int = 0):
-    """The mean cross-entropy over the batch's labelled words; `cached`: the batch carries the
-    frozen backbone's states instead of running it; `n_active`: a bound on the word slots in
-    use in a micro-batch (FusedModel runs its fusion at those only), 0: every slot."""
+def ner_objective(n_active: int = 0):
+    """The mean cross-entropy over the batch's labelled words; `n_active`: a bound on the word
+    slots in use in a micro-batch (FusedModel runs its fusion at those only), 0: every slot.
+    A batch with "words" (packed word states, state_cache.WordCache) or "states" (Base+n's
+    z_L) carries the frozen backbone's output instead of running it."""
     def objective(model, mb, key, totals):
-        if cached:
-            logits = model.logits_from_states(mb["states"], mb["mask"], mb["positions"], key=key,
-                                              n_active=n_active)
+        if "words" in mb:
+            logits = model.logits_from_words(mb["words"], mb["slots"], mb["positions"], key=key)
+        elif "states" in mb:
+            logits = model.logits_from_states(mb["states"], mb["mask"], mb["positions"], key=key)
         else:
             logits = model(mb["tokens"], mb["segments"], mb["mask"], mb["positions"], key=key,
                            n_active=n_active)
@@ -66,7 +68,31 @@ def _predict(model, tokens, segments, mask, positions, n_active):
 
 @eqx.filter_jit
 def _predict_from_states(model, states, mask, positions, n_active):
-    return jnp.argmax(model.logits_from_states(states, mask, positions, n_active=n_active), -1)
+    return jnp.argmax(model.logits_from_states(states, mask, positions), -1)
+
+
+@eqx.filter_jit
+def _predict_words(model, words_KLD):
+    return jnp.argmax(model.word_logits(jnp.moveaxis(words_KLD, 1, 0)), -1)
+
+
+EVAL_WORDS = 2048  # words per call when scoring packed states: one compilation for any split
+EVAL_ROWS = 128  # sentences per call, at least, when scoring cached Base+n states
+
+
+def _predict_packed(model, cache: state_cache.WordCache) -> np.ndarray:
+    """Tags [n, P] of a split from its packed word states, EVAL_WORDS words per call (a
+    word's logits depend on its states alone; the slots not in use get 0)."""
+    W = int(cache.offsets[-1])
+    pred_W = np.zeros(W, np.int32)
+    for i in range(0, W, EVAL_WORDS):
+        chunk = cache.words[i:i + EVAL_WORDS]
+        pad = np.zeros((EVAL_WORDS - len(chunk), *chunk.shape[1:]), chunk.dtype)
+        pred_W[i:i + len(chunk)] = np.asarray(
+            _predict_words(model, np.concatenate([chunk, pad])))[:len(chunk)]
+    pred = np.zeros((cache.n, cache.width), np.int32)
+    pred[np.repeat(np.arange(cache.n), np.diff(cache.offsets)), cache.slot] = pred_W
+    return pred
 
 
 def slots_in_use(arrays: dict) -> np.ndarray:
@@ -74,14 +100,37 @@ def slots_in_use(arrays: dict) -> np.ndarray:
     return (np.asarray(arrays["positions"]) > 0).sum(1)
 
 
-def train_active_bound(slots: np.ndarray, rows: int) -> int:
-    """The most word slots in use in any batch of `rows` sentences drawn from a split whose
-    sentences use `slots` each. Batches are `rows` consecutive rows of a stream that visits
-    the split epoch by epoch: when `rows` divides the split's size no batch straddles two
-    epochs and a sentence appears at most once; otherwise up to ceil(rows / n) + 1 times."""
-    n = len(slots)
-    times = 1 if n % rows == 0 else -(-rows // n) + 1
+def train_active_bound(slots: np.ndarray, rows: int, batch: int | None = None) -> int:
+    """The most word slots in use in any `rows` sentences of one batch of `batch` (default
+    `rows`; a micro-batch, or a process's share, is a part of a batch) drawn from a split
+    whose sentences use `slots` each. Batches are `batch` consecutive rows of a stream that
+    visits the split epoch by epoch: when `batch` divides the split's size no batch straddles
+    two epochs and a sentence appears at most once; otherwise up to ceil(batch / n) + 1 times."""
+    n, batch = len(slots), batch or rows
+    times = 1 if n % batch == 0 else -(-batch // n) + 1
     return int(max(1, np.sort(np.repeat(slots, times))[::-1][:rows].sum()))
+
+
+_DRAWN_LIMIT = 1 << 24  # rows: past this, the bound over every possible batch is used
+
+
+def drawn_active_bounds(slots: np.ndarray, *, seed: int, steps: int, batch: int, accum: int,
+                        processes: int) -> tuple[int, int] | None:
+    """(most slots in use in any micro-batch, and in any process's part of one) over the
+    batches a run of `steps` steps actually draws: batch i's rows are rows i*batch.. of the
+    seeded epoch-by-epoch stream (data/pipeline.py), so the bound is exact rather than the
+    worst case of train_active_bound, which one long sentence makes ~3x the typical batch
+    (WikiAnn 64-shot: 448 against ~130). None when the run is too long to list its rows."""
+    n, total = len(slots), steps * batch
+    if total > _DRAWN_LIMIT or not total:
+        return None
+    used = np.asarray(slots)[sample_ids(seed, n, 0, total)].reshape(steps, batch)
+    b = np.arange(batch)
+    micro, proc = b % accum, b // (batch // processes)
+    whole = max(int(used[:, micro == m].sum(1).max()) for m in range(accum))
+    part = max(int(used[:, (micro == m) & (proc == p)].sum(1).max())
+               for m in range(accum) for p in range(processes))
+    return max(whole, 1), max(part, 1)
 
 
 def eval_active_bound(slots: np.ndarray, batch: int) -> int:
@@ -110,13 +159,18 @@ def predict_tags(model, arrays: dict, n_words, labels, batch: int,
     last batch is padded so one compile serves all. n_active: the slot bound (eval_active),
     by default this split's own."""
     n = len(arrays["tokens"])
-    cached = "states" in arrays
-    keys = ("states", "mask", "positions") if cached else ("tokens", "segments", "mask", "positions")
-    predict = _predict_from_states if cached else _predict
+    if "words" in arrays:
+        return ner.decode_tags(_predict_packed(model, arrays["words"]), arrays["labels"],
+                               n_words, labels)
+    if "states" in arrays:  # no backbone to run: larger batches only save calls
+        batch = max(batch, EVAL_ROWS)
     if n_active is None:
         n_active = eval_active([arrays], batch)
     preds = []
     for i in range(0, n, batch):
+        keys = ("states", "mask", "positions") if "states" in arrays else \
+            ("tokens", "segments", "mask", "positions")
+        predict = _predict_from_states if "states" in arrays else _predict
         part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
         preds.append(predict(model, *(part[k] for k in keys), n_active))
     pred = np.concatenate([np.asarray(p) for p in preds])[:n]
@@ -163,13 +217,23 @@ class NERTask(FusionTask):
                             split, dropped[split], cfg.data.seq_len)
         self.dropped = dropped
         rows = cfg.data.batch_size // cfg.optim.accum_steps  # one micro-batch
-        self.train_active = compile_size(
-            train_active_bound(slots_in_use(self.arrays["train"]), rows), rows * P)
+        used = slots_in_use(self.arrays["train"])
+        local = rows // jax.process_count()  # a process packs its own rows (WordCache.pack)
+        drawn = drawn_active_bounds(used, seed=cfg.run.seed, steps=cfg.run.steps,
+                                    batch=cfg.data.batch_size, accum=cfg.optim.accum_steps,
+                                    processes=jax.process_count())
+        whole, part = drawn or (train_active_bound(used, rows, cfg.data.batch_size),
+                                train_active_bound(used, local, cfg.data.batch_size))
+        self.train_active = compile_size(whole, rows * P)
+        self.words_per_micro = compile_size(part, local * P)
         self.eval_batch = cfg.task.eval_batch or cfg.data.batch_size
         self.eval_active = eval_active([self.arrays[s] for s in SPLITS], self.eval_batch)
         if self.cached:  # filled by model_ready, before the first batch is read
             for arrays in self.arrays.values():
-                arrays["states"] = state_cache.StateCache(len(arrays["tokens"]))
+                if cfg.fusion.method == "base+n":
+                    arrays["states"] = state_cache.StateCache(len(arrays["tokens"]))
+                else:
+                    arrays["words"] = state_cache.WordCache(arrays["positions"])
         self.init_step = None
         # Every process keeps the curve itself: only process 0 writes evals.jsonl, so another
         # process (another host) reading it at the end could see nothing or half of it. What
@@ -182,30 +246,52 @@ class NERTask(FusionTask):
         if not self.cached:
             return
         spec = state_cache.row_spec(model, self.arrays["train"])
-        row_bytes = int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+        caches = [a.get("words", a.get("states")) for a in self.arrays.values()]
+        if "words" in self.arrays["train"]:  # [W, L, D]: the words in use alone
+            L, _, D = spec.shape
+            size = sum(int(c.offsets[-1]) for c in caches) * L * D
+        else:
+            size = sum(c.n for c in caches) * int(np.prod(spec.shape))
+        size *= np.dtype(spec.dtype).itemsize
         n = sum(len(a["tokens"]) for a in self.arrays.values())
-        on_disk = n * row_bytes > self.cfg.fusion.cache_mib * 2**20  # cache_mib=0: always
+        on_disk = size > self.cfg.fusion.cache_mib * 2**20  # cache_mib=0: always
         where = self.run_dir / "cache"
         if self.primary:
             place = (f"memory-mapped under {where}" if on_disk else "in memory")
             print(f"fusion.mode=fe: caching the frozen backbone's states of {n} sentences "
-                  f"({n * row_bytes / 2**20:.1f} MiB, {place}; fusion.cache_mib="
+                  f"({size / 2**20:.1f} MiB, {place}; fusion.cache_mib="
                   f"{self.cfg.fusion.cache_mib})", flush=True)
         batch = self.cfg.task.eval_batch or self.cfg.data.batch_size
+        reused, digest = [], None if on_disk else state_cache.backbone_digest(model)
         for split, arrays in self.arrays.items():
-            path = where / f"{split}.process{jax.process_index()}.npy" if on_disk else None
-            state_cache.fill(arrays["states"], model, arrays, batch, spec, path)
+            cache = arrays.get("words", arrays.get("states"))
+            # the training split at the width the uncached step feeds the backbone, so that
+            # training is the same bit for bit; the others (scored only) by length
+            by_length = split != "train"
+            if on_disk:
+                path = where / f"{split}.process{jax.process_index()}.npy"
+                state_cache.fill(cache, model, arrays, batch, spec, path, by_length)
+            elif state_cache.fill_or_reuse(cache, model, arrays, batch, spec, by_length, digest):
+                reused.append(split)
+        if reused and self.primary:
+            print(f"fusion.mode=fe: the states of {', '.join(reused)} were computed by an "
+                  f"earlier run in this process (same backbone and sentences): reused",
+                  flush=True)
 
     def dataset(self) -> grain.MapDataset:
-        keep = ("states", "mask", "positions", "labels") if self.cached else \
+        train = self.arrays["train"]
+        where = dict(global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
+                     process_index=jax.process_index(), process_count=jax.process_count())
+        if "words" in train:
+            return grain.MapDataset.source(state_cache.PackedBatchSource(
+                {k: train[k] for k in ("mask", "positions", "labels")}, train["words"],
+                accum=self.cfg.optim.accum_steps, per_micro=self.words_per_micro, **where))
+        keep = ("states", "mask", "positions", "labels") if "states" in train else \
             ("tokens", "segments", "mask", "positions", "labels")
-        return grain.MapDataset.source(ExampleBatchSource(
-            {k: self.arrays["train"][k] for k in keep}, global_batch=self.cfg.data.batch_size,
-            seed=self.cfg.run.seed, process_index=jax.process_index(),
-            process_count=jax.process_count()))
+        return grain.MapDataset.source(ExampleBatchSource({k: train[k] for k in keep}, **where))
 
     def objective(self):
-        return ner_objective(self.cached, self.train_active)
+        return ner_objective(self.train_active)
 
     def flops_per_token(self, model) -> int:
         """With the cache a step never runs the backbone: the fusion module and head only

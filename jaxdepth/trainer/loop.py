@@ -10,7 +10,6 @@ import math
 import time
 from pathlib import Path
 
-import equinox as eqx
 import jax
 from jax.experimental import multihost_utils
 from tqdm import tqdm
@@ -76,11 +75,9 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task):
             barrier("checkpoint_fallback")
             mngr.reload()  # forget the steps moved away (the next saves must not touch them)
         return state, shardings, data_state
-    state = sharded_init(cfg, tx, mesh, task, shardings)
-    model = task.initial_model(mesh, state.model)
-    if model is not None:  # pretrained weights, with this run's run-time options
-        state = eqx.tree_at(lambda s: s.model, state, model)
-    return state, shardings, None
+    # pretrained weights, with this run's run-time options, or None
+    pretrained = task.initial_model(mesh, abstract.model)
+    return sharded_init(cfg, tx, mesh, task, shardings, pretrained), shardings, None
 
 
 def train(cfg: Config, task: Task) -> dict:

@@ -20,9 +20,15 @@ class TrainState(eqx.Module):
     key: Array  # uint32 raw key data; dropout at step s uses fold_in(key, s)
 
 
-def init_state(cfg: Config, tx: optax.GradientTransformation, task: Task) -> TrainState:
+def init_state(cfg: Config, tx: optax.GradientTransformation, task: Task,
+               given=None) -> TrainState:
+    """A fresh state; `given`: a model-shaped pytree whose arrays replace the fresh ones
+    (None leaves stay fresh)."""
     key = jax.random.key(cfg.run.seed)
     model = task.build_model(key=jax.random.fold_in(key, 0))
+    if given is not None:
+        model = jax.tree.map(lambda g, f: f if g is None else g, given, model,
+                             is_leaf=lambda x: x is None)
     params = eqx.filter(model, task.trainable(model))
     return TrainState(jnp.int32(0), model, tx.init(params),
                       jax.random.key_data(jax.random.fold_in(key, 1)))
@@ -40,12 +46,19 @@ def state_shardings(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, t
 
 
 def sharded_init(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, task: Task,
-                 shardings=None) -> TrainState:
-    """A fresh state created directly in its sharded layout (shardings as from state_shardings)."""
+                 shardings=None, pretrained: eqx.Module | None = None) -> TrainState:
+    """A fresh state created directly in its sharded layout (shardings as from state_shardings).
+
+    pretrained: the model with the task's pretrained arrays (Task.initial_model of the abstract
+    model; the leaves it leaves abstract are initialised fresh). They enter the same jitted
+    init, so the fresh weights they replace are dead code XLA drops (a 22M-parameter backbone's
+    random init cost seconds of compile and run), and the state comes out committed to its
+    shardings, as the train step's own outputs are (else the step compiles twice)."""
     if shardings is None:
         _, shardings = state_shardings(cfg, tx, mesh, task)
-    init = eqx.filter_jit(lambda: eqx.filter_shard(init_state(cfg, tx, task), shardings))
-    return init()
+    given = None if pretrained is None else eqx.filter(pretrained, eqx.is_array)
+    init = eqx.filter_jit(lambda g: eqx.filter_shard(init_state(cfg, tx, task, g), shardings))
+    return init(given)
 
 
 def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, shardings,

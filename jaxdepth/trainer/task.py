@@ -38,7 +38,8 @@ class Task(Protocol):
         """Global batches as a function of (seed, step): the training stream."""
 
     def initial_model(self, mesh, fresh: eqx.Module) -> eqx.Module | None:
-        """Pretrained weights placed like `fresh`, or None to start from `fresh`."""
+        """`fresh` (abstract: jax.ShapeDtypeStruct leaves) with the task's pretrained arrays
+        in place of the parts they replace, or None to start from a fresh model."""
 
     def model_ready(self, model: eqx.Module) -> None:
         """The model is initialised or restored; no batch has been read yet. A task may
