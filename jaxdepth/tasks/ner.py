@@ -77,7 +77,6 @@ def _predict_words(model, words_KLD):
 
 
 EVAL_WORDS = 2048  # words per call when scoring packed states: one compilation for any split
-EVAL_ROWS = 128  # sentences per call, at least, when scoring cached Base+n states
 
 
 def _predict_packed(model, cache: state_cache.WordCache) -> np.ndarray:
@@ -162,8 +161,6 @@ def predict_tags(model, arrays: dict, n_words, labels, batch: int,
     if "words" in arrays:
         return ner.decode_tags(_predict_packed(model, arrays["words"]), arrays["labels"],
                                n_words, labels)
-    if "states" in arrays:  # no backbone to run: larger batches only save calls
-        batch = max(batch, EVAL_ROWS)
     if n_active is None:
         n_active = eval_active([arrays], batch)
     preds = []
