@@ -128,8 +128,8 @@ def test_states_filled_by_length_equal_full_width_ones(method):
         real = arrays["mask"].astype(bool)
         np.testing.assert_allclose(cut.array[real], full.array[real], rtol=1e-5, atol=1e-5)
     else:
-        assert cut.words.shape == full.words.shape == (int((arrays["positions"] > 0).sum()), 3, 32)
-        np.testing.assert_allclose(cut.words, full.words, rtol=1e-5, atol=1e-5)
+        assert cut.array.shape == full.array.shape == (int((arrays["positions"] > 0).sum()), 3, 32)
+        np.testing.assert_allclose(cut.array, full.array, rtol=1e-5, atol=1e-5)
 
 
 def test_word_cache_holds_each_words_states_in_slot_order():
@@ -143,7 +143,7 @@ def test_word_cache_holds_each_words_states_in_slot_order():
         lo, hi = cache.offsets[r], cache.offsets[r + 1]
         slots = np.nonzero(arrays["positions"][r] > 0)[0]
         assert list(cache.slot[lo:hi]) == list(slots)
-        np.testing.assert_allclose(cache.words[lo:hi], np.moveaxis(states[r][:, slots], 1, 0),
+        np.testing.assert_allclose(cache.array[lo:hi], np.moveaxis(states[r][:, slots], 1, 0),
                                    rtol=1e-6, atol=1e-6)
 
 
@@ -158,7 +158,7 @@ def test_packed_batches_split_into_the_trainers_micro_batches():
     counts = rng.integers(0, P + 1, 9)
     positions = (np.arange(P)[None] < counts[:, None]).astype(np.int32)
     cache = WordCache(positions)
-    cache.words = np.arange(1, int(counts.sum()) + 1, dtype=np.float32)[:, None, None] * \
+    cache.array = np.arange(1, int(counts.sum()) + 1, dtype=np.float32)[:, None, None] * \
         np.ones((1, 2, 3), np.float32)  # word w's states are all w + 1
     rows = rng.integers(0, 9, batch)  # the global batch's sentences
     micro_rows, per_micro = batch // accum, 24  # per process: 12 >= 2 rows of <= 5 words
@@ -202,14 +202,14 @@ def test_scored_splits_are_reused_within_a_process_and_only_for_the_same_backbon
     sc._REUSED.clear()
     assert not sc.fill_or_reuse(first, model, arrays, 4, spec, True, digest)
     assert sc.fill_or_reuse(again, model, arrays, 4, spec, True, digest)
-    assert again.words is first.words and not again.words.flags.writeable
+    assert again.array is first.array and not again.array.flags.writeable
     # other weights, another split, or other batching: computed afresh
     moved = eqx.tree_at(lambda m: m.backbone.embed.word_VD, model,
                         model.backbone.embed.word_VD + jnp.float32(1e-3))
     assert sc.backbone_digest(moved) != digest
     other = sc.WordCache(arrays["positions"])
     assert not sc.fill_or_reuse(other, moved, arrays, 4, spec, True, sc.backbone_digest(moved))
-    assert not np.allclose(other.words, first.words)
+    assert not np.allclose(other.array, first.array)
     fewer = {k: v[1:] for k, v in arrays.items()}
     assert not sc.fill_or_reuse(sc.WordCache(fewer["positions"]), model, fewer, 4, spec, True,
                                 digest)

@@ -95,7 +95,6 @@ def sample_ids(seed: int, n: int, first: int, count: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
 
 
-
 def process_rows(global_batch: int, seed: int, process_index: int,
                  process_count: int) -> tuple[int, int]:
     """(rows per process, this process's first row) of a global batch split over processes;

@@ -13,6 +13,7 @@ backbone runs once per sentence and training and evaluation read its states from
 from __future__ import annotations
 
 import json
+from functools import partial
 import logging
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def _predict(model, tokens, segments, mask, positions, n_active):
 
 
 @eqx.filter_jit
-def _predict_from_states(model, states, mask, positions, n_active):
+def _predict_from_states(model, states, mask, positions):
     return jnp.argmax(model.logits_from_states(states, mask, positions), -1)
 
 
@@ -85,7 +86,7 @@ def _predict_packed(model, cache: state_cache.WordCache) -> np.ndarray:
     W = int(cache.offsets[-1])
     pred_W = np.zeros(W, np.int32)
     for i in range(0, W, EVAL_WORDS):
-        chunk = cache.words[i:i + EVAL_WORDS]
+        chunk = cache.array[i:i + EVAL_WORDS]
         pad = np.zeros((EVAL_WORDS - len(chunk), *chunk.shape[1:]), chunk.dtype)
         pred_W[i:i + len(chunk)] = np.asarray(
             _predict_words(model, np.concatenate([chunk, pad])))[:len(chunk)]
@@ -161,15 +162,17 @@ def predict_tags(model, arrays: dict, n_words, labels, batch: int,
     if "words" in arrays:
         return ner.decode_tags(_predict_packed(model, arrays["words"]), arrays["labels"],
                                n_words, labels)
-    if n_active is None:
-        n_active = eval_active([arrays], batch)
+    if "states" in arrays:
+        keys, predict = ("states", "mask", "positions"), _predict_from_states
+    else:
+        if n_active is None:
+            n_active = eval_active([arrays], batch)
+        keys = ("tokens", "segments", "mask", "positions")
+        predict = partial(_predict, n_active=n_active)
     preds = []
     for i in range(0, n, batch):
-        keys = ("states", "mask", "positions") if "states" in arrays else \
-            ("tokens", "segments", "mask", "positions")
-        predict = _predict_from_states if "states" in arrays else _predict
         part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
-        preds.append(predict(model, *(part[k] for k in keys), n_active))
+        preds.append(predict(model, *(part[k] for k in keys)))
     pred = np.concatenate([np.asarray(p) for p in preds])[:n]
     return ner.decode_tags(pred, arrays["labels"], n_words, labels)
 
@@ -243,13 +246,7 @@ class NERTask(FusionTask):
         if not self.cached:
             return
         spec = state_cache.row_spec(model, self.arrays["train"])
-        caches = [a.get("words", a.get("states")) for a in self.arrays.values()]
-        if "words" in self.arrays["train"]:  # [W, L, D]: the words in use alone
-            L, _, D = spec.shape
-            size = sum(int(c.offsets[-1]) for c in caches) * L * D
-        else:
-            size = sum(c.n for c in caches) * int(np.prod(spec.shape))
-        size *= np.dtype(spec.dtype).itemsize
+        size = sum(_cache(a).nbytes(spec) for a in self.arrays.values())
         n = sum(len(a["tokens"]) for a in self.arrays.values())
         on_disk = size > self.cfg.fusion.cache_mib * 2**20  # cache_mib=0: always
         where = self.run_dir / "cache"
@@ -261,7 +258,7 @@ class NERTask(FusionTask):
         batch = self.cfg.task.eval_batch or self.cfg.data.batch_size
         reused, digest = [], None if on_disk else state_cache.backbone_digest(model)
         for split, arrays in self.arrays.items():
-            cache = arrays.get("words", arrays.get("states"))
+            cache = _cache(arrays)
             # the training split at the width the uncached step feeds the backbone, so that
             # training is the same bit for bit; the others (scored only) by length
             by_length = split != "train"
@@ -363,6 +360,10 @@ class NERTask(FusionTask):
                                         "prediction": p}) + "\n")
         (directory / "ner.json").write_text(json.dumps(res, indent=2) + "\n")
         return res
+
+
+def _cache(arrays: dict) -> state_cache.StateCache | state_cache.WordCache:
+    return arrays["words"] if "words" in arrays else arrays["states"]
 
 
 def _curve(path: Path) -> list[dict]:

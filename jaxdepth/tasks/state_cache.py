@@ -42,6 +42,9 @@ class StateCache:
     def __len__(self) -> int:
         return self.n
 
+    def nbytes(self, spec: jax.ShapeDtypeStruct) -> int:
+        return self.n * int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+
     def __getitem__(self, rows):
         if self.array is None:
             raise RuntimeError("a state cache was read before the model was ready "
@@ -51,17 +54,23 @@ class StateCache:
 
 class WordCache:
     """A split's packed word states: row r's words are words[offsets[r]:offsets[r + 1]], in
-    slot order; slot[w] is word w's slot in its row. Empty until ``fill_words``."""
+    slot order; slot[w] is word w's slot in its row. ``array`` holds the states [W, L, D];
+    None until ``fill``."""
 
     def __init__(self, positions_NP: np.ndarray):
         used = np.asarray(positions_NP) > 0
         self.n, self.width = used.shape  # sentences, slots per sentence (P)
         self.offsets = np.concatenate([[0], np.cumsum(used.sum(1))]).astype(np.int64)
         self.slot = np.nonzero(used)[1].astype(np.int32)
-        self.words: np.ndarray | None = None
+        self.array: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.n
+
+    def nbytes(self, spec: jax.ShapeDtypeStruct) -> int:
+        """Size of the states of the words alone (spec: one sentence's [L, P, D])."""
+        L, _, D = spec.shape
+        return int(self.offsets[-1]) * L * D * np.dtype(spec.dtype).itemsize
 
     def pack(self, rows, *, first_row: int, accum: int, micro_rows: int,
              per_micro: int) -> tuple[np.ndarray, np.ndarray]:
@@ -71,11 +80,11 @@ class WordCache:
         Micro-batch m's words sit at m, m + accum, ... so the step's split hands each
         micro-batch its own, and processes' blocks concatenate into the same layout; slots
         index the micro-batch's [micro_rows, P] slots, micro_rows * P marking padding."""
-        if self.words is None:
+        if self.array is None:
             raise RuntimeError("a state cache was read before the model was ready "
                                "(Task.model_ready fills it before the first batch)")
         P = self.width
-        words = np.zeros((accum * per_micro, *self.words.shape[1:]), self.words.dtype)
+        words = np.zeros((accum * per_micro, *self.array.shape[1:]), self.array.dtype)
         slots = np.full(accum * per_micro, micro_rows * P, np.int32)
         used = [0] * accum
         for r, row in enumerate(np.asarray(rows)):
@@ -85,9 +94,9 @@ class WordCache:
             k = used[m]
             if k + hi - lo > per_micro:
                 raise ValueError(f"a micro-batch uses more than its bound of {per_micro} word "
-                                 f"slots (tasks/ner.py train_active_bound)")
+                                 f"slots (tasks/ner.py drawn_active_bounds)")
             dst = np.arange(k, k + hi - lo) * accum + m
-            words[dst] = self.words[lo:hi]
+            words[dst] = self.array[lo:hi]
             slots[dst] = (b // accum) * P + self.slot[lo:hi]
             used[m] = k + hi - lo
         return words, slots
@@ -180,26 +189,23 @@ def states_key(backbone: bytes, arrays: dict, by_length: bool) -> str:
 def fill_or_reuse(cache: StateCache | WordCache, model, arrays: dict, batch: int,
                   spec: jax.ShapeDtypeStruct, by_length: bool, backbone: bytes) -> bool:
     """fill() into memory, or the states an earlier run in this process computed for the
-    same key (states_key; backbone: backbone_digest(model)): the frozen backbone is run once per sentence per process, not
-    once per run. Returns whether they were reused."""
+    same key (states_key; backbone: backbone_digest(model)): the frozen backbone runs once
+    per sentence per process, not once per run. Returns whether they were reused."""
     key = states_key(backbone, arrays, by_length)
     if key in _REUSED:
         _REUSED.move_to_end(key)
-        if isinstance(cache, WordCache):
-            cache.words = _REUSED[key]
-        else:
-            cache.array = _REUSED[key]
+        cache.array = _REUSED[key]
         return True
     fill(cache, model, arrays, batch, spec, None, by_length)
-    _REUSED[key] = cache.words if isinstance(cache, WordCache) else cache.array
-    _REUSED[key].flags.writeable = False  # shared by later runs
+    _REUSED[key] = cache.array
+    cache.array.flags.writeable = False  # shared by later runs
     while len(_REUSED) > _REUSED_MAX:
         _REUSED.popitem(last=False)
     return False
 
 
-def fill(cache: StateCache | WordCache, model, arrays: dict, batch: int, spec: jax.ShapeDtypeStruct,
-         path: Path | None, by_length: bool = False) -> None:
+def fill(cache: StateCache | WordCache, model, arrays: dict, batch: int,
+         spec: jax.ShapeDtypeStruct, path: Path | None, by_length: bool = False) -> None:
     """Compute the states of every sentence of `arrays`, `batch` at a time (the last batch
     padded, so one compilation per width serves all), into memory or the .npy file at
     `path`. by_length: batches of similar lengths, each cut to its width (length_buckets);
@@ -218,7 +224,8 @@ def fill(cache: StateCache | WordCache, model, arrays: dict, batch: int, spec: j
     if by_length:
         groups = length_buckets(np.asarray(arrays["mask"]).sum(1), seq_len, batch)
     else:
-        groups = [(np.arange(i, min(i + batch, cache.n)), seq_len) for i in range(0, cache.n, batch)]
+        groups = [(np.arange(i, min(i + batch, cache.n)), seq_len)
+                  for i in range(0, cache.n, batch)]
     for rows, width in groups:
         part = {k: arrays[k][rows] for k in INPUTS}
         part = pad_rows({k: (v if k == "positions" else v[:, :width]) for k, v in part.items()},
@@ -235,7 +242,4 @@ def fill(cache: StateCache | WordCache, model, arrays: dict, batch: int, spec: j
             out[rows] = states
     if path is not None:
         out.flush()
-    if packed:
-        cache.words = out
-    else:
-        cache.array = out
+    cache.array = out
