@@ -331,6 +331,10 @@ class TaskConfig:
     eval_max: int = 0  # evaluations in training score at most this many examples per split
     eval_batch: int = 0  # sequences per decoding batch; 0: data.batch_size
     truncate: bool = False  # cut over-long examples (seqio style) instead of refusing them
+    # Training rows hold several examples, attention kept inside each (seqio pack=True): the
+    # same loss per example, several times the examples per step on short tasks. Dev loss
+    # and decoding stay one example per row.
+    pack: bool = False
     n_shot: int = 0  # ner: train on N * C sentences drawn with task.seed (C entity types); 0: all
 
     def __post_init__(self):

@@ -1,11 +1,14 @@
-"""Prefix-LM features: explicit arrays by hand, the loss ignores the prefix, batching, unk."""
+"""Prefix-LM features: explicit arrays by hand, the loss ignores the prefix, batching, packing,
+unk."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.data.prefix_lm import batch_features, count_unk, prefix_lm_features
+from jaxdepth.config import ModelConfig
+from jaxdepth.data.prefix_lm import batch_features, count_unk, pack_features, prefix_lm_features
 from jaxdepth.data.tasks import Example
 from jaxdepth.data.tokenizer import train_tokenizer
+from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.trainer.losses import lm_loss_sums
 
 
@@ -94,6 +97,70 @@ def test_batch_features(tok):
     assert short["truncated"].tolist() == [1, 0] and short["prefix_len"].tolist() == [4, 10]
     with pytest.raises(ValueError, match="f:1: "):
         batch_features(examples, tok, length=20)
+
+
+def _examples(n, seed):
+    words = "a the cat dog saw owl mat on big small ran sat".split()
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        src = " ".join(rng.choice(words, rng.integers(1, 7)))
+        tgt = " ".join(rng.choice(words, rng.integers(1, 5)))
+        out.append(Example(src, tgt, "in_distribution", i + 1, "f"))
+    return out
+
+
+def test_pack_features_holds_every_example_once_as_its_unpacked_features(tok):
+    examples = _examples(40, 0)
+    p = pack_features(examples, tok, 64, seed=3)
+    n_rows = len(p["inputs"])
+    assert set(p) == {"inputs", "targets", "weights", "segment_ids"}
+    assert p["segment_ids"].dtype == np.int32 and p["weights"].dtype == np.float32
+    seen = []
+    for r in range(n_rows):
+        segs = p["segment_ids"][r]
+        k = segs.max()
+        assert k >= 1 and (segs[segs > 0] == np.sort(segs[segs > 0])).all()  # contiguous
+        assert (p["targets"][r][segs == 0] == 0).all() and (p["weights"][r][segs == 0] == 0).all()
+        for seg in range(1, k + 1):
+            at = segs == seg
+            src = tok.decode(p["targets"][r][at][:int(np.argmax(p["targets"][r][at] == 1))])
+            i = next(j for j, e in enumerate(examples) if e.source == src and j not in seen)
+            seen.append(i)
+            one = prefix_lm_features(tok.encode(examples[i].source), tok.encode(examples[i].target),
+                                     int(at.sum()))
+            for key in ("inputs", "targets", "weights"):
+                np.testing.assert_array_equal(p[key][r][at], one[key])
+    assert sorted(seen) == list(range(40))
+    total = sum(len(tok.encode(e.source)) + len(tok.encode(e.target)) + 2 for e in examples)
+    assert total == int((p["segment_ids"] > 0).sum())
+    assert n_rows <= -(-total // 64) + 1  # best fit leaves at most about one row of room
+    again = pack_features(examples, tok, 64, seed=3)
+    assert all((again[k] == p[k]).all() for k in p)
+    other = pack_features(examples, tok, 64, seed=4)
+    assert any(other[k].shape != p[k].shape or (other[k] != p[k]).any() for k in p)
+    with pytest.raises(ValueError, match="f:"):
+        pack_features(examples + [Example("a " * 40, "cat " * 40, "x", 41, "f")], tok, 64, seed=0)
+
+
+def test_packed_loss_equals_the_unpacked_loss(tok, getkey):
+    """Attention inside segments and a shift-invariant position bias: the summed NLL of a
+    packed batch is that of the same examples one per row. Without segment ids it is not."""
+    examples = _examples(12, 1)
+    model = DecoderLM(ModelConfig(vocab_size=40, d_model=32, n_layers=2, d_ff=64, n_heads=2,
+                                  rel_buckets=8, rel_max_distance=16), key=getkey())
+    one = batch_features(examples, tok, 48)
+    packed = pack_features(examples, tok, 96, seed=0)
+    assert len(packed["inputs"]) < len(examples)
+    nll_one, n_one = lm_loss_sums(model(jnp.asarray(one["inputs"])), jnp.asarray(one["targets"]),
+                                  jnp.asarray(one["weights"]))[1:]
+    logits = model(jnp.asarray(packed["inputs"]), segment_ids_BT=jnp.asarray(packed["segment_ids"]))
+    nll_p, n_p = lm_loss_sums(logits, jnp.asarray(packed["targets"]), jnp.asarray(packed["weights"]))[1:]
+    assert float(n_p) == float(n_one)
+    np.testing.assert_allclose(float(nll_p), float(nll_one), rtol=1e-5)
+    leaky = model(jnp.asarray(packed["inputs"]))  # attends across examples
+    nll_leak = lm_loss_sums(leaky, jnp.asarray(packed["targets"]), jnp.asarray(packed["weights"]))[1]
+    assert abs(float(nll_leak) - float(nll_one)) > 1e-3 * float(nll_one)
 
 
 def test_count_unk_reports_the_unknown_words(tok):

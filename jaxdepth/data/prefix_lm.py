@@ -88,6 +88,56 @@ def batch_features(examples: Sequence[Example], tok: Tokenizer, length: int, *,
     }
 
 
+def pack_features(examples: Sequence[Example], tok: Tokenizer, length: int, seed: int, *,
+                  truncate: bool = False) -> dict[str, np.ndarray]:
+    """Training features with several examples per row (seqio's PrefixLMFeatureConverter with
+    pack=True): `inputs`, `targets`, `weights` and `segment_ids` ([R, length]; segment ids 1, 2,
+    ... per example in a row, 0 on padding).
+
+    Each segment holds exactly the unpacked features of its example (`prefix_lm_features` at
+    the example's own length), so with attention kept inside segments and a relative-position
+    bias, which does not see where a segment starts, its loss equals the unpacked loss. Rows are
+    filled best-fit over a permutation of the examples drawn with `seed`: the packing is a
+    function of (examples, length, seed), and an example's neighbours are not its file
+    neighbours (files are often sorted by type or length).
+    """
+    if not examples:
+        raise ValueError("pack_features needs at least one example")
+    sources = tok.encode_batch([e.source for e in examples])
+    targets = tok.encode_batch([e.target for e in examples])
+    parts = []
+    for e, s, t in zip(examples, sources, targets):
+        n = min(len(s) + len(t) + 2, length)
+        parts.append(prefix_lm_features(s, t, n, tok.eos_id, truncate=truncate, name=e.where))
+    # Best fit: rows by free room; an example goes to the row with the least room that holds it.
+    rows: list[list[int]] = []
+    by_room: list[list[int]] = [[] for _ in range(length + 1)]
+    for i in np.random.default_rng(seed).permutation(len(parts)).tolist():
+        n = len(parts[i]["targets"])
+        room = next((r for r in range(n, length + 1) if by_room[r]), None)
+        if room is None:
+            rows.append([])
+            row, room = len(rows) - 1, length
+        else:
+            row = by_room[room].pop()
+        rows[row].append(i)
+        by_room[room - n].append(row)
+    out = {"inputs": np.zeros((len(rows), length), np.int32),
+           "targets": np.zeros((len(rows), length), np.int32),
+           "weights": np.zeros((len(rows), length), np.float32),
+           "segment_ids": np.zeros((len(rows), length), np.int32)}
+    for r, members in enumerate(rows):
+        at = 0
+        for seg, i in enumerate(members, start=1):
+            f = parts[i]
+            n = len(f["targets"])
+            for k in ("inputs", "targets", "weights"):
+                out[k][r, at:at + n] = f[k]
+            out["segment_ids"][r, at:at + n] = seg
+            at += n
+    return out
+
+
 @dataclass
 class UnkReport:
     """How a tokenizer copes with a task's text. `unknown_words` counts the whitespace words

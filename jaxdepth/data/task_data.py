@@ -17,7 +17,7 @@ import numpy as np
 
 from ..config import ConfigError, TaskConfig
 from .grammar_tasks import make_task
-from .prefix_lm import UnkReport, batch_features, count_unk
+from .prefix_lm import UnkReport, batch_features, count_unk, pack_features
 from .tasks import Example, load_task, split_validation
 from .prepare import run_tokenizer, tokenizer_source
 from .tokenizer import Tokenizer
@@ -26,7 +26,8 @@ from .tokenizer import Tokenizer
 @dataclass
 class TaskData:
     tokenizer: Tokenizer
-    train: dict[str, np.ndarray]  # prefix-LM features of the training split, [N, seq_len]
+    train: dict[str, np.ndarray]  # prefix-LM features of the training split, [rows, seq_len]
+    # (one example per row, or several with segment_ids when task.pack)
     dev: dict[str, np.ndarray]  # the same for the in-distribution dev split (loss)
     splits: dict[str, list[Example]]  # every split, by name
     eval_splits: tuple[str, ...]  # decoded and scored at each evaluation
@@ -71,11 +72,15 @@ def prepare_task_data(task: TaskConfig, tokenizer_path: str, vocab_size: int, se
     unk = count_unk([e for s in ("train", *eval_splits) for e in splits[s]], tok)
     if is_primary:
         (run_dir / "data" / "unk_report.json").write_text(json.dumps(unk_summary(unk), indent=2))
-    features = {s: batch_features(splits[s], tok, seq_len, truncate=task.truncate)
-                for s in ("train", dev)}
     keep = ("inputs", "targets", "weights")
-    return TaskData(tok, {k: features["train"][k] for k in keep},
-                    {k: features[dev][k] for k in keep}, splits, eval_splits, dev, gen, unk)
+    if task.pack:
+        train = pack_features(splits["train"], tok, seq_len, task.seed, truncate=task.truncate)
+    else:
+        train = batch_features(splits["train"], tok, seq_len, truncate=task.truncate)
+        train = {k: train[k] for k in keep}
+    dev_features = batch_features(splits[dev], tok, seq_len, truncate=task.truncate)
+    return TaskData(tok, train, {k: dev_features[k] for k in keep}, splits, eval_splits, dev,
+                    gen, unk)
 
 
 def unk_summary(r: UnkReport) -> dict:

@@ -94,7 +94,9 @@ class PrefixLMTask(DecoderTask):
     def summary(self, model: DecoderLM) -> dict:
         return {"task": self.cfg.task.name, "init_from": self.cfg.task.init_from,
                 "init_step": self.init_step, "unk": unk_summary(self.data.unk),
-                "train_examples": len(self.data.train["inputs"])}
+                "train_examples": len(self.data.splits["train"]),
+                "train_rows": len(self.data.train["inputs"]),
+                "train_fill": float(np.mean(self.data.train["targets"] != 0))}
 
     def report(self, s: dict) -> str:
         scores = ", ".join(f"{k} {s[k]:.3f}" for k in ("id_accuracy", "gen_accuracy", "lexical",
