@@ -194,6 +194,25 @@ def test_kv_cache_ragged_prompts(model, tokens, extend_jit):
                                        rtol=0, atol=1e-5)
 
 
+def test_next_token_equals_extend_by_one(model, tokens, extend_jit):
+    """The per-layer decoding step (generate's loop) against the stacked-cache `extend`:
+    the same logits and the same cache contents, rows at different positions."""
+    lengths = jnp.asarray([3, 6], jnp.int32)
+    cache = model.init_cache(2, 16)
+    _, cache = eqx.filter_jit(prefill)(model, tokens[:, :7], lengths, cache)
+    layers = model.layer_list()
+    caches = tuple((cache.k_LBSNH[i], cache.v_LBSNH[i]) for i in range(CFG.n_layers))
+    tok = tokens[:, 8]
+    want, want_cache = extend_jit(model, tok[:, None], cache)
+    got, got_caches = eqx.filter_jit(lambda m, t, c, p: m.next_token(t, m.layer_list(), c, p))(
+        model, tok, caches, cache.pos_B)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want[:, 0]), rtol=0, atol=1e-5)
+    for i, (k, v) in enumerate(got_caches):
+        np.testing.assert_allclose(np.asarray(k), np.asarray(want_cache.k_LBSNH[i]), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(v), np.asarray(want_cache.v_LBSNH[i]), atol=1e-6)
+    assert len(layers) == CFG.n_layers
+
+
 def naive_greedy(model, prompt, lengths, max_new, eos_id, pad_id=0, key=None):
     """Argmax loop re-running the full forward (no cache) every step; with a key, token i of
     every row is drawn from the batch's last-position logits with fold_in(key, i).

@@ -15,7 +15,8 @@ PLAN = Plan(
               "data.grammar_docs": 1500, "optim.warmup_steps": 2},
     finetune={"run.steps": 6, "run.eval_every": 2, "run.save_every": 6, "data.batch_size": 8,
               "data.seq_len": 128, "optim.name": "adamw", "optim.lr": 3e-3,
-              "task.n_train": 32, "task.n_eval": 4},
+              "task.n_train": 32, "task.n_eval": 4, "task.pack": True},
+    scratch=(1,),
 )
 
 
@@ -36,11 +37,21 @@ def test_sweep_end_to_end(tmp_path):
         summary = json.loads((out / "pretrain" / f"L{d}-s0" / "summary.json").read_text())
         assert r["valid_ppl"] == summary["valid_ppl"] and r["step"] == 12
         assert r["d_ff"] == family[d].d_ff and r["params"] == param_count(family[d])
-    ft = {r["depth"]: r for r in rows if r["kind"] == "finetune"}
+    ft = {r["depth"]: r for r in rows if r["kind"] == "finetune" and r["init"] == "final"}
+    assert sorted(ft) == [1, 2]
     for d, r in ft.items():
         summary = json.loads((out / "finetune" / "passivization" / f"L{d}-s0" / "summary.json").read_text())
         assert r["gen_accuracy"] == summary["gen_accuracy"] and r["init_step"] == 12
         assert r["dev_loss"] == summary["dev_loss"]
+
+    # the from-scratch control: fresh weights, the pretrained run's tokenizer, the same recipe
+    scratch = [r for r in rows if r["kind"] == "finetune" and r["init"] == "scratch"]
+    assert [(r["depth"], r["seed"], r["init_step"]) for r in scratch] == [(1, 0, None)]
+    run = out / "finetune" / "passivization" / "L1-s0-scratch"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["task"]["init_from"] == "" and cfg["task"]["pack"] is True
+    assert ((run / "data" / "tokenizer.model").read_bytes()
+            == (out / "pretrain" / "L1-s0" / "data" / "tokenizer.model").read_bytes())
 
     # matched: first saved checkpoint whose logged perplexity is <= L1's final one
     sweep.matched()
@@ -80,6 +91,7 @@ def test_sweep_end_to_end(tmp_path):
         assert (f"| tiny | {d} | 64 | {family[d].d_ff} | {param_count(family[d]):,} |" in table
                 and f"| {pre[d]['valid_ppl']:.2f} |" in table)
     assert any(str(p).endswith(".png") for p in report.values())
+    assert "fresh weights" in (out / "report" / "table3_scratch.md").read_text()
 
     # reruns are no-ops; another plan for the same directory is refused
     n = len(_jsonl(out / "results.jsonl"))

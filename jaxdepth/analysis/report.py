@@ -83,7 +83,8 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
     (mean ± 95% CI over seeds, of the final pretraining checkpoint), then for each task (sorted)
     generalization accuracy, then for each task in-distribution accuracy, then for each task
     the final in-distribution (dev) loss, all of models
-    fine-tuned from the `init` checkpoint ("final" or "matched"), in percent with one decimal.
+    fine-tuned from `init` ("final" or "matched" checkpoint, or "scratch": fresh weights), in
+    percent with one decimal.
     The CSV holds unformatted numbers (accuracies as fractions), with mean, ci95 and n in
     separate columns; a missing CI (single seed) is blank.
     """
@@ -143,7 +144,9 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
                 cs += _stat_cells(a)
         md_lines.append(md)
         csv_lines.append(cs)
-    caption = (f"Table 3 (fine-tuned from the {init} checkpoint): mean ± 95% CI over seeds; "
+    start = {"final": "the final checkpoint", "matched": "the perplexity-matched checkpoint",
+             "scratch": "fresh weights, a control without pretraining"}.get(init, init)
+    caption = (f"Table 3 (fine-tuned from {start}): mean ± 95% CI over seeds; "
                "perplexity of the final pretraining checkpoint; grammatical = share of its "
                "sampled continuations the embedded grammar's recognizer accepts; accuracies "
                "in %; ID loss = "
@@ -195,7 +198,8 @@ def equal_loss_table(rows: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
 def write_report(results_path: str | Path, out_dir: str | Path) -> dict[str, Path]:
     """Read, dedupe and write every table and figure of the sweep into `out_dir`.
 
-    Writes ``table3.md/.csv`` (init="final"), ``table3_matched.md/.csv`` if matched rows exist,
+    Writes ``table3.md/.csv`` (init="final"), ``table3_matched.md/.csv`` and
+    ``table3_scratch.md/.csv`` if matched or from-scratch rows exist,
     ``equal_loss.md/.csv`` if equal_loss rows exist, ``relative_perplexity.csv``, and per size
     class the PNG figures of `plots` (``fig2_perplexity_vs_depth_<size>.png``, ``fig3_...``,
     ``fig4_...``, ``fig5_...`` when lexical/structural data exist, ``fig6_...`` when matched rows
@@ -217,10 +221,11 @@ def write_report(results_path: str | Path, out_dir: str | Path) -> dict[str, Pat
     md, cs = table3(rows, "final")
     save("table3.md", md)
     save("table3.csv", cs)
-    if has("finetune", init="matched"):
-        md, cs = table3(rows, "matched")
-        save("table3_matched.md", md)
-        save("table3_matched.csv", cs)
+    for init in ("matched", "scratch"):
+        if has("finetune", init=init):
+            md, cs = table3(rows, init)
+            save(f"table3_{init}.md", md)
+            save(f"table3_{init}.csv", cs)
     if "equal_loss" in kinds:
         md, cs = equal_loss_table(rows)
         save("equal_loss.md", md)

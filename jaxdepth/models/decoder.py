@@ -154,6 +154,30 @@ class DecoderLM(Backbone):
         logits = self.logits(self.final_norm(x_BTD))
         return logits, KVCache(k_new, v_new, cache.pos_B + T)
 
+    def layer_list(self) -> list[DecoderBlock]:
+        """The stacked blocks as one module per layer (decoding runs them one by one)."""
+        params, static = eqx.partition(self.blocks, eqx.is_array)
+        return [eqx.combine(jax.tree.map(lambda a: a[i], params), static)
+                for i in range(self.cfg.n_layers)]
+
+    def next_token(self, tok_B: Array, layers: list[DecoderBlock],
+                   caches: tuple[tuple[Array, Array], ...], pos_B: Array
+                   ) -> tuple[Array, tuple[tuple[Array, Array], ...]]:
+        """One decoding step: logits [B, V] of the tokens `tok_B` written at positions pos_B,
+        and every layer's (k, v) cache [B, S, N, H] with them written in. The same numbers as
+        `extend` with T = 1 (tested); the caller checks the cache has room."""
+        S = caches[0][0].shape[1]
+        q_pos_B1 = pos_B[:, None]
+        k_pos_S = jnp.arange(S)
+        bias_BN1S = self.rel_bias(q_pos_B1, k_pos_S).astype(self.compute_dtype)
+        mask_B11S = (k_pos_S[None, None, :] <= q_pos_B1[:, :, None])[:, None]
+        x_B1D = self.embed.astype(self.compute_dtype)[tok_B[:, None]]
+        out = []
+        for layer, (k_c, v_c) in zip(layers, caches):
+            x_B1D, k_c, v_c = layer.decode(x_B1D, bias_BN1S, mask_B11S, k_c, v_c, pos_B)
+            out.append((k_c, v_c))
+        return self.logits(self.final_norm(x_B1D))[:, 0], tuple(out)
+
 
 def prefill(model: DecoderLM, prompt_BT: Array, lengths_B: Array,
             cache: KVCache) -> tuple[Array, KVCache]:
@@ -192,21 +216,27 @@ def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
     logits_BV, cache = prefill(model, prompt_BT, lengths_B, cache)
     out = jnp.full((B, max_new), pad_id, jnp.int32)
     done = jnp.zeros((B,), bool)
+    # One token per step runs the layers one by one, each with its own cache buffer in the
+    # loop carry: XLA then updates every buffer in place, where a scan over the stacked
+    # [L, B, S, N, H] cache copies all of it in and out on every token (2-2.5x slower on CPU,
+    # benchmarks/README.md). The prompt still goes through `extend`'s scan, once.
+    layers = model.layer_list()
+    caches = tuple((cache.k_LBSNH[i], cache.v_LBSNH[i]) for i in range(len(layers)))
 
     def cond(carry):
-        i, _, _, done, _ = carry
+        i, _, _, _, done, _ = carry
         return (i < max_new) & ~jnp.all(done)
 
     def step(carry):
-        i, logits_BV, cache, done, out = carry
+        i, logits_BV, caches, pos_B, done, out = carry
         if key is None:
             tok = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
         else:
             tok = jax.random.categorical(jax.random.fold_in(key, i), logits_BV).astype(jnp.int32)
         out = out.at[:, i].set(jnp.where(done, pad_id, tok))
         done = done | (tok == eos_id)
-        logits_B1V, cache = model.extend(tok[:, None], cache)
-        return i + 1, logits_B1V[:, 0], cache, done, out
+        logits_BV, caches = model.next_token(tok, layers, caches, pos_B)
+        return i + 1, logits_BV, caches, pos_B + 1, done, out
 
-    carry = (jnp.int32(0), logits_BV, cache, done, out)
+    carry = (jnp.int32(0), logits_BV, caches, cache.pos_B, done, out)
     return jax.lax.while_loop(cond, step, carry)[-1]
