@@ -106,3 +106,24 @@ def test_load_errors_name_the_path(tmp_path):
     garbage.write_bytes(b"this is not a protobuf")
     with pytest.raises(ValueError, match=r"garbage\.model is not a SentencePiece model"):
         Tokenizer.load(garbage)
+
+
+def test_bpe_keeps_frequent_symbols_whole_where_unigram_splits_them(tmp_path):
+    """data.tokenizer_type bpe: COGS-like logical forms at a small vocabulary. Unigram spends
+    a lone '▁' piece before every symbol; BPE merges '▁(' and the like into one piece, so the
+    same text is much shorter. run_tokenizer trains the type it is asked for."""
+    from jaxdepth.config import ConfigError, DataConfig
+    from jaxdepth.data.prepare import run_tokenizer
+
+    rng = random.Random(0)
+    lfs = [" ; ".join(f"* {rng.choice(WORDS)} ( x _ {rng.randint(1, 9)} )" for _ in range(3))
+           for _ in range(400)]
+    uni, bpe = train_tokenizer(lfs, 96), train_tokenizer(lfs, 96, "bpe")
+    probe = "* cat ( x _ 3 ) ; * queen ( x _ 1 )"
+    assert bpe.decode(bpe.encode(probe)) == probe
+    assert len(bpe.encode(probe)) < 0.75 * len(uni.encode(probe))
+    assert "▁(" in {bpe.id_to_piece(i) for i in bpe.encode(probe)}
+    run = run_tokenizer(tmp_path, 96, True, texts=lambda: lfs, model_type="bpe")
+    assert run.encode(probe) == bpe.encode(probe)
+    with pytest.raises(ConfigError, match="data.tokenizer_type"):
+        DataConfig(tokenizer_type="wordpiece")

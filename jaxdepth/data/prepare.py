@@ -71,10 +71,11 @@ def tokenizer_source(init_from: str, tokenizer: str) -> tuple[str, str] | None:
 def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lambda: None, *,
                   copy_from: tuple[str, str] | None = None, texts=None,
                   required_chars: str = "", source: str = "the training text",
-                  vocab_field: str = "model.vocab_size") -> Tokenizer:
+                  vocab_field: str = "model.vocab_size", model_type: str = "unigram") -> Tokenizer:
     """The run's tokenizer, ``<run>/data/tokenizer.model``: kept if present (a resumed run),
     else copied from ``copy_from = (path, the setting that named it)`` or trained on
-    ``texts()`` (called only then; `source` names them in errors). Process 0 writes it
+    ``texts()`` (called only then, with SentencePiece's `model_type`; `source` names them in
+    errors). Process 0 writes it
     through a temporary file, so an interrupted run never leaves half a tokenizer; every
     process checks its size."""
     path = run_dir / "data" / "tokenizer.model"
@@ -87,7 +88,7 @@ def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lamb
                 raise FileNotFoundError(f"{setting}: no tokenizer at {src}")
             shutil.copyfile(src, tmp)
         else:
-            train_tokenizer(texts(), vocab_size, required_chars=required_chars,
+            train_tokenizer(texts(), vocab_size, model_type, required_chars=required_chars,
                             source=source, vocab_field=vocab_field).save(tmp)
         tmp.replace(path)
     barrier()
@@ -99,7 +100,7 @@ def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lamb
 def _source_stamp(cfg: DataConfig, vocab_size: int) -> str:
     """What the cached files were built from (window length and batch size do not matter)."""
     fields = ("corpus", "valid", "valid_fraction", "valid_seed", "grammar_docs", "grammar_seed",
-              "tokenizer")
+              "tokenizer", "tokenizer_type")
     return json.dumps({**{f: getattr(cfg, f) for f in fields}, "vocab_size": vocab_size},
                       sort_keys=True)
 
@@ -124,7 +125,7 @@ def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary:
             # The grammar corpus tokenizer also serves its seq2seq tasks (one tokenizer for
             # pretraining and fine-tuning), so it keeps the logical forms' symbols.
             chars = grammar.LF_SYMBOLS if cfg.corpus == "grammar" else ""
-            tok = train_tokenizer(train_docs, vocab_size, required_chars=chars,
+            tok = train_tokenizer(train_docs, vocab_size, cfg.tokenizer_type, required_chars=chars,
                                   source=corpus_name(cfg))
         check_vocab(tok, vocab_size, cfg.tokenizer or str(tok_path))
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -195,7 +196,7 @@ def prepare_streaming(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primar
     copy = (cfg.tokenizer, "data.tokenizer") if cfg.tokenizer else None
     tok = run_tokenizer(run_dir, vocab_size, is_primary, barrier, copy_from=copy,
                         texts=lambda: sample_documents(files, cfg.tokenizer_sample),
-                        source=corpus_name(cfg))
+                        source=corpus_name(cfg), model_type=cfg.tokenizer_type)
     shown: list[str] = []
 
     def tokenized():

@@ -62,13 +62,15 @@ def resolve_eval_splits(cfg: TaskConfig, splits: dict, dev: str, gen: tuple[str,
 
 
 def prepare_task_data(task: TaskConfig, tokenizer_path: str, vocab_size: int, seq_len: int,
-                      run_dir: Path, is_primary: bool, barrier=lambda: None) -> TaskData:
+                      run_dir: Path, is_primary: bool, barrier=lambda: None,
+                      tokenizer_type: str = "unigram") -> TaskData:
     splits, dev, gen = task_splits(task)
     eval_splits = resolve_eval_splits(task, splits, dev, gen)
     tok = run_tokenizer(run_dir, vocab_size, is_primary, barrier,
                         copy_from=tokenizer_source(task.init_from, tokenizer_path),
                         texts=lambda: [t for e in splits["train"] for t in (e.source, e.target)],
-                        source=f"the train split of task {task.name!r}")
+                        source=f"the train split of task {task.name!r}",
+                        model_type=tokenizer_type)
     unk = count_unk([e for s in ("train", *eval_splits) for e in splits[s]], tok)
     if is_primary:
         (run_dir / "data" / "unk_report.json").write_text(json.dumps(unk_summary(unk), indent=2))

@@ -158,4 +158,4 @@ def backbone_words(cfg: Config, run_dir: Path, primary: bool, barrier, texts):
         return words
     return SentencePieceWords(run_tokenizer(
         run_dir, vocab, primary, barrier, copy_from=tokenizer_source(src, cfg.data.tokenizer),
-        texts=texts))
+        texts=texts, model_type=cfg.data.tokenizer_type))

@@ -100,7 +100,8 @@ class MLMCorpus(TaskBase):
             run_dir, vocab, primary, barrier, copy_from=copy_from,
             texts=lambda: [" ".join(doc) for doc in train_docs],
             required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "",
-            source=corpus_name(cfg.data), vocab_field=cfg.vocab_field)
+            source=corpus_name(cfg.data), vocab_field=cfg.vocab_field,
+            model_type=cfg.data.tokenizer_type)
         self._train_docs = train_docs
         self.valid = eval_mlm_batches(tokenize_mlm_documents(valid_docs, self.tokenizer), mlm,
                                       vocab, n_batches=cfg.run.eval_batches or EVAL_BATCHES,

@@ -49,7 +49,8 @@ class PrefixLMTask(DecoderTask):
         cfg = self.cfg
         self.run_dir, self.primary = run_dir, primary
         self.data: TaskData = prepare_task_data(cfg.task, cfg.data.tokenizer, cfg.vocab_size,
-                                                cfg.data.seq_len, run_dir, primary, barrier)
+                                                cfg.data.seq_len, run_dir, primary, barrier,
+                                                cfg.data.tokenizer_type)
         d = self.data
         b = cfg.data.batch_size
         dev = _pad_rows(d.dev, b)

@@ -79,7 +79,7 @@ class ProbeTask(EncoderTask):
             run_dir, cfg.vocab_size, primary, barrier,
             copy_from=tokenizer_source(cfg.task.init_from, cfg.data.tokenizer),
             texts=lambda: grammar.corpus_texts(cfg.data.grammar_docs, seed=cfg.data.grammar_seed),
-            vocab_field=cfg.vocab_field)
+            vocab_field=cfg.vocab_field, model_type=cfg.data.tokenizer_type)
         t = cfg.task
         self.data = make_probe_data(t.name, self.tokenizer, n_train=t.n_train, n_eval=t.n_eval,
                                     seed=t.seed, seq_len=cfg.data.seq_len)
