@@ -198,3 +198,25 @@ def test_real_cogs_fine_tunes_and_scores_a_slice_of_gen(tmp_path, shared_data):
     assert set(s["by_type"]) == {r["type"] for r in rows}
     # COGS has capitals the tokenizer trained on its own train text knows: nothing unknown
     assert s["unk"]["target_unk_tokens"] == 0
+
+
+@pytest.mark.slow
+def test_cogs_cpu_preset_data_on_real_cogs(tmp_path, shared_data):
+    """The pieces of the cogs-cpu recipe on the real data, without training: a BPE tokenizer
+    of the preset's size trained on the train split covers every split, and packing puts
+    several examples in each row with little padding."""
+    from jaxdepth.cli import parse_args
+    from jaxdepth.data.task_data import prepare_task_data
+
+    cfg = parse_args(["--preset", "cogs-cpu", "--task.name", "cogs",
+                      "--task.dir", str(shared_data / "cogs"), "--run.dir", str(tmp_path)])
+    d = prepare_task_data(cfg.task, cfg.data.tokenizer, cfg.vocab_size, cfg.data.seq_len,
+                          tmp_path, True, tokenizer_type=cfg.data.tokenizer_type)
+    assert d.tokenizer.vocab_size == cfg.model.vocab_size == 768
+    assert d.unk.examples_with_unk == 0
+    n = len(d.splits["train"])
+    pieces = int((d.train["segment_ids"] > 0).sum())  # source + target + 2 EOS, every example
+    assert n == 24155 and pieces / n < 60  # unigram at this size: about 88
+    assert len(d.train["inputs"]) < n / 4  # more than four examples per 256-token row
+    assert pieces / d.train["inputs"].size > 0.95
+    np.testing.assert_array_equal(np.unique(d.train["segment_ids"][:, 0]), [1])
