@@ -402,6 +402,26 @@ def test_presets_and_options(model):
         model.embed(jnp.zeros((1, CFG.max_len + 1), jnp.int32), jnp.zeros((1, CFG.max_len + 1), jnp.int32))
 
 
+def test_act_cpu_preset_starts_every_token_at_the_cap():
+    """The act-cpu recipe's starting point: with b_h = -2 a fresh model runs every real token
+    all M iterations (the ponder cost then pulls them down unevenly), where the act-tiny
+    preset's b_h = 0 halts every token within 3. Checked on the presets' own fresh models."""
+    from jaxdepth.config import from_preset
+
+    rng = np.random.default_rng(0)
+    N = {}
+    for name in ("act-cpu", "act-tiny"):
+        cfg = from_preset(name)
+        m = ACTEncoder(cfg.act, key=jax.random.key(0))
+        tokens = rng.integers(6, cfg.act.vocab_size, (4, 32)).astype(np.int32)
+        mask = np.ones((4, 32), bool)
+        N[name] = np.asarray(run_while(m, tokens, np.zeros_like(tokens), mask).N_BT)
+    assert (N["act-cpu"] == 6).all()
+    assert N["act-tiny"].max() <= 3  # p near 0.5: two or three updates pass 1 - eps
+    cpu = from_preset("act-cpu")
+    assert (cpu.act.tau, cpu.act.max_iters, cpu.run.steps, cpu.optim.name) == (1e-4, 6, 1500, "lamb")
+
+
 def test_act_cross_entropy_is_float32_for_bf16_logits():
     """The MLM/SOP cross-entropy of models/act.py upcasts like the LM loss: bf16 logits give
     the float32 loss of the same (bf16-rounded) values, not a bf16 one."""
