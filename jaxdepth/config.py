@@ -725,7 +725,7 @@ def cogs_cpu() -> dict[str, dict]:
         "task": {"pack": True, "eval_max": 500},
         "optim": {"name": "adafactor", "lr": 0.05, "schedule": "cosine", "warmup_steps": 100,
                   "weight_decay": 0.0, "clip_norm": 1.0},
-        "run": {"steps": 3000, "eval_every": 500, "save_every": 500, "samples": 0},
+        "run": {"steps": 1800, "eval_every": 300, "save_every": 300, "samples": 0},
     }
 
 
