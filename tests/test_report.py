@@ -267,3 +267,20 @@ def test_table3_grammatical_column_only_when_measured():
     assert "grammatical (%)" in md and f"60.0 ± {100 * T1 * 0.1:.1f}" in md
     table = list(csv.DictReader(io.StringIO(text)))
     assert [float(t["grammatical_mean"]) for t in table] == pytest.approx([0.3, 0.6, 0.9])
+
+
+def test_table3_scratch_lists_only_the_control_depths():
+    rows = dedupe(make_rows())
+    for s, acc in ((0, 0.70), (1, 0.74)):  # depth 4 only, fine-tuned from fresh weights
+        rows.append({"kind": "finetune", "size_class": "tiny", "depth": 4, "seed": s,
+                     "task": "cogs", "init": "scratch", "init_step": None, "dev_loss": 0.3,
+                     "id_accuracy": 0.9, "gen_accuracy": acc, "lexical": None,
+                     "structural": None})
+    md, text = table3(rows, init="scratch")
+    table = list(csv.DictReader(io.StringIO(text)))
+    assert [int(r["depth"]) for r in table] == [4]
+    assert table[0]["valid_ppl_mean"] == "" and float(table[0]["cogs_gen_mean"]) == pytest.approx(0.72)
+    line = next(ln for ln in md.splitlines() if ln.startswith("| tiny | 4 |"))
+    assert "| 2 |  |" in line and f"72.0 ± {100 * T1 * 0.02:.1f}" in line  # 2 seeds, no ppl
+    assert "not pretrained" in md
+

@@ -102,8 +102,13 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
     idloss = {t: _index(aggregate(rows, "finetune", "dev_loss", by, {**where, "task": t}), by)
               for t in task_list}
     arch = architecture(rows)
+    # Fresh weights were never pretrained: their table lists only the depths fine-tuned that
+    # way, with the seeds of their fine-tunings and no perplexity or grammaticality.
+    pretrained = init != "scratch"
+    if not pretrained:
+        ppl, gram = {}, {}
     models = sorted({(r.get("size_class"), r.get("depth")) for r in rows
-                     if r.get("kind") == "pretrain"
+                     if (pretrained and r.get("kind") == "pretrain")
                      or (r.get("kind") == "finetune" and r.get("init") == init)},
                     key=_sort_key)
 
@@ -128,9 +133,11 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
         info = arch.get(key, {})
         p = ppl.get(key)
         ratio = info.get("ratio")
+        seeds = p["n"] if p else max((a[t][key]["n"] for a in (idacc, gen) for t in task_list
+                                      if key in a[t]), default="")
         md = [key[0], key[1], _fmt_int(info.get("d_model")), _fmt_int(info.get("d_ff")),
               _fmt_int(info.get("params")), "" if ratio is None else f"{ratio:.3f}",
-              "" if p is None else p["n"], "" if p is None else _fmt(p["mean"], p["ci95"], 1, 2)]
+              seeds, "" if p is None else _fmt(p["mean"], p["ci95"], 1, 2)]
         cs = [key[0], key[1], info.get("d_model"), info.get("d_ff"), info.get("params"), ratio]
         cs += _stat_cells(p)
         if gram:
@@ -146,11 +153,11 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
         csv_lines.append(cs)
     start = {"final": "the final checkpoint", "matched": "the perplexity-matched checkpoint",
              "scratch": "fresh weights, a control without pretraining"}.get(init, init)
-    caption = (f"Table 3 (fine-tuned from {start}): mean ± 95% CI over seeds; "
-               "perplexity of the final pretraining checkpoint; grammatical = share of its "
-               "sampled continuations the embedded grammar's recognizer accepts; accuracies "
-               "in %; ID loss = "
-               "final in-distribution (dev) loss per target token.")
+    pretraining = ("perplexity of the final pretraining checkpoint; grammatical = share of its "
+                   "sampled continuations the embedded grammar's recognizer accepts; "
+                   if pretrained else "no perplexity: these models were not pretrained; ")
+    caption = (f"Table 3 (fine-tuned from {start}): mean ± 95% CI over seeds; {pretraining}"
+               "accuracies in %; ID loss = final in-distribution (dev) loss per target token.")
     return _markdown(md_header, md_lines, caption), _csv(csv_header, csv_lines)
 
 

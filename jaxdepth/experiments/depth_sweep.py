@@ -42,7 +42,7 @@ class Plan:
     task_dirs: dict = field(default_factory=dict)  # task -> directory of its published files
     pretrain: dict = field(default_factory=dict)  # "section.field" -> value
     finetune: dict = field(default_factory=dict)
-    # Depths also fine-tuned from fresh weights (first seed, same tokenizer and recipe): the
+    # Depths also fine-tuned from fresh weights (every seed, same tokenizer and recipe): the
     # control that shows what pretraining adds. Rows have init "scratch".
     scratch: tuple[int, ...] = ()
     # Whether `all` runs the perplexity-matched fine-tunings (Fig. 6); `matched` always does.
@@ -179,9 +179,10 @@ class Sweep(PlannedExperiment):
             for depth in p.family:
                 for task in p.tasks:
                     self.finetune(task, depth, seed, "final", 0)
-        for depth in p.scratch:
-            for task in p.tasks:
-                self.finetune(task, depth, p.seeds[0], "scratch", 0)
+        for seed in p.seeds:
+            for depth in p.scratch:
+                for task in p.tasks:
+                    self.finetune(task, depth, seed, "scratch", 0)
 
     def finetune(self, task: str, depth: int, seed: int, init: str, init_step: int) -> dict:
         from ..tasks import train
