@@ -268,7 +268,8 @@ class ACTConfig:
     eps: float = 0.01
     dropout: float = 0.0
     halting: str = "act"  # "act" | "fixed": exactly M iterations, no halting (weight-tied ALBERT)
-    halting_bias_init: float = 0.0  # b_h at init; tests and benchmarks move it to force depths
+    halting_bias_init: float = 0.0  # b_h at init: < 0 starts every token at M (act-cpu); tests
+    # and benchmarks also move it to force depths
     remat: bool = False  # recompute the shared layer on the backward pass instead of storing it
 
     def __post_init__(self):

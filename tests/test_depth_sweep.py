@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jaxdepth.config import ConfigError, depth_family, param_count
-from jaxdepth.experiments.depth_sweep import Plan, Sweep, main
+from jaxdepth.experiments.depth_sweep import Plan, Sweep, main, parse, plan_from_args
 from jaxdepth.trainer.checkpoint import open_manager
 
 PLAN = Plan(
@@ -106,5 +106,12 @@ def test_plan_validation():
         Plan(size="tiny", depths=(5,))
     with pytest.raises(ConfigError, match="tasks"):
         Plan(tasks=("scan",))
+    # a control needs the pretraining run of its depth (its tokenizer comes from there)
+    with pytest.raises(ConfigError, match=r"scratch: \[4\] not among the depths"):
+        plan_from_args(parse(["run", "--out", "x", "--preset", "miniature", "--depths", "1,2"]))
+    args = parse(["run", "--out", "x", "--preset", "miniature", "--depths", "1,2", "--scratch", "2"])
+    assert plan_from_args(args).scratch == (2,)
+    args = parse(["run", "--out", "x", "--preset", "miniature", "--scratch", "none"])
+    assert plan_from_args(args).scratch == ()
     with pytest.raises(FileNotFoundError, match="sweep.json"):
         Sweep.open(__import__("pathlib").Path("/nonexistent-sweep"), None)

@@ -31,6 +31,13 @@ def test_impossible_combinations_are_refused(arch, name):
         kind_of(_cfg(arch, name, dir="x"))
 
 
+@pytest.mark.parametrize("arch, name", [("decoder", ""), ("act", "roles"), ("encoder", "ner")])
+def test_packing_outside_prefix_lm_fine_tuning_is_refused(arch, name):
+    assert kind_of(_cfg("decoder", "cogs", dir="x", pack=True))[0] == "prefix_lm"
+    with pytest.raises(ConfigError, match="task.pack"):
+        kind_of(_cfg(arch, name, dir="x", pack=True))
+
+
 def test_every_registered_kind_reports_and_evaluates_its_checkpoints():
     """train.py prints task.report(summary) and eval.py calls task.evaluate_checkpoint: every
     registered class defines both itself or through a base of its own kind."""

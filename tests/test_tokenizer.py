@@ -125,5 +125,13 @@ def test_bpe_keeps_frequent_symbols_whole_where_unigram_splits_them(tmp_path):
     assert "▁(" in {bpe.id_to_piece(i) for i in bpe.encode(probe)}
     run = run_tokenizer(tmp_path, 96, True, texts=lambda: lfs, model_type="bpe")
     assert run.encode(probe) == bpe.encode(probe)
+    assert (uni.model_type, bpe.model_type, run.model_type) == ("unigram", "bpe", "bpe")
+    # A copied tokenizer is used as it is, and a setting that asks for another type is named.
+    uni.save(tmp_path / "uni.model")
+    with pytest.warns(UserWarning, match="a unigram tokenizer .*copied from task.init_from.*"
+                                         "data.tokenizer_type=bpe"):
+        copied = run_tokenizer(tmp_path / "copy", 96, True, model_type="bpe",
+                               copy_from=(str(tmp_path / "uni.model"), "task.init_from"))
+    assert copied.encode(probe) == uni.encode(probe)
     with pytest.raises(ConfigError, match="data.tokenizer_type"):
         DataConfig(tokenizer_type="wordpiece")

@@ -3,9 +3,10 @@
 A sweep appends one JSON object per line to `results.jsonl`:
 
   * ``kind="pretrain"``: one per (size_class, depth, seed): ``d_model``, ``d_ff``, ``params``,
-    ``valid_ppl``, ``valid_loss``, ``step``.
+    ``valid_ppl``, ``valid_loss``, ``step``, and ``grammatical`` on the embedded grammar.
   * ``kind="finetune"``: one per (size_class, depth, seed, task, init) with ``init`` in
-    {"final", "matched"}: ``id_accuracy``, ``gen_accuracy``, ``lexical``, ``structural`` (the
+    {"final", "matched", "scratch"} (the last: fresh weights, the control without
+    pretraining): ``dev_loss``, ``id_accuracy``, ``gen_accuracy``, ``lexical``, ``structural`` (the
     last two may be None, e.g. GeoQuery).
   * ``kind="equal_loss"``: generalization at the fine-tuning evaluation point where the
     in-distribution loss first reached ``threshold``; ``step`` is None when it never did (those

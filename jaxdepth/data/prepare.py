@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,13 @@ def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lamb
     barrier()
     tok = Tokenizer.load(path)
     check_vocab(tok, vocab_size, str(path), vocab_field)
+    if tok.model_type != model_type:
+        # A copied or resumed tokenizer is used as it is; say so rather than let config.json's
+        # data.tokenizer_type claim an algorithm the run does not use.
+        origin = f"copied from {copy_from[1]}" if copy_from else "kept from an earlier start"
+        warnings.warn(f"{path}: a {tok.model_type} tokenizer ({origin}) is used; "
+                      f"data.tokenizer_type={model_type} applies only to a tokenizer trained "
+                      "by this run", stacklevel=2)
     return tok
 
 

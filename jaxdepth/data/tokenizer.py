@@ -48,6 +48,14 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
 
+    @property
+    def model_type(self) -> str:
+        """The SentencePiece algorithm it was trained with: "unigram", "bpe", "word" or "char"."""
+        from sentencepiece import sentencepiece_model_pb2 as pb
+        proto = pb.ModelProto()
+        proto.ParseFromString(self._proto)
+        return pb.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
+
     pad_id = PAD_ID
     eos_id = EOS_ID
     unk_id = UNK_ID

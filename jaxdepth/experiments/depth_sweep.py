@@ -9,11 +9,11 @@ feed-forward rank, and the paper's tables and figures. One command per step:
     python -m jaxdepth.experiments.depth_sweep all        --out DIR [plan options]
 
 `run` pretrains every depth of a size class for every seed, then fine-tunes each final
-checkpoint on every task. The plan is written to DIR/sweep.json by the first command; later
-commands read it, and a different plan for the same DIR is refused. Every finished unit
+checkpoint on every task, and the plan's `scratch` depths from fresh weights as well. The
+plan is written to DIR/sweep.json by the first command; later commands read it, and a different plan for the same DIR is refused. Every finished unit
 appends one row to DIR/results.jsonl and is skipped when the command runs again; an
 interrupted unit resumes from its own checkpoints. Runs live in DIR/pretrain/L<d>-s<seed>
-and DIR/finetune/<task>/L<d>-s<seed>[-matched].
+and DIR/finetune/<task>/L<d>-s<seed>[-matched|-scratch].
 
 Pretraining evaluates validation perplexity at every checkpoint and keeps every checkpoint,
 since the perplexity-matched comparison picks intermediate ones.
@@ -51,10 +51,15 @@ class Plan:
     def __post_init__(self):
         if self.size not in SIZE_CLASSES:
             raise ConfigError(f"size: unknown size class {self.size!r}; known: {sorted(SIZE_CLASSES)}")
-        bad = [d for d in self.depths + self.scratch if d not in SIZE_CLASSES[self.size].depths]
+        bad = [d for d in self.depths if d not in SIZE_CLASSES[self.size].depths]
         if bad:
             raise ConfigError(f"depths: {bad} not in the {self.size} family "
                               f"{SIZE_CLASSES[self.size].depths}")
+        # A control takes its tokenizer from the pretraining run of its depth and seed.
+        bad = [d for d in self.scratch if d not in self.family]
+        if bad:
+            raise ConfigError(f"scratch: {bad} not among the depths this plan pretrains "
+                              f"{self.family}; set --scratch")
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown:
             raise ConfigError(f"tasks: unknown {unknown}; known: {list(TASKS)}")
@@ -306,6 +311,8 @@ def parse(argv):
     p.add_argument("--depths", help="comma-separated depths (default: the whole family)")
     p.add_argument("--seeds", help="comma-separated seeds")
     p.add_argument("--tasks", help="comma-separated tasks")
+    p.add_argument("--scratch", help="comma-separated depths also fine-tuned from fresh weights "
+                                     "(the control without pretraining); 'none' for none")
     p.add_argument("--task-dir", action="append", default=[], metavar="TASK=DIR",
                    help="where a published task's files are (cogs=..., geoquery=...)")
     p.add_argument("--pretrain", action="append", default=[], metavar="SECTION.FIELD=VALUE")
@@ -316,7 +323,7 @@ def parse(argv):
 
 def plan_from_args(args) -> Plan | None:
     given = any([args.preset, args.size, args.depths, args.seeds, args.tasks, args.task_dir,
-                 args.pretrain, args.finetune])
+                 args.pretrain, args.finetune, args.scratch])
     if not given:
         return None
     base = PLANS[args.preset] if args.preset else Plan()
@@ -329,6 +336,9 @@ def plan_from_args(args) -> Plan | None:
         changes["seeds"] = tuple(int(x) for x in args.seeds.split(","))
     if args.tasks:
         changes["tasks"] = tuple(x.strip() for x in args.tasks.split(","))
+    if args.scratch:
+        changes["scratch"] = (() if args.scratch == "none"
+                              else tuple(int(x) for x in args.scratch.split(",")))
     if args.task_dir:
         changes["task_dirs"] = dict(item.split("=", 1) for item in args.task_dir)
     if args.pretrain:

@@ -23,6 +23,9 @@ def kind_of(cfg: Config) -> tuple[str, dict]:
     """(registered kind, keyword options of its constructor), or ConfigError for a config no
     task can run."""
     arch, name = cfg.model.arch, cfg.task.name
+    if cfg.task.pack and name not in TASKS:  # only prefix-LM fine-tuning has rows to pack
+        raise ConfigError(f"task.pack: packs the examples of prefix-LM fine-tuning (task.name "
+                          f"one of {', '.join(TASKS)}); task.name={name!r} has none to pack")
     if name in FUSION_TASKS:  # any backbone: its shape comes from task.init_from or the config
         return name, {}
     if arch == "encoder":
