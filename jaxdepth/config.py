@@ -743,17 +743,17 @@ def presets() -> dict[str, dict]:
             out[f"{cname}-L{n}"] = over
     out["finetune"] = PAPER_FINETUNING
     out["cogs-cpu"] = cogs_cpu()
-    # ACT with halting that differs by token at CPU scale (README, "Halting that differs by
-    # token"): every token starts at M iterations (b_h = -2, p ~ 0.12) and a small ponder
-    # weight pulls them down unevenly; with b_h = 0 every token locks at N = 2 from the start.
-    out["act-cpu"] = {"model": {"arch": "act"},
-                      "act": {**ACT_PRESETS["tiny"], "tau": 1e-4, "halting_bias_init": -2.0},
-                      "optim": {**ACT_PRETRAINING, "warmup_steps": 100}, "run": {"steps": 1500}}
     for size, act in ACT_PRESETS.items():
         for arch in ("act", "albert", "bert"):
             out[f"{arch}-{size}"] = {
                 "model": {"arch": arch}, "act": dict(act),
                 "optim": {**ACT_PRETRAINING, "warmup_steps": 3125 if size == "base" else 100}}
+    # ACT with halting that differs by token at CPU scale (README, "Halting that differs by
+    # token"): act-tiny where every token starts at M iterations (b_h = -2, p ~ 0.12) and a
+    # small ponder weight pulls them down unevenly; with b_h = 0 every token locks at N = 2.
+    tiny = out["act-tiny"]
+    out["act-cpu"] = {**tiny, "act": {**tiny["act"], "tau": 1e-4, "halting_bias_init": -2.0},
+                      "run": {"steps": 1500}}
     return out
 
 

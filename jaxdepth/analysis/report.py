@@ -93,9 +93,12 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
     by = ("size_class", "depth")
     where = {"init": init}
     task_list = tasks(rows, "finetune", where)
-    ppl = _index(aggregate(rows, "pretrain", "valid_ppl", by), by)
+    # Fresh weights were never pretrained: their table lists only the depths fine-tuned that
+    # way, with the seeds of their fine-tunings and no perplexity or grammaticality.
+    pretrained = init != "scratch"
+    ppl = _index(aggregate(rows, "pretrain", "valid_ppl", by), by) if pretrained else {}
     # syntactic well-formedness of what each pretrained model writes (embedded grammar only)
-    gram = _index(aggregate(rows, "pretrain", "grammatical", by), by)
+    gram = _index(aggregate(rows, "pretrain", "grammatical", by), by) if pretrained else {}
     gen = {t: _index(aggregate(rows, "finetune", "gen_accuracy", by, {**where, "task": t}), by)
            for t in task_list}
     idacc = {t: _index(aggregate(rows, "finetune", "id_accuracy", by, {**where, "task": t}), by)
@@ -103,11 +106,6 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
     idloss = {t: _index(aggregate(rows, "finetune", "dev_loss", by, {**where, "task": t}), by)
               for t in task_list}
     arch = architecture(rows)
-    # Fresh weights were never pretrained: their table lists only the depths fine-tuned that
-    # way, with the seeds of their fine-tunings and no perplexity or grammaticality.
-    pretrained = init != "scratch"
-    if not pretrained:
-        ppl, gram = {}, {}
     models = sorted({(r.get("size_class"), r.get("depth")) for r in rows
                      if (pretrained and r.get("kind") == "pretrain")
                      or (r.get("kind") == "finetune" and r.get("init") == init)},

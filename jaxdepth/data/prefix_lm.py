@@ -68,17 +68,23 @@ def prefix_lm_features(source_ids: Sequence[int], target_ids: Sequence[int], len
             "prefix_len": prefix_len, "truncated": truncated}
 
 
+def _example_features(examples: Sequence[Example], tok: Tokenizer, length_of, truncate: bool,
+                      caller: str) -> list[dict]:
+    """prefix_lm_features of each example, at length ``length_of(source ids, target ids)``."""
+    if not examples:
+        raise ValueError(f"{caller} needs at least one example")
+    sources = tok.encode_batch([e.source for e in examples])
+    targets = tok.encode_batch([e.target for e in examples])
+    return [prefix_lm_features(s, t, length_of(s, t), tok.eos_id, truncate=truncate, name=e.where)
+            for e, s, t in zip(examples, sources, targets)]
+
+
 def batch_features(examples: Sequence[Example], tok: Tokenizer, length: int, *,
                    truncate: bool = False) -> dict[str, np.ndarray]:
     """Stacked features of `examples`: `inputs`, `targets` (int32 [B, length]), `weights`
     (float32 [B, length]), `prefix_len` (int32 [B]) and `truncated` (int32 [B], 1 where the
     example was cut; `batch["truncated"].sum()` counts them)."""
-    if not examples:
-        raise ValueError("batch_features needs at least one example")
-    sources = tok.encode_batch([e.source for e in examples])
-    targets = tok.encode_batch([e.target for e in examples])
-    rows = [prefix_lm_features(s, t, length, tok.eos_id, truncate=truncate, name=e.where)
-            for e, s, t in zip(examples, sources, targets)]
+    rows = _example_features(examples, tok, lambda s, t: length, truncate, "batch_features")
     return {
         "inputs": np.stack([r["inputs"] for r in rows]),
         "targets": np.stack([r["targets"] for r in rows]),
@@ -101,14 +107,8 @@ def pack_features(examples: Sequence[Example], tok: Tokenizer, length: int, seed
     function of (examples, length, seed), and an example's neighbours are not its file
     neighbours (files are often sorted by type or length).
     """
-    if not examples:
-        raise ValueError("pack_features needs at least one example")
-    sources = tok.encode_batch([e.source for e in examples])
-    targets = tok.encode_batch([e.target for e in examples])
-    parts = []
-    for e, s, t in zip(examples, sources, targets):
-        n = min(len(s) + len(t) + 2, length)
-        parts.append(prefix_lm_features(s, t, n, tok.eos_id, truncate=truncate, name=e.where))
+    parts = _example_features(examples, tok, lambda s, t: min(len(s) + len(t) + 2, length),
+                              truncate, "pack_features")
     # Best fit: rows by free room; an example goes to the row with the least room that holds it.
     rows: list[list[int]] = []
     by_room: list[list[int]] = [[] for _ in range(length + 1)]

@@ -10,9 +10,10 @@ feed-forward rank, and the paper's tables and figures. One command per step:
 
 `run` pretrains every depth of a size class for every seed, then fine-tunes each final
 checkpoint on every task, and the plan's `scratch` depths from fresh weights as well. The
-plan is written to DIR/sweep.json by the first command; later commands read it, and a different plan for the same DIR is refused. Every finished unit
-appends one row to DIR/results.jsonl and is skipped when the command runs again; an
-interrupted unit resumes from its own checkpoints. Runs live in DIR/pretrain/L<d>-s<seed>
+plan is written to DIR/sweep.json by the first command; later commands read it, and a
+different plan for the same DIR is refused. Every finished unit appends one row to
+DIR/results.jsonl and is skipped when the command runs again; an interrupted unit resumes
+from its own checkpoints. Runs live in DIR/pretrain/L<d>-s<seed>
 and DIR/finetune/<task>/L<d>-s<seed>[-matched|-scratch].
 
 Pretraining evaluates validation perplexity at every checkpoint and keeps every checkpoint,

@@ -137,11 +137,7 @@ class DecoderLM(Backbone):
         # dynamic_update_slice would silently shift an overflowing write; fail loudly instead.
         tokens_BT = eqx.error_if(tokens_BT, jnp.any(cache.pos_B + T > cache.max_len),
                                  "KV cache overflow: position + new tokens exceeds max_len")
-        q_pos_BT = cache.pos_B[:, None] + jnp.arange(T)[None, :]
-        k_pos_S = jnp.arange(cache.max_len)
-        bias_BNTS = self.rel_bias(q_pos_BT, k_pos_S).astype(self.compute_dtype)
-        mask_BNTS = (k_pos_S[None, None, :] <= q_pos_BT[:, :, None])[:, None]
-        x_BTD = self.embed.astype(self.compute_dtype)[tokens_BT]
+        x_BTD, bias_BNTS, mask_BNTS = self._decode_inputs(tokens_BT, cache.pos_B, cache.max_len)
         blocks = cast_floating(self.blocks, self.compute_dtype)
         params, static = eqx.partition(blocks, eqx.is_array)
 
@@ -154,9 +150,20 @@ class DecoderLM(Backbone):
         logits = self.logits(self.final_norm(x_BTD))
         return logits, KVCache(k_new, v_new, cache.pos_B + T)
 
+    def _decode_inputs(self, tokens_BT: Array, pos_B: Array, S: int):
+        """Embeddings of tokens written at positions pos_B.., with the relative-position bias
+        [B, N, T, S] and causal mask [B, 1, T, S] over S cache slots, built per example (rows
+        may sit at different positions)."""
+        q_pos_BT = pos_B[:, None] + jnp.arange(tokens_BT.shape[1])[None, :]
+        k_pos_S = jnp.arange(S)
+        bias_BNTS = self.rel_bias(q_pos_BT, k_pos_S).astype(self.compute_dtype)
+        mask_B1TS = (k_pos_S[None, None, :] <= q_pos_BT[:, :, None])[:, None]
+        return self.embed.astype(self.compute_dtype)[tokens_BT], bias_BNTS, mask_B1TS
+
     def layer_list(self) -> list[DecoderBlock]:
-        """The stacked blocks as one module per layer (decoding runs them one by one)."""
-        params, static = eqx.partition(self.blocks, eqx.is_array)
+        """The stacked blocks as one module per layer, in the compute dtype as `extend` runs
+        them (decoding runs them one by one)."""
+        params, static = eqx.partition(cast_floating(self.blocks, self.compute_dtype), eqx.is_array)
         return [eqx.combine(jax.tree.map(lambda a: a[i], params), static)
                 for i in range(self.cfg.n_layers)]
 
@@ -166,12 +173,8 @@ class DecoderLM(Backbone):
         """One decoding step: logits [B, V] of the tokens `tok_B` written at positions pos_B,
         and every layer's (k, v) cache [B, S, N, H] with them written in. The same numbers as
         `extend` with T = 1 (tested); the caller checks the cache has room."""
-        S = caches[0][0].shape[1]
-        q_pos_B1 = pos_B[:, None]
-        k_pos_S = jnp.arange(S)
-        bias_BN1S = self.rel_bias(q_pos_B1, k_pos_S).astype(self.compute_dtype)
-        mask_B11S = (k_pos_S[None, None, :] <= q_pos_B1[:, :, None])[:, None]
-        x_B1D = self.embed.astype(self.compute_dtype)[tok_B[:, None]]
+        x_B1D, bias_BN1S, mask_B11S = self._decode_inputs(tok_B[:, None], pos_B,
+                                                          caches[0][0].shape[1])
         out = []
         for layer, (k_c, v_c) in zip(layers, caches):
             x_B1D, k_c, v_c = layer.decode(x_B1D, bias_BN1S, mask_B11S, k_c, v_c, pos_B)
