@@ -18,8 +18,9 @@ def _train(argv: list[str]) -> int:
     from jaxdepth.cli import parse_args, preset_lines
 
     cfg = parse_args(argv, prog="train.py")
-    if cfg.mesh.process_id == 0:
-        print("\n".join(preset_lines(cfg)), end="\n" if cfg.preset else "")
+    lines = preset_lines(cfg)  # what the preset and the run kind's recipe set
+    if cfg.mesh.process_id == 0 and lines:
+        print("\n".join(lines))
 
     import jax
 

@@ -76,7 +76,7 @@ def make_config(model: ModelConfig, *, seq_len: int, batch: int, steps: int,
                 mesh: MeshConfig | None = None, seed: int = 0) -> Config:
     """The train.py Config for a benchmark: AdamW with the package defaults."""
     return Config(model=model, data=DataConfig(seq_len=seq_len, batch_size=batch),
-                  optim=OptimConfig(name="adamw"), mesh=mesh or MeshConfig(),
+                  optim=OptimConfig(name="adamw", lr=1e-3), mesh=mesh or MeshConfig(),
                   run=RunConfig(steps=max(steps, 1), seed=seed))
 
 

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .config import SECTIONS, Config, ConfigError, apply_overrides, from_preset, presets
+from .config import (RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides, from_preset,
+                     kind_of, presets, recipe_lines)
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -74,9 +75,13 @@ def help_text(prog: str = "train.py") -> str:
     for sec, cls in SECTIONS.items():
         lines.append(f"{sec}:")
         for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             ftype = f.type if isinstance(f.type, str) else f.type.__name__
-            lines.append(f"  --{sec}.{f.name:<20} {ftype:<6} default {default!r}")
+            shown = ("the run kind's recipe" if sec == "optim" and f.name in RECIPE_FIELDS
+                     else f"default {default!r}")
+            lines.append(f"  --{sec}.{f.name:<20} {ftype:<6} {shown}")
         lines.append("")
     names = sorted(presets())
     lines.append("presets: " + ", ".join(names))
@@ -121,18 +126,16 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
             raise ConfigError(f"{k}: unknown field (see --help)")
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
     cfg = apply_overrides(cfg, overrides) if overrides else cfg
-    from .tasks.registry import kind_of
     kind_of(cfg)  # refuse a model.arch / task.name combination no task runs, before any work
     return cfg
 
 
 def preset_lines(cfg: Config) -> list[str]:
-    """What the config's preset set, one line per section (printed at start-up)."""
-    if not cfg.preset:
-        return []
+    """What the config's preset set, one line per section, and what the run kind's recipe set
+    (printed at start-up)."""
     table = presets()
     lines = []
-    for part in cfg.preset.split("+"):
+    for part in cfg.preset.split("+") if cfg.preset else ():
         for sec, vals in table[part].items():
             lines.append(f"preset {part}: {sec}: " + ", ".join(f"{k}={v}" for k, v in vals.items()))
-    return lines
+    return lines + recipe_lines(cfg)

@@ -143,6 +143,10 @@ class DataConfig:
     streaming: bool = False  # tokenize and pack on the fly from the files (data/streaming.py)
     streams: int = 8  # streaming: file streams (fixes the data order; hosts split them)
     workers: int = 0  # streaming: loader processes per host; 0 = a thread of the trainer
+    # On resume, start the data stream afresh at the restored step on the corpus as it is now
+    # (e.g. shards appended) instead of refusing a changed corpus; the token-file path
+    # re-tokenizes it (data/streaming.py, data/prepare.py). Every resume given it restarts.
+    restart_stream: bool = False
     tokenizer_sample: int = 50_000  # streaming: documents the tokenizer is trained on
     valid_fraction: float = 0.05
     valid_seed: int = 1234  # which documents valid_fraction holds out (any corpus)
@@ -174,34 +178,65 @@ class DataConfig:
                      f"{self.streams} streams do not divide data.batch_size={self.batch_size}")
 
 
+# The optimizer fields a run kind's recipe sets (RECIPES below). Left unset (None) in a config,
+# they take the recipe of the run's kind, so a default tuned for one kind of run never changes
+# another's; a standalone OptimConfig takes the LM pretraining recipe.
+RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay",
+                 "b1", "b2", "eps", "clip_norm")
+OPTIMIZERS = ("adamw", "adafactor", "lamb")
+SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
+
+
 @dataclass(frozen=True)
 class OptimConfig:
-    # Adafactor (the paper's): its updates are relative to each parameter's scale, which suits
-    # the t5x initialisation (N(0, 1) embeddings next to 1/sqrt(fan-in) kernels); on the
-    # default run it learns the grammar's syntax where AdamW at 1e-2 does not (README).
-    name: str = "adafactor"  # adamw | adafactor | lamb
-    lr: float = 6e-2  # adafactor: relative to each parameter's RMS
-    schedule: str = "cosine"  # constant | linear | cosine | rsqrt (t5x: lr / sqrt(max(step, warmup)))
-    warmup_steps: int = 50
-    min_lr_ratio: float = 0.1  # end of linear/cosine decay, as a fraction of lr
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.99
-    eps: float = 1e-8
-    clip_norm: float = 1.0  # 0 disables global-norm clipping
+    """The optimizer. Every field but accum_steps defaults to the run kind's recipe (RECIPES:
+    None here means "the recipe's"); a value given here is kept whatever the kind."""
+    name: str = None  # adamw | adafactor | lamb
+    lr: float = None  # adafactor: relative to each parameter's RMS
+    schedule: str = None  # constant | linear | cosine | rsqrt (t5x: lr / sqrt(max(step, warmup)))
+    warmup_steps: int = None
+    min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr
+    weight_decay: float = None
+    b1: float = None
+    b2: float = None
+    eps: float = None
+    clip_norm: float = None  # 0 disables global-norm clipping
     accum_steps: int = 1  # micro-batches per optimizer step
+    # The RECIPE_FIELDS that were left unset, filled from a recipe (Config refills them from
+    # its run kind's). Not a setting: never saved, not compared.
+    from_recipe: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        _require(self.name in ("adamw", "adafactor", "lamb"), "optim.name",
-                 f"must be adamw, adafactor or lamb, got {self.name!r}")
-        _require(self.schedule in ("constant", "linear", "cosine", "rsqrt"), "optim.schedule",
-                 f"must be constant, linear, cosine or rsqrt, got {self.schedule!r}")
+        unset = frozenset(f for f in RECIPE_FIELDS if getattr(self, f) is None)
+        for f in unset:
+            object.__setattr__(self, f, RECIPES["lm"][f])
+        object.__setattr__(self, "from_recipe", unset)
+        _require(self.name in OPTIMIZERS, "optim.name",
+                 f"must be {', '.join(OPTIMIZERS)}, got {self.name!r}")
+        _require(self.schedule in SCHEDULES, "optim.schedule",
+                 f"must be {', '.join(SCHEDULES)}, got {self.schedule!r}")
         _positive(self, "optim", "lr", "accum_steps")
         _require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
         _require(self.schedule != "rsqrt" or self.warmup_steps > 0, "optim.warmup_steps",
                  "rsqrt needs warmup_steps > 0 (t5x uses 10000)")
         _require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
         _require(self.clip_norm >= 0.0, "optim.clip_norm", "must be >= 0")
+
+    def with_recipe(self, recipe: dict, kind: str) -> "OptimConfig":
+        """These settings, with the fields left unset taken from `recipe` (run kind `kind`'s).
+        A recipe's learning rate belongs to its optimizer: naming another optimizer without a
+        learning rate is refused rather than run at a rate meant for a different update rule."""
+        if not self.from_recipe:
+            return self
+        if "lr" in self.from_recipe and "name" not in self.from_recipe \
+                and self.name != recipe["name"]:
+            raise ConfigError(f"optim.lr: the {kind} recipe's learning rate {recipe['lr']} is "
+                              f"for {recipe['name']}; with optim.name {self.name} give "
+                              f"--optim.lr too", field="optim.lr")
+        given = {f: getattr(self, f) for f in RECIPE_FIELDS if f not in self.from_recipe}
+        out = OptimConfig(**{**recipe, **given, "accum_steps": self.accum_steps})
+        object.__setattr__(out, "from_recipe", self.from_recipe)
+        return out
 
 
 @dataclass(frozen=True)
@@ -415,9 +450,17 @@ class Config:
                 raise ConfigError(f"{other}.{f.name}: model.arch={self.model.arch!r} is described "
                                   f"by the {mine} section; {hint}", field=f"{other}.{f.name}")
         # Which sections must agree for a given model.arch and task.name is decided by
-        # jaxdepth.tasks.registry.kind_of, the one place that dispatches on them.
+        # kind_of below, the one place that dispatches on them.
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
+        if self.optim.from_recipe:
+            try:
+                kind = kind_of(self)[0]
+            except ConfigError:  # no task runs this config: kind_of says why where it is asked
+                kind = None
+            if kind is not None:
+                object.__setattr__(self, "optim",
+                                   self.optim.with_recipe(recipe_for(kind, self), kind))
 
     @property
     def model_section(self) -> str:
@@ -434,10 +477,16 @@ class Config:
         """The setting that holds vocab_size, as messages name it."""
         return f"{self.model_section}.vocab_size"
 
-    def to_dict(self) -> dict:
+    def to_dict(self, keep_recipe: bool = False) -> dict:
         """Every section, except the fields of the model section that model.arch does not
-        read (MODEL_SECTION): an ACT run's model is {"arch": ...}, a decoder's has no act."""
+        read (MODEL_SECTION): an ACT run's model is {"arch": ...}, a decoder's has no act.
+        keep_recipe: the optimizer fields taken from the run kind's recipe are None (so that
+        a config built from this dict takes the recipe of its own kind); a saved config
+        holds the values."""
         d = dataclasses.asdict(self)
+        del d["optim"]["from_recipe"]
+        if keep_recipe:
+            d["optim"].update({f: None for f in self.optim.from_recipe})
         if self.model_section == "act":
             d["model"] = {"arch": self.model.arch}
         else:
@@ -466,10 +515,12 @@ class Config:
             _require(isinstance(values, dict), f.name,
                      f"must be a JSON object of fields, got {json.dumps(values)}")
             types = {g.name: g.type if isinstance(g.type, str) else g.type.__name__
-                     for g in dataclasses.fields(sec_cls)}
+                     for g in dataclasses.fields(sec_cls) if g.init}
             bad = set(values) - set(types)
             _require(not bad, f.name, f"unknown fields {sorted(bad)}")
-            kw[f.name] = sec_cls(**{k: _typed(f"{f.name}.{k}", types[k], v)
+            # null: an optimizer field left to the run kind's recipe
+            kw[f.name] = sec_cls(**{k: v if v is None and f.name == "optim" and k in
+                                    RECIPE_FIELDS else _typed(f"{f.name}.{k}", types[k], v)
                                     for k, v in values.items()})
         return cls(**kw)
 
@@ -497,6 +548,93 @@ def upgrade(d: dict) -> dict:
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
             "mesh": MeshConfig, "run": RunConfig, "task": TaskConfig, "act": ACTConfig,
             "fusion": FusionConfig}
+
+
+# ----------------------------------------------------------------------------- run kinds
+
+def kind_of(cfg: Config) -> tuple[str, dict]:
+    """(kind of run, keyword options of its Task's constructor), or ConfigError for a config no
+    task can run. The one place that looks at model.arch and task.name together; the Task
+    classes register under these kinds (jaxdepth/tasks/registry.py)."""
+    arch, name = cfg.model.arch, cfg.task.name
+    if cfg.task.pack and name not in TASKS:  # only prefix-LM fine-tuning has rows to pack
+        raise ConfigError(f"task.pack: packs the examples of prefix-LM fine-tuning (task.name "
+                          f"one of {', '.join(TASKS)}); task.name={name!r} has none to pack")
+    if name in FUSION_TASKS:  # any backbone: its shape comes from task.init_from or the config
+        return name, {}
+    if arch == "encoder":
+        if name:
+            raise ConfigError(f"task.name: model.arch='encoder' pretrains with MLM (empty "
+                              f"task.name) or is the backbone of {', '.join(FUSION_TASKS)}; "
+                              f"got {name!r}")
+        return "encoder_mlm", {}
+    if cfg.model_section == "act":  # the ALBERT family
+        if cfg.act.max_len < cfg.data.seq_len:
+            raise ConfigError(f"act.max_len: {cfg.act.max_len} position embeddings cannot hold "
+                              f"data.seq_len={cfg.data.seq_len}")
+        if name and name not in PROBE_TASKS:
+            raise ConfigError(f"task.name: {name!r} is a decoder task; encoders (model.arch="
+                              f"{arch!r}) fine-tune on {', '.join(PROBE_TASKS)}")
+        # ALBERT is the ACT layer iterated exactly M times; BERT unties the M layers.
+        options = {"arch": arch, "untied": arch == "bert", "adaptive": arch == "act",
+                   "halting": "fixed" if arch == "albert" else cfg.act.halting}
+        if name:  # roles labels every token; the other probing tasks classify [CLS]
+            return "probe", {**options, "token_level": name == "roles"}
+        return "encoder_pretrain", options
+    if name in PROBE_TASKS:
+        raise ConfigError(f"task.name: {name!r} fine-tunes an encoder: set model.arch to act, "
+                          f"albert or bert")
+    assert not name or name in TASKS, name  # TaskConfig validated the name
+    return ("prefix_lm" if name else "lm"), {}
+
+
+# Each run kind's optimizer recipe: its paper's, applied to the RECIPE_FIELDS a config leaves
+# unset (docs/design.md, "Recipes"). train.py prints which values came from here.
+RECIPES: dict[str, dict] = {
+    # The default run: Adafactor's parameter-relative updates suit the t5x initialisation
+    # (N(0, 1) embeddings next to 1/sqrt(fan-in) kernels); it learns the grammar's syntax
+    # where AdamW at 1e-2 does not (README).
+    "lm": dict(name="adafactor", lr=6e-2, schedule="cosine", warmup_steps=50, min_lr_ratio=0.1,
+               weight_decay=0.0, b1=0.9, b2=0.99, eps=1e-8, clip_norm=1.0),
+    # t5x fine-tuning (Petty et al.): Adafactor at a constant 1e-3, no warmup, no clipping.
+    "prefix_lm": dict(name="adafactor", lr=1e-3, schedule="constant", warmup_steps=0,
+                      min_lr_ratio=0.1, weight_decay=0.0, b1=0.9, b2=0.99, eps=1e-8,
+                      clip_norm=0.0),
+    # Simoulin & Crabbe (ALBERT's): LAMB, warmup then linear decay to 0, weight decay 0.01,
+    # clipping 1.0; warmup 100 steps at CPU scale (the paper's 3125 is act-base's preset).
+    "encoder_pretrain": dict(name="lamb", lr=1.76e-3, schedule="linear", warmup_steps=100,
+                             min_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6,
+                             clip_norm=1.0),
+    # BERT's MLM pretraining: AdamW 1e-4, warmup then linear decay to 0, weight decay 0.01.
+    "encoder_mlm": dict(name="adamw", lr=1e-4, schedule="linear", warmup_steps=100,
+                        min_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6,
+                        clip_norm=1.0),
+    # The DWAtt paper's fine-tuning: AdamW 5e-5, no warmup, linear decay to 0, weight decay
+    # 0.01. With a frozen backbone (fusion.mode fe) only a fresh fusion module and head
+    # train, which 5e-5 barely moves in a few hundred steps: 1e-3 there (recipe_for).
+    "ner": dict(name="adamw", lr=5e-5, schedule="linear", warmup_steps=0, min_lr_ratio=0.0,
+                weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0),
+}
+RECIPES["probe"] = RECIPES["encoder_pretrain"]  # the paper fine-tunes with its pretraining's
+RECIPES["mlm"] = RECIPES["ner"]
+
+
+def recipe_for(kind: str, cfg: Config) -> dict:
+    """The optimizer recipe of run kind `kind` for cfg."""
+    recipe = RECIPES[kind]
+    if kind in FUSION_TASKS and cfg.fusion.mode == "fe":
+        recipe = {**recipe, "lr": 1e-3}
+    return recipe
+
+
+def recipe_lines(cfg: Config) -> list[str]:
+    """What the run kind's recipe set (printed at start-up): nothing when the config set every
+    optimizer field itself."""
+    taken = [f for f in RECIPE_FIELDS if f in cfg.optim.from_recipe]
+    if not taken:
+        return []
+    values = ", ".join(f"{f}={getattr(cfg.optim, f)}" for f in taken)
+    return [f"recipe of run kind {kind_of(cfg)[0]}: optim: {values}"]
 
 
 # ----------------------------------------------------------------------------- model specs
@@ -759,7 +897,7 @@ def presets() -> dict[str, dict]:
 
 def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:
     """A new Config with nested overrides applied (validated again)."""
-    d = cfg.to_dict()
+    d = cfg.to_dict(keep_recipe=True)
     for sec, vals in overrides.items():
         if sec in ("preset", "version"):
             d[sec] = vals

@@ -25,7 +25,7 @@ def _jsonl(path):
 
 
 @pytest.mark.slow
-def test_sweep_end_to_end(tmp_path):
+def test_sweep_end_to_end(tmp_path, capsys):
     out = tmp_path / "sweep"
     sweep = Sweep.open(out, PLAN)
     sweep.run()
@@ -95,10 +95,25 @@ def test_sweep_end_to_end(tmp_path):
 
     # reruns are no-ops; another plan for the same directory is refused
     n = len(_jsonl(out / "results.jsonl"))
+    capsys.readouterr()
     assert main(["run", "--out", str(out)]) == 0
     assert len(_jsonl(out / "results.jsonl")) == n
+    # 2 pretrainings, 2 fine-tunings and 1 control: said, not silent
+    assert f"all 5 units of {out} are done" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="seeds"):
         Sweep.open(out, Plan(**{**PLAN.to_json(), "seeds": (0, 1)}))
+
+
+def test_a_sweep_on_a_directory_in_use_is_one_line(tmp_path, capsys):
+    """A second sweep on the same --out meets the first one's run lock: one line, exit 2."""
+    from jaxdepth.trainer.run_lock import run_lock
+    out = tmp_path / "sweep"
+    argv = ["run", "--out", str(out), "--size", "tiny", "--depths", "1", "--seeds", "0",
+            "--tasks", "passivization", "--scratch", "none"]
+    with run_lock(out / "pretrain" / "L1-s0"):
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "is in use by process" in err[0]
 
 
 def test_plan_validation():

@@ -205,7 +205,7 @@ def test_cli_download_and_failure(monkeypatch, toy, tmp_path, capsys):
     assert (tmp_path / "toy" / "sub" / "b.txt").read_bytes() == files["sub/b.txt"]
 
     (served / "a.txt").unlink()
-    assert main(["toy", "--cache", str(tmp_path / "fresh")]) == 1
+    assert main(["toy", "--cache", str(tmp_path / "fresh")]) == 2
     err = capsys.readouterr().err
     assert err.rstrip().splitlines()[-1].startswith("error: ") and "a.txt: HTTP 404" in err
 

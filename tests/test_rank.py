@@ -162,5 +162,5 @@ def test_load_model_and_cli(tmp_path, capsys):
     assert len(got) == 6
     for g, r in zip(got, expected):
         assert float(g["erank"]) == pytest.approx(r["erank"], rel=1e-12)
-    assert rank.main(["--run", str(run), "--step", "4"]) == 1
+    assert rank.main(["--run", str(run), "--step", "4"]) == 2
     assert "available" in capsys.readouterr().err

@@ -54,10 +54,17 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--vocab", type=int, default=30522)
     p.add_argument("--extra-layers", type=int, default=1)
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an error as well as its one line")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    bb = abstract_backbone(a.backbone, a.layers, a.d_model, a.heads, a.vocab)
-    print(markdown(param_table(bb, a.extra_layers)), end="")
-    return 0
+
+    def body() -> int:
+        bb = abstract_backbone(a.backbone, a.layers, a.d_model, a.heads, a.vocab)
+        print(markdown(param_table(bb, a.extra_layers)), end="")
+        return 0
+
+    from ..errors import run_main
+    return run_main(body, debug=a.debug)  # a user's error: one line, exit 2
 
 
 if __name__ == "__main__":

@@ -199,18 +199,20 @@ def parse(argv):
     p.add_argument("--run", required=True, help="run directory written by train.py")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--out", default="", help="output directory (default: <run>/analysis/rank_step<N>)")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
 
 
 def main(argv) -> int:
+    from jaxdepth.errors import run_main
     args = parse(argv)
-    from jaxdepth.config import ConfigError
+    return run_main(lambda: _run(args), debug=args.debug)  # a user's error: one line, exit 2
+
+
+def _run(args) -> int:
     from jaxdepth.tasks import load_model
-    try:
-        model, cfg, step = load_model(args.run, args.step)
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    model, cfg, step = load_model(args.run, args.step)
     rows = ff_rank_table(model)
     out = Path(args.out) if args.out else Path(args.run) / "analysis" / f"rank_step{step}"
     label = f"{Path(args.run).name} step {step} (L={cfg.model.n_layers}, d_ff={cfg.model.d_ff})"

@@ -273,11 +273,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Tables (Markdown, CSV) and figures (PNG) of a depth sweep's results.jsonl.")
     parser.add_argument("results", help="results.jsonl written by the sweep")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error as well as its one line")
     args = parser.parse_args(argv)
-    written = write_report(args.results, args.out)
-    for name in sorted(written):
-        print(written[name])
-    return 0
+
+    def body() -> int:
+        written = write_report(args.results, args.out)
+        for name in sorted(written):
+            print(written[name])
+        return 0
+
+    from ..errors import run_main
+    return run_main(body, debug=args.debug)  # a user's error: one line, exit 2
 
 
 if __name__ == "__main__":

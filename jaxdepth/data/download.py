@@ -56,6 +56,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple, Optional
 
+from ..config import ConfigError
+from ..errors import UserError
+
 GITHUB_RAW = "https://raw.githubusercontent.com"
 
 
@@ -75,8 +78,9 @@ class Dataset(NamedTuple):
     note: str = ""
 
 
-class DownloadError(RuntimeError):
-    """A file could not be fetched (HTTP error, unreachable host, timeout, disk error)."""
+class DownloadError(UserError, RuntimeError):
+    """A file could not be fetched (HTTP error, unreachable host, timeout, disk error): the
+    user's network or disk, one line at the boundary."""
 
 
 class ChecksumError(DownloadError):
@@ -263,7 +267,7 @@ def download(
     """
     registry = REGISTRY if registry is None else registry
     if name not in registry:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(registry))}")
+        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(sorted(registry))}")
     dataset = registry[name]
     directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / name
     base = (base_url or dataset.base).rstrip("/")
@@ -299,6 +303,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the registered datasets")
     parser.add_argument("--force", action="store_true", help="re-download even valid files")
     parser.add_argument("--timeout", type=float, default=60, help="seconds per request")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error as well as its one line")
     args = parser.parse_args(argv)
     if args.list:
         for name, dataset in REGISTRY.items():
@@ -307,15 +313,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.names:
         parser.error("name at least one dataset, or use --list")
     cache = args.cache if args.cache is not None else default_cache_dir()
-    try:
+
+    def body() -> int:
         for name in args.names:
             path = download(name, cache, force=args.force, timeout=args.timeout,
                             log=lambda msg: print(msg, file=sys.stderr))
             print(f"{name}: {path}")
-    except (DownloadError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    from ..errors import run_main
+    return run_main(body, debug=args.debug)  # a user's error: one line, exit 2
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .plan_file import PlannedExperiment
+from ..errors import RunFailed, run_main
 from ..config import (PAPER_FINETUNING, SIZE_CLASSES, TASKS, Config, ConfigError, apply_overrides,
                       from_preset)
 
@@ -94,7 +95,8 @@ MINIATURE = Plan(
     finetune={"run.steps": 800, "run.eval_every": 400, "run.save_every": 800,
               "data.batch_size": 32, "data.seq_len": 192, "model.dropout": 0.0,
               "optim.name": "adafactor", "optim.lr": 0.05, "optim.schedule": "cosine",
-              "optim.warmup_steps": 50, "optim.weight_decay": 0.0, "optim.clip_norm": 1.0,
+              "optim.warmup_steps": 50, "optim.min_lr_ratio": 0.1, "optim.weight_decay": 0.0,
+              "optim.clip_norm": 1.0,
               "task.n_train": 20000, "task.n_eval": 100, "task.eval_max": 100,
               "task.pack": True},
     scratch=(4,), matched=False,
@@ -169,10 +171,12 @@ class Sweep(PlannedExperiment):
         from ..tasks import train
 
         p = self.plan
+        ran = self.units_run
         for seed in p.seeds:
             for depth in p.family:
                 if self.done(kind="pretrain", depth=depth, seed=seed):
                     continue
+                self.units_run += 1
                 cfg = self.pretrain_config(depth, seed)
                 s = _timed(f"pretrain L{depth} seed {seed}", train, cfg)
                 self.append({"kind": "pretrain", "depth": depth, "seed": seed,
@@ -189,6 +193,10 @@ class Sweep(PlannedExperiment):
             for depth in p.scratch:
                 for task in p.tasks:
                     self.finetune(task, depth, seed, "scratch", 0)
+        if self.units_run == ran:
+            n = len(p.seeds) * (len(p.family) * (1 + len(p.tasks)) + len(p.scratch) * len(p.tasks))
+            print(f"all {n} units of {self.out} are done (results.jsonl); nothing to run",
+                  flush=True)
 
     def finetune(self, task: str, depth: int, seed: int, init: str, init_step: int) -> dict:
         from ..tasks import train
@@ -198,6 +206,7 @@ class Sweep(PlannedExperiment):
         if row:
             return row
         cfg = self.finetune_config(task, depth, seed, init, init_step)
+        self.units_run += 1
         s = _timed(f"fine-tune L{depth} seed {seed} on {task} ({init})", train, cfg)
         row = {**key, "init_step": s["init_step"], "dev_loss": s["dev_loss"],
                **{k: s.get(k) for k in ("id_accuracy", "gen_accuracy", "lexical", "structural",
@@ -281,8 +290,8 @@ def _timed(what: str, fn, *args):
     print(f"{what} ...", flush=True)
     out = fn(*args)
     if not out.get("done"):
-        raise RuntimeError(f"{what} stopped at step {out['step']} before the end; "
-                           f"run the command again to resume")
+        raise RunFailed(f"{what} stopped at step {out['step']} before the end; "
+                        f"run the command again to resume")
     print(f"{what}: done in {time.perf_counter() - t0:.0f} s", flush=True)
     return out
 
@@ -319,6 +328,8 @@ def parse(argv):
     p.add_argument("--pretrain", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--finetune", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--threshold", type=float, default=None, help="equal-loss: dev-loss threshold")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
 
 
@@ -353,31 +364,31 @@ def main(argv=None) -> int:
     from ..runtime import tune_malloc
     tune_malloc()
     args = parse(sys.argv[1:] if argv is None else argv)
-    try:
-        plan = plan_from_args(args)
-        if args.command != "run" and args.command != "all" and plan is not None:
-            raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "
-                              f"this command reads {args.out}/sweep.json")
-        sweep = Sweep.open(Path(args.out), plan)
-        cmd = args.command
-        if cmd in ("run", "all"):
-            sweep.run()
-        if cmd == "matched" or (cmd == "all" and sweep.plan.matched):
-            sweep.matched()
-        elif cmd == "all":
-            print("the plan leaves out the perplexity-matched fine-tunings (Fig. 6); "
-                  "`matched` runs them", flush=True)
-        if cmd in ("equal-loss", "all"):
-            sweep.equal_loss(args.threshold)
-        if cmd in ("rank", "all"):
-            for name, path in sweep.rank().items():
-                print(f"rank vs depth: {path}")
-        if cmd in ("report", "all"):
-            for name, path in sweep.report().items():
-                print(f"{name}: {path}")
-    except (ConfigError, FileNotFoundError, ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return run_main(lambda: _run(args), debug=args.debug)  # a user's error: one line, exit 2
+
+
+def _run(args) -> int:
+    plan = plan_from_args(args)
+    if args.command != "run" and args.command != "all" and plan is not None:
+        raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "
+                          f"this command reads {args.out}/sweep.json")
+    sweep = Sweep.open(Path(args.out), plan)
+    cmd = args.command
+    if cmd in ("run", "all"):
+        sweep.run()
+    if cmd == "matched" or (cmd == "all" and sweep.plan.matched):
+        sweep.matched()
+    elif cmd == "all":
+        print("the plan leaves out the perplexity-matched fine-tunings (Fig. 6); "
+              "`matched` runs them", flush=True)
+    if cmd in ("equal-loss", "all"):
+        sweep.equal_loss(args.threshold)
+    if cmd in ("rank", "all"):
+        for name, path in sweep.rank().items():
+            print(f"rank vs depth: {path}")
+    if cmd in ("report", "all"):
+        for name, path in sweep.report().items():
+            print(f"{name}: {path}")
     return 0
 
 

@@ -37,6 +37,7 @@ class PlannedExperiment:
     def __init__(self, out: Path, plan):
         self.out, self.plan = out, plan
         self.results = out / "results.jsonl"
+        self.units_run = 0  # trained by this process (a rerun of a finished one trains none)
 
     @classmethod
     def open(cls, out: Path, plan):

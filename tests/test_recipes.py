@@ -1,0 +1,109 @@
+"""Each run kind's optimizer recipe (config.RECIPES): applied only to the fields a config leaves
+unset, printed at start-up, saved resolved, and independent of every other kind's recipe."""
+import dataclasses
+import json
+
+import pytest
+
+from jaxdepth import config as C
+from jaxdepth.cli import parse_args, preset_lines
+from jaxdepth.config import Config, ConfigError, OptimConfig, TaskConfig, apply_overrides
+
+NER = ["--task.name", "ner", "--task.dir", "wikiann"]
+
+# (command line, kind, the optimizer it must resolve to: name, lr, schedule, warmup,
+# min_lr_ratio, weight decay, b2, clip) -- the papers' recipes, written out independently of
+# config.RECIPES.
+CASES = [
+    ([], "lm", ("adafactor", 6e-2, "cosine", 50, 0.1, 0.0, 0.99, 1.0)),
+    (["--task.name", "semantic_parsing"], "prefix_lm",
+     ("adafactor", 1e-3, "constant", 0, 0.1, 0.0, 0.99, 0.0)),
+    (["--model.arch", "act"], "encoder_pretrain",
+     ("lamb", 1.76e-3, "linear", 100, 0.0, 0.01, 0.999, 1.0)),
+    (["--model.arch", "bert", "--task.name", "roles"], "probe",
+     ("lamb", 1.76e-3, "linear", 100, 0.0, 0.01, 0.999, 1.0)),
+    (["--model.arch", "encoder"], "encoder_mlm",
+     ("adamw", 1e-4, "linear", 100, 0.0, 0.01, 0.999, 1.0)),
+    (NER + ["--fusion.mode", "ft"], "ner", ("adamw", 5e-5, "linear", 0, 0.0, 0.01, 0.999, 1.0)),
+    (NER, "ner", ("adamw", 1e-3, "linear", 0, 0.0, 0.01, 0.999, 1.0)),  # fe: a fresh head
+    (["--task.name", "mlm", "--fusion.mode", "ft"], "mlm",
+     ("adamw", 5e-5, "linear", 0, 0.0, 0.01, 0.999, 1.0)),
+]
+
+
+def _optim(cfg):
+    o = cfg.optim
+    return (o.name, o.lr, o.schedule, o.warmup_steps, o.min_lr_ratio, o.weight_decay, o.b2,
+            o.clip_norm)
+
+
+@pytest.mark.parametrize("argv,kind,expected", CASES, ids=[c[1] + str(i) for i, c in enumerate(CASES)])
+def test_each_kind_resolves_its_own_recipe(argv, kind, expected):
+    cfg = parse_args(argv)
+    assert C.kind_of(cfg)[0] == kind
+    assert _optim(cfg) == expected
+    # saved resolved: a resumed run keeps it whatever the recipes become
+    saved = cfg.to_dict()["optim"]
+    assert (saved["name"], saved["lr"], saved["schedule"]) == expected[:3]
+    assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))).optim.from_recipe == frozenset()
+
+
+def test_a_value_given_is_kept_and_the_rest_comes_from_the_recipe():
+    cfg = parse_args(NER + ["--optim.lr", "3e-4", "--optim.weight_decay", "0"])
+    assert (cfg.optim.lr, cfg.optim.weight_decay) == (3e-4, 0.0)
+    assert (cfg.optim.name, cfg.optim.schedule, cfg.optim.b2) == ("adamw", "linear", 0.999)
+    assert "lr" not in cfg.optim.from_recipe and "weight_decay" not in cfg.optim.from_recipe
+    # a preset's optimizer values are the user's too
+    act = parse_args(["--preset", "act-tiny"])
+    assert act.optim.from_recipe == frozenset() and act.optim.warmup_steps == 100
+
+
+def test_changing_one_kinds_recipe_leaves_the_others(monkeypatch):
+    before = {kind: _optim(parse_args(argv)) for argv, kind, _ in CASES}
+    monkeypatch.setitem(C.RECIPES, "lm", {**C.RECIPES["lm"], "name": "adamw", "lr": 0.5})
+    after = {kind: _optim(parse_args(argv)) for argv, kind, _ in CASES}
+    assert after["lm"][:2] == ("adamw", 0.5)
+    assert {k: v for k, v in after.items() if k != "lm"} == \
+        {k: v for k, v in before.items() if k != "lm"}
+
+
+def test_the_recipe_follows_the_kind_when_the_config_changes():
+    lm = Config()
+    ner = dataclasses.replace(lm, task=TaskConfig(name="ner", dir="x"))
+    assert (ner.optim.name, ner.optim.lr) == ("adamw", 1e-3)
+    via_overrides = apply_overrides(lm, {"task": {"name": "ner", "dir": "x"}})
+    assert _optim(via_overrides) == _optim(ner)
+    # a standalone OptimConfig is the LM pretraining recipe
+    assert (OptimConfig().name, OptimConfig().lr) == ("adafactor", 6e-2)
+
+
+def test_another_optimizer_without_a_learning_rate_is_refused():
+    with pytest.raises(ConfigError, match=r"optim\.lr: the lm recipe's learning rate 0\.06 is "
+                                          r"for adafactor; with optim\.name adamw give --optim\.lr"):
+        parse_args(["--optim.name", "adamw"])
+    assert parse_args(["--optim.name", "adamw", "--optim.lr", "1e-3"]).optim.b2 == 0.99
+
+
+def test_json_null_leaves_a_field_to_the_recipe(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"task": {"name": "ner", "dir": "x"}, "optim": {"lr": None}}))
+    assert parse_args(["--config", str(path)]).optim.lr == 1e-3
+
+
+def test_start_up_names_what_came_from_the_recipe():
+    lines = preset_lines(parse_args(NER + ["--optim.lr", "3e-4"]))
+    assert lines == ["recipe of run kind ner: optim: name=adamw, schedule=linear, warmup_steps=0, "
+                     "min_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-08, "
+                     "clip_norm=1.0"]
+    assert preset_lines(parse_args(["--preset", "act-tiny"]))[-1].startswith("preset act-tiny: optim:")
+
+
+def test_experiments_pin_their_whole_recipe():
+    """The experiments' recipes are what their README tables were measured with, whatever the
+    kinds' recipes become."""
+    from jaxdepth.experiments import fusion_fewshot as ff
+    from jaxdepth.experiments.depth_sweep import MINIATURE, PAPER_FINETUNE
+    fields = {f"optim.{f}" for f in C.RECIPE_FIELDS}
+    assert fields <= set(ff.PRESETS["miniature"]["finetune"])
+    assert fields <= set(ff.PRESETS["miniature"]["pretrain"])
+    assert fields - {"optim.b1", "optim.b2", "optim.eps"} <= set({**PAPER_FINETUNE, **MINIATURE.finetune})
