@@ -74,10 +74,15 @@ def main(argv) -> int:
     from jaxdepth.runtime import tune_malloc
 
     tune_malloc()
-    from jaxdepth.errors import run_main
+    from jaxdepth.errors import ResultNotWritten, run_main
 
     def body() -> int:
-        print(json.dumps(_evaluate(args), indent=2))
+        try:
+            result = _evaluate(args)
+        except ResultNotWritten as e:  # the result first, then the one line saying why
+            print(json.dumps(e.result, indent=2), flush=True)
+            raise
+        print(json.dumps(result, indent=2))
         return 0
 
     return run_main(body, debug=args.debug)

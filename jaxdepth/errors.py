@@ -7,6 +7,14 @@ use). The boundary reports those as one line, ``error: <message>``, naming the f
 line where there is one), with exit code 2; ``--debug`` adds the traceback. A run that stopped
 for a reason of its own (a non-finite loss) is one line with exit code 1. Anything else is a
 bug and raises with its traceback.
+
+Exit codes: 0 done (or stopped by ``run.stop_after``); ``EXIT_RUN_FAILED`` 1 a failed run;
+``EXIT_USER_ERROR`` 2 the user's error; ``EXIT_INTERRUPTED`` 3 training stopped by SIGTERM
+or SIGINT after the step in progress, with a checkpoint of that step saved (``Interrupted``):
+rerunning the same command resumes. A code of its own, rather than the shell's 128 + signal
+number (143, 130), so that a job script can tell a stop that saved its checkpoint (3) from
+a process the signal killed before it could save (a second signal, or one that arrives
+outside the training loop: 128 + signal number, as the shell reports any death by signal).
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ from typing import Callable, Iterator
 
 EXIT_USER_ERROR = 2
 EXIT_RUN_FAILED = 1
+EXIT_INTERRUPTED = 3
 
 
 class UserError(Exception):
@@ -39,6 +48,32 @@ class DataError(UserError, ValueError):
 class RunFailed(Exception):
     """Training stopped for a reason that is neither a bug nor bad input (a non-finite loss);
     the message says what was kept."""
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGTERM or SIGINT, after saving a checkpoint of the step it stopped
+    at; the message (the whole line the boundary prints) says so."""
+
+
+class ResultNotWritten(UserError):
+    """A result was computed but its file could not be written: the boundary prints the result
+    (``result``, JSON) before this error's line."""
+
+    def __init__(self, result: dict, path, error: OSError) -> None:
+        self.result = result
+        super().__init__(f"could not write the result to {path} "
+                         f"({os_error_reason(error) or describe(error)}); it is "
+                         f"printed above; give --out a writable path to keep it in a file")
+
+
+@contextmanager
+def writing_result(result: dict, path) -> Iterator[None]:
+    """Writing `result` to `path` (a file or a directory of files): a failed write raises
+    ResultNotWritten, which carries the result."""
+    try:
+        yield
+    except OSError as e:
+        raise ResultNotWritten(result, path, e) from e
 
 
 def one_line(text: object) -> str:
@@ -129,6 +164,9 @@ def run_main(body: Callable[[], int], debug: bool) -> int:
         _quiet_background_failures()
     try:
         return body()
+    except Interrupted as e:
+        print(str(e), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     except (UserError, OSError, RunFailed) as e:
         if debug:
             traceback.print_exc()

@@ -1,4 +1,5 @@
-"""Test setup: 8 fake CPU devices, strict dtype/rank promotion, a key fixture.
+"""Test setup: 8 fake CPU devices, strict dtype/rank promotion, a key fixture; the grammar
+tokenizer and the two entry points' main() that the training tests share.
 
 XLA_FLAGS must be set before jax is imported anywhere, so this runs at conftest import.
 """
@@ -33,3 +34,28 @@ def shared_data():
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """The 512-piece SentencePiece model of the embedded grammar (tests/_train_helpers.py)."""
+    from _train_helpers import GRAMMAR_DOCS
+    from jaxdepth.data import grammar
+    from jaxdepth.data.tokenizer import train_tokenizer
+
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.model"
+    train_tokenizer(grammar.corpus_texts(GRAMMAR_DOCS, seed=1234), 512).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def train_main():
+    """train.py's main(argv) -> exit code, imported from the repository root."""
+    from _train_helpers import load_main
+    return load_main("train.py")
+
+
+@pytest.fixture(scope="module")
+def eval_main():
+    from _train_helpers import load_main
+    return load_main("eval.py")

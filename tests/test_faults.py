@@ -11,7 +11,6 @@ filesystem), a process killed with SIGKILL.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import shutil
@@ -29,34 +28,9 @@ from _train_helpers import (GRAMMAR_DOCS, REPO, TRAIN_PY, committed_steps, load_
                             snapshot, step_losses, subprocess_env)
 from jaxdepth.config import Config, ConfigError, DataConfig, MeshConfig, ModelConfig
 from jaxdepth.data import grammar
-from jaxdepth.data.tokenizer import train_tokenizer
 
 STEPS = 10  # the finished run: checkpoints at 5 and 10
 TIMEOUT = 240
-
-
-def _load_main(script: str):
-    spec = importlib.util.spec_from_file_location(script.replace(".", "_"), REPO / script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
-
-
-@pytest.fixture(scope="module")
-def train_main():
-    return _load_main("train.py")
-
-
-@pytest.fixture(scope="module")
-def eval_main():
-    return _load_main("eval.py")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.model"
-    train_tokenizer(grammar.corpus_texts(GRAMMAR_DOCS, seed=1234), 512).save(path)
-    return str(path)
 
 
 def argv(run, tokenizer, steps: int = STEPS, **fields) -> list[str]:

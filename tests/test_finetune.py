@@ -166,13 +166,15 @@ def test_task_config_errors_name_the_field():
                      "--run.steps", "50"])
     assert (ft.optim.name, ft.optim.lr, ft.model.dropout, ft.run.eval_every, ft.run.steps) == \
         ("adafactor", 1e-3, 0.1, 250, 50)
-    # naming a task on a pretraining config changes nothing else (no silent fine-tuning preset)
+    # naming a task on a pretraining config changes nothing but the optimizer fields it left
+    # to the run kind's recipe (t5x fine-tuning's); no silent fine-tuning preset otherwise
     pre = parse_args(["--preset", "tiny-L2", "--run.steps", "50"])
     bare = parse_args(["--preset", "tiny-L2", "--task.name", "passivization", "--run.steps", "50"])
     assert bare.task.name == "passivization" and bare.preset == "tiny-L2"
     assert dataclasses.replace(bare, task=pre.task) == pre
-    assert (bare.optim.name, bare.optim.lr, bare.model.dropout, bare.run.eval_every) == \
-        ("adafactor", 6e-2, 0.0, 100)  # the library defaults, untouched by the task
+    assert (bare.optim.name, bare.optim.lr, bare.optim.schedule, bare.model.dropout,
+            bare.run.eval_every) == ("adafactor", 1e-3, "constant", 0.0, 100)
+    assert (pre.optim.lr, pre.optim.schedule) == (6e-2, "cosine")  # the lm kind's recipe
     assert parse_args(["--preset", "tiny-L2"]).optim == pre.optim  # pretraining untouched
 
 

@@ -353,7 +353,7 @@ def test_ner_run_reports_best_dev_and_test_at_best(ner_run, wikiann_dir):
     assert report["best_dev_f1"] > 0.3, evals
 
 
-def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir):
+def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir, capsys):
     from jaxdepth.data.subwords import SentencePieceWords
     from jaxdepth.data.tokenizer import Tokenizer
     from jaxdepth.tasks import load_model
@@ -397,6 +397,15 @@ def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir)
             assert out[split][k] == pytest.approx(final[f"{split}_{k}"], abs=1e-12)
     tagged = _read_jsonl(run / "eval_out" / "test.jsonl")
     assert [r["prediction"] for r in tagged] == pred
+    # an output directory that cannot be made: the result is printed first, then one line
+    blocked = run / "eval_out" / "test.jsonl" / "sub"  # under a file, even root cannot
+    capsys.readouterr()
+    assert _eval_py().main(["--run", str(run), "--out", str(blocked)]) == 2
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["test"] == out["test"]
+    assert printed.err.strip().splitlines() == [
+        f"error: could not write the result to {blocked} (not a directory); it is printed "
+        f"above; give --out a writable path to keep it in a file"]
 
 
 def test_ner_result_on_a_process_that_does_not_write_evals_jsonl(ner_run, tmp_path):

@@ -21,12 +21,9 @@ import threading
 
 import jax
 import jax.numpy as jnp
-import pytest
 
-from _train_helpers import GRAMMAR_DOCS, base_args, committed_steps, step_losses
+from _train_helpers import base_args, committed_steps, step_losses
 from jaxdepth.cli import parse_args
-from jaxdepth.data import grammar
-from jaxdepth.data.tokenizer import train_tokenizer
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import loop
 
@@ -119,13 +116,6 @@ def test_counter_counts_a_retraced_function():
     toy(jnp.ones(7))  # after the context: not counted
     assert counter.traces == ["<lambda>"] * 3 and counter.calls == 5
     assert counter.compiles <= 3  # (fewer if a persistent compilation cache serves some)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.model"
-    train_tokenizer(grammar.corpus_texts(GRAMMAR_DOCS, seed=1234), 512).save(path)
-    return str(path)
 
 
 def _logged_and_saved(run_dir) -> tuple[list[int], list[int]]:

@@ -267,7 +267,8 @@ def test_state_of_a_changed_corpus_is_refused(tmp_path, corpus):
     _, state = take(paths, tok, 5, n_streams=2, global_batch=2)
     for p in paths:
         Path(p).write_text(json.dumps({"text": "x"}) + "\n")
-    with pytest.raises(DataError, match=r"f0.jsonl:1: .*changed since the checkpoint was written"):
+    with pytest.raises(DataError, match=r"f0.jsonl: changed since the checkpoint was written "
+                                        r"\(size \d+ -> 14 bytes\) \(and 1 more change\)"):
         take(paths, tok, 1, n_streams=2, global_batch=2, state=state)
 
 

@@ -58,15 +58,6 @@ def jit_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("jit_cache")
 
 
-@pytest.fixture(scope="module")
-def train_main():
-    """train.py's main(argv) -> exit code, imported from the repository root."""
-    spec = importlib.util.spec_from_file_location("train_script", REPO / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
-
-
 # ----------------------------------------------------------------------------- 1. sharding
 
 SHARD_STEPS = 6

@@ -27,6 +27,8 @@ IGNORE_LABEL = -100  # label of non-first sub-tokens: left out of the loss and t
 class Sentence:
     tokens: tuple[str, ...]
     tags: tuple[str, ...]  # IOB2
+    # where each token was read ("file:line"), for errors; not part of the sentence's value
+    where: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
 
 def _check_tag(tag: str, where: str) -> None:
@@ -55,24 +57,27 @@ def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
 
 
 def _read_blocks(path: Path, parse_line):
-    """Sentences of a one-token-per-line file; parse_line(line, where) -> (token, tag) or None."""
-    sentences: list[tuple[list[str], list[str]]] = []
+    """Sentences of a one-token-per-line file, as (tokens, tags, "file:line" of each token);
+    parse_line(line, where) -> (token, tag) or None."""
+    sentences: list[tuple[list[str], list[str], list[str]]] = []
     tokens: list[str] = []
     tags: list[str] = []
+    where: list[str] = []
     with text_lines(path, "NER") as lines:
         for lineno, line in enumerate(lines, start=1):
             line = line.rstrip("\r\n")
             if not line.strip():
                 if tokens:
-                    sentences.append((tokens, tags))
-                    tokens, tags = [], []
+                    sentences.append((tokens, tags, where))
+                    tokens, tags, where = [], [], []
                 continue
             parsed = parse_line(line, f"{path}:{lineno}")
             if parsed is not None:
                 tokens.append(parsed[0])
                 tags.append(parsed[1])
+                where.append(f"{path}:{lineno}")
     if tokens:  # the last sentence need not end with a blank line
-        sentences.append((tokens, tags))
+        sentences.append((tokens, tags, where))
     return sentences
 
 
@@ -91,8 +96,8 @@ def read_conll2003(path: str | Path) -> list[Sentence]:
         _check_tag(fields[3], where)
         return fields[0], fields[3]
 
-    return [Sentence(tuple(tok), tuple(iob1_to_iob2(tags)))
-            for tok, tags in _read_blocks(Path(path), parse)]
+    return [Sentence(tuple(tok), tuple(iob1_to_iob2(tags)), tuple(where))
+            for tok, tags, where in _read_blocks(Path(path), parse)]
 
 
 def read_wikiann(path: str | Path) -> list[Sentence]:
@@ -111,7 +116,8 @@ def read_wikiann(path: str | Path) -> list[Sentence]:
         _check_tag(fields[1], where)
         return token, fields[1]
 
-    return [Sentence(tuple(tok), tuple(tags)) for tok, tags in _read_blocks(Path(path), parse)]
+    return [Sentence(tuple(tok), tuple(tags), tuple(where))
+            for tok, tags, where in _read_blocks(Path(path), parse)]
 
 
 def entity_types(sentences: Sequence[Sentence]) -> list[str]:
@@ -124,11 +130,17 @@ def label_set(sentences: Sequence[Sentence]) -> tuple[str, ...]:
     return ("O",) + tuple(f"{p}-{t}" for t in entity_types(sentences) for p in "BI")
 
 
-def encode_tags(tags: Sequence[str], labels: Sequence[str]) -> list[int]:
-    """Label ids of tags; an unknown tag is an error rather than a silent O."""
+def encode_tags(tags: Sequence[str], labels: Sequence[str],
+                where: Sequence[str] = ()) -> list[int]:
+    """Label ids of tags; an unknown tag is an error rather than a silent O, naming the
+    "file:line" it was read from when `where` (one per tag) says."""
     index = {label: i for i, label in enumerate(labels)}
     missing = sorted(set(tags) - index.keys())
     if missing:
+        if len(where) == len(tags):
+            at = next(k for k, t in enumerate(tags) if t not in index)
+            raise DataError(f"{where[at]}: tag {tags[at]!r} is not in the label set "
+                            f"{list(labels)}")
         raise DataError(f"tags {missing} are not in the label set {list(labels)}")
     return [index[t] for t in tags]
 
@@ -238,7 +250,7 @@ def encode_sentences(sentences: Sequence[Sentence], word_ids, labels: Sequence[s
     label_ids = np.full((n, max_words), -1, np.int32)
     dropped = 0
     for i, s in enumerate(sentences):
-        ids = encode_tags(s.tags, labels)
+        ids = encode_tags(s.tags, labels, s.where)
         pieces_per_word = [p if p else None for p in word_ids(s.tokens)]
         seq, kept = [cls_id], 0
         for w, pieces in enumerate(pieces_per_word):

@@ -8,8 +8,9 @@ the validation windows are packed from the validation files in memory.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-import shutil
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from ..config import ConfigError, DataConfig
-from ..errors import DataError, writing
+from ..errors import DataError, warn, writing
 from . import grammar
 from .packing import document_ids, iter_windows
 from .pipeline import (load_tokens, save_tokens, split_documents, tokenize_documents,
                        window_batches)
 from .readers import iter_documents, read_corpus, resolve_paths
+from .streaming import CorpusChanged
 from .tokenizer import Tokenizer, train_tokenizer
 
 
@@ -38,12 +40,30 @@ class LMData:
     valid_docs: list[str]  # a few validation documents, for greedy samples
 
 
+def training_files(cfg: DataConfig, announce: bool = True) -> list[str]:
+    """The files data.corpus names (files, directories, globs), less any that data.valid
+    names too: a validation file is never trained on (announce: say so in a warning)."""
+    files = resolve_paths(cfg.corpus, "data.corpus")
+    if not cfg.valid.strip():
+        return files
+    valid = {os.path.realpath(f) for f in resolve_paths(cfg.valid, "data.valid")}
+    left_out = [f for f in files if os.path.realpath(f) in valid]
+    if len(left_out) == len(files):
+        raise ConfigError(f"data.corpus: every file of it is also data.valid "
+                          f"({', '.join(left_out[:3])}{' ...' if len(left_out) > 3 else ''}); "
+                          f"name the training files", field="data.corpus")
+    if left_out and announce:
+        warn(f"data.corpus: {', '.join(left_out)} {'is' if len(left_out) == 1 else 'are'} "
+             f"data.valid too; not trained on")
+    return [f for f in files if os.path.realpath(f) not in valid]
+
+
 def load_documents(cfg: DataConfig) -> tuple[list[str], list[str]]:
     """(train documents, validation documents) as the config describes them."""
     if cfg.corpus == "grammar":
         docs = grammar.corpus_texts(cfg.grammar_docs, seed=cfg.grammar_seed)
     else:
-        docs = read_corpus(resolve_paths(cfg.corpus, "data.corpus"))
+        docs = read_corpus(training_files(cfg))
     if cfg.valid:
         return docs, read_corpus(resolve_paths(cfg.valid, "data.valid"))
     return split_documents(docs, cfg.valid_fraction, seed=cfg.valid_seed)
@@ -82,16 +102,15 @@ def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lamb
     path = run_dir / "data" / "tokenizer.model"
     if is_primary and not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
         if copy_from is not None:
             src, setting = copy_from
             if not Path(src).is_file():
                 raise FileNotFoundError(f"{setting}: no tokenizer at {src}")
-            shutil.copyfile(src, tmp)
+            tok = Tokenizer.load(src)  # the same bytes, written as a trained one is
         else:
-            train_tokenizer(texts(), vocab_size, model_type, required_chars=required_chars,
-                            source=source, vocab_field=vocab_field).save(tmp)
-        tmp.replace(path)
+            tok = train_tokenizer(texts(), vocab_size, model_type, required_chars=required_chars,
+                                  source=source, vocab_field=vocab_field)
+        tok.save(path)  # atomic: a failed write leaves no partial file
     barrier()
     tok = Tokenizer.load(path)
     check_vocab(tok, vocab_size, str(path), vocab_field)
@@ -105,27 +124,97 @@ def run_tokenizer(run_dir: Path, vocab_size: int, is_primary: bool, barrier=lamb
     return tok
 
 
-def _source_stamp(cfg: DataConfig, vocab_size: int) -> str:
-    """What the cached files were built from (window length and batch size do not matter)."""
+def _file_stamp(path: str) -> list:
+    """[size, modification time in ns, BLAKE2b of the bytes] of a file: the hash makes it
+    exact, the size and time say what changed."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, digest.hexdigest()]
+
+
+def _source_stamp(cfg: DataConfig, vocab_size: int) -> dict:
+    """What the cached files were built from (window length and batch size do not matter):
+    the data fields and, under "files", every file read (corpus, validation, tokenizer) with
+    its _file_stamp. The grammar corpus is a function of its fields."""
     fields = ("corpus", "valid", "valid_fraction", "valid_seed", "grammar_docs", "grammar_seed",
               "tokenizer", "tokenizer_type")
-    return json.dumps({**{f: getattr(cfg, f) for f in fields}, "vocab_size": vocab_size},
-                      sort_keys=True)
+    stamp = {**{f: getattr(cfg, f) for f in fields}, "vocab_size": vocab_size}
+    files = [] if cfg.corpus == "grammar" else resolve_paths(cfg.corpus, "data.corpus")
+    files += resolve_paths(cfg.valid, "data.valid") if cfg.valid.strip() else []
+    files += [cfg.tokenizer] if cfg.tokenizer else []
+    stamp["files"] = {f: _file_stamp(f) for f in dict.fromkeys(files)}
+    return stamp
+
+
+def _files_change(saved: dict, now: dict) -> str:
+    """One line naming a file whose stamp differs and what changed; "" if none does."""
+    changes = [f"{f}: read when the cache was built, no longer named" for f in saved
+               if f not in now]
+    changes += [f"{f}: added since the cache was built" for f in now if f not in saved]
+    for f, (size, _, digest) in now.items():
+        if f in saved and (saved[f][0], saved[f][2]) != (size, digest):
+            what = (f"size {saved[f][0]} -> {size} bytes" if saved[f][0] != size
+                    else "same size, other bytes")
+            changes.append(f"{f}: changed since the cache was built ({what})")
+    if len(changes) > 1:
+        return f"{changes[0]} (and {len(changes) - 1} more change{'s' if len(changes) > 2 else ''})"
+    return changes[0] if changes else ""
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    d = run_dir / "checkpoints"
+    return d.is_dir() and any(p.name.isdigit() for p in d.iterdir())
+
+
+def _cache_is_current(stamp_path: Path, stamp: dict, cfg: DataConfig, run_dir: Path) -> bool:
+    """Whether <run>/data holds the tokens of exactly these sources. Built from other data
+    fields (or never completed): no, rebuild it. From files that changed since: the run's
+    checkpoints trained on the cached tokens, so a resume is refused (CorpusChanged) unless
+    data.restart_stream asks to re-tokenize; without a checkpoint it is rebuilt. A stamp
+    written before files were stamped is taken as it is."""
+    if not stamp_path.is_file():
+        return False
+    try:
+        saved = json.loads(stamp_path.read_text())
+    except json.JSONDecodeError:
+        return False
+    if {k: v for k, v in saved.items() if k != "files"} != \
+            {k: v for k, v in stamp.items() if k != "files"}:
+        return False
+    if "files" not in saved:
+        return True
+    change = _files_change(saved["files"], stamp["files"])
+    if not change or not _has_checkpoint(run_dir):
+        return not change
+    data_dir = stamp_path.parent
+    if not cfg.restart_stream:
+        raise CorpusChanged(f"{change}; the checkpoints in {run_dir / 'checkpoints'} trained on "
+                            f"the tokens cached in {data_dir} from it: restore the file to "
+                            f"resume exactly, give --data.restart_stream true to re-tokenize "
+                            f"the corpus as it is now and resume on it, or start afresh with "
+                            f"another --run.dir")
+    warn(f"data.restart_stream: {change}; {data_dir} is built again from the corpus as it is "
+         f"now, and the run resumes on it at its checkpoint's step")
+    return False
 
 
 def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary: bool,
                     barrier=lambda: None) -> LMData:
     """Build (or reuse) the run's tokenizer and token files.
 
-    The cache is reused only if it was built from the same data fields; the stamp recording
-    them is written last, so an interrupted preparation is redone. (Resuming a checkpoint
-    with other data fields is refused before this is called.)
+    The cache is reused only if it was built from the same data fields and files
+    (_cache_is_current); the stamp recording them is written last, so an interrupted
+    preparation is redone. (Resuming a checkpoint with other data fields is refused before
+    this is called.)
     """
     data_dir = run_dir / "data"
     tok_path = data_dir / "tokenizer.model"
     stamp_path = data_dir / "source.json"
-    stamp = _source_stamp(cfg, vocab_size)
-    if is_primary and not (stamp_path.is_file() and stamp_path.read_text() == stamp):
+    if is_primary and not _cache_is_current(stamp_path, stamp := _source_stamp(cfg, vocab_size),
+                                            cfg, run_dir):
         train_docs, valid_docs = load_documents(cfg)
         if cfg.tokenizer:
             tok = Tokenizer.load(cfg.tokenizer)
@@ -143,7 +232,7 @@ def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary:
             (data_dir / "valid_docs.txt").write_text(
                 "\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:N_PROMPT_DOCS]))
             save_tokens(data_dir / "valid.npy", tokenize_documents(valid_docs, tok))
-            stamp_path.write_text(stamp)
+            stamp_path.write_text(json.dumps(stamp, sort_keys=True))
     barrier()
     tok = Tokenizer.load(tok_path)
     check_vocab(tok, vocab_size, str(tok_path))
@@ -199,7 +288,7 @@ def prepare_streaming(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primar
         raise ConfigError("data.valid: data.streaming reads validation from its own files (e.g. "
                           "--data.valid 'c4/en/c4-validation.*-of-00008.json.gz')",
                           field="data.valid")
-    files = resolve_paths(cfg.corpus, "data.corpus")
+    files = training_files(cfg, announce=is_primary)
     valid_files = resolve_paths(cfg.valid, "data.valid")
     copy = (cfg.tokenizer, "data.tokenizer") if cfg.tokenizer else None
     tok = run_tokenizer(run_dir, vocab_size, is_primary, barrier, copy_from=copy,

@@ -52,13 +52,22 @@ def text_lines(path: str | Path, what: str = "corpus") -> Iterator[Iterator[str]
     of file in messages ("corpus", "data", "NER")."""
     path = Path(path)
     _check_file(path, what)
+    read = 0  # lines handed out: a truncated .gz is readable up to there
+
+    def counted(f):
+        nonlocal read
+        for line in f:
+            read += 1
+            yield line
+
     try:
         with _open(path, "rt") as f:
-            yield f
+            yield counted(f)
     except UnicodeDecodeError:
         raise DataError(f"{path}:{_bad_utf8(path)}") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise DataError(f"{path}: truncated or corrupt gzip file ({e})") from None
+        after = f": no line after line {read} can be read" if read else ""
+        raise DataError(f"{path}: truncated or corrupt gzip file{after} ({e})") from None
 
 
 def read_json_file(path: str | Path, what: str = "JSON"):
@@ -109,17 +118,27 @@ def _jsonl_documents(path: Path, lines: Iterator[str], first: int, field: str):
         yield lineno, value
 
 
+def _hashed(lines: Iterator[str], digest) -> Iterator[str]:
+    for line in lines:
+        digest.update(line.encode("utf-8", "surrogatepass"))
+        yield line
+
+
 def iter_documents(path: str | Path, fmt: str = "auto", *, start_line: int = 1,
-                   field: str = "text") -> Iterator[tuple[int, str]]:
+                   field: str = "text", digest=None) -> Iterator[tuple[int, str]]:
     """(line, text) of every document of one corpus file, lazily, from line `start_line` on:
     the line is where the document starts, so a reader stopped at a document resumes there.
 
     JSONL (one object per line, the string `field`) or plain text (blocks of lines separated
     by blank lines), chosen by `fmt` ("auto": by suffix), optionally gzipped. Errors name the
-    file and line."""
+    file and line. `digest` (a hashlib object), if given, is updated with every line read,
+    skipped ones included: when a document is yielded it has seen the file's text from its
+    start through that document (and, for plain text, the blank line after it)."""
     path = Path(path)
     jsonl = _is_jsonl(path) if fmt == "auto" else fmt == "jsonl"
     with text_lines(path) as lines:
+        if digest is not None:
+            lines = _hashed(lines, digest)
         for _ in range(start_line - 1):  # skipped lines are only decompressed, never parsed
             if next(lines, None) is None:
                 return

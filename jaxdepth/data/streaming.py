@@ -18,12 +18,26 @@ alone, whatever the number of hosts or loader workers:
   stream order.
 
 The iterator state is one cursor per stream — (epoch, position in the epoch's file order, line
-where the current document starts, tokens of it already packed) — saved in every checkpoint
-by grain. A resumed stream skips to that line (decompressing, not parsing) and re-tokenizes
-the one document it was in.
+where the current document starts, tokens of it already packed, a hash of the file's text up
+to the end of that document) — saved in every checkpoint by grain, with what the cursors
+depend on: the file list, each file's size and modification time, and the batches read. A
+resumed run refuses a corpus that changed since (a file added, removed or modified; the text
+up to a cursor changed), naming the file: the saved cursors would apply to other text. A
+resumed stream skips to the cursor's line (decompressing and hashing, not parsing) and
+re-tokenizes the one document it was in. Checkpoints written before these records resume as
+before, unchecked.
+
+``data.restart_stream`` continues a run on a changed corpus (shards appended on purpose): the
+checkpoint's cursors are dropped and, from the restored step N on, the batches are those a
+fresh run on the current file list reads from its first batch — every stream at the start of
+its first file, in the order ``default_rng([seed, s, e])`` deals. So after a restart the data
+order is a function of (seed, file list, S) and N alone, and documents read before step N are
+read again. Each resume with the flag restarts the stream: drop it once the run resumed.
 """
 from __future__ import annotations
 
+import datetime
+import hashlib
 import os
 import threading
 import time
@@ -34,12 +48,29 @@ import numpy as np
 from absl import flags
 
 from ..config import ConfigError
-from ..errors import DataError
+from ..errors import DataError, warn
 from .packing import WindowPacker, document_ids, features
 from .readers import iter_documents
 from .tokenizer import Tokenizer
 
 BATCH_KEYS = ("inputs", "targets", "weights", "segment_ids")
+
+
+_NO_SHARED_MEMORY = 2**62  # grain's min_shm_size: blocks smaller than this are pickled
+
+
+class CorpusChanged(DataError):
+    """The corpus differs from the one a checkpoint's stream positions were read from."""
+
+
+# What the errors about a changed corpus suggest.
+_ADVICE = ("the checkpoint's stream positions belong to the corpus as it was: restore the "
+           "corpus to resume exactly, or give --data.restart_stream true to resume on it as it "
+           "is now, its data stream started afresh")
+
+
+def _text_digest():
+    return hashlib.blake2b(digest_size=16)
 
 
 def deal_files(files: Sequence[str], n_streams: int) -> list[tuple[str, ...]]:
@@ -73,7 +104,9 @@ class _Stream:
         self.tokenizer, self.fmt = tokenizer, fmt
         self.packer = WindowPacker(seq_len)
         self.epoch, self.file_pos, self.doc_line = 0, 0, 0  # doc_line 0: no document yet
+        self.doc_digest = ""  # the open file's text through the current document, hashed
         self._docs = None  # the open file's (line, text) iterator
+        self._digest = _text_digest()
         self._files_without_docs = 0
 
     def _path(self) -> str:
@@ -81,7 +114,9 @@ class _Stream:
         return self.files[order[self.file_pos]]
 
     def _open(self, start_line: int = 1) -> None:
-        self._docs = iter_documents(self._path(), self.fmt, start_line=start_line)
+        self._digest = _text_digest()
+        self._docs = iter_documents(self._path(), self.fmt, start_line=start_line,
+                                    digest=self._digest)
 
     def next_document(self) -> np.ndarray:
         while True:
@@ -90,7 +125,7 @@ class _Stream:
             item = next(self._docs, None)
             if item is not None and item[1].strip():
                 self._files_without_docs = 0
-                self.doc_line = item[0]
+                self.doc_line, self.doc_digest = item[0], self._digest.hexdigest()
                 return document_ids(self.tokenizer.encode(item[1]))
             if item is not None:
                 continue
@@ -106,24 +141,33 @@ class _Stream:
     def window(self) -> dict[str, np.ndarray]:
         return features(*self.packer.window(self.next_document))
 
-    def cursor(self) -> list[int]:
-        return [self.epoch, self.file_pos, self.doc_line, self.packer.offset]
+    def cursor(self) -> list:
+        return [self.epoch, self.file_pos, self.doc_line, self.packer.offset, self.doc_digest]
 
-    def seek(self, cursor: Sequence[int]) -> None:
-        self.epoch, self.file_pos, self.doc_line, offset = (int(c) for c in cursor)
+    def seek(self, cursor: Sequence) -> None:
+        """Go to a saved cursor: 5 fields, or 4 (written before the text hash, unchecked)."""
+        self.epoch, self.file_pos, self.doc_line, offset = (int(c) for c in cursor[:4])
+        saved_digest = str(cursor[4]) if len(cursor) > 4 else ""
         self.packer = WindowPacker(self.packer.seq_len)
-        self._docs = None
+        self._docs, self.doc_digest = None, ""
         if self.doc_line:
             self._open(self.doc_line)
             item = next(self._docs, None)
             if item is None or item[0] != self.doc_line:
-                raise DataError(f"{self._path()}:{self.doc_line}: no document starts here any more; "
-                                f"the corpus changed since the checkpoint was written")
+                raise CorpusChanged(f"{self._path()}:{self.doc_line}: no document starts here any "
+                                    f"more; the corpus changed since the checkpoint was "
+                                    f"written; {_ADVICE}")
+            self.doc_digest = self._digest.hexdigest()
+            if saved_digest and saved_digest != self.doc_digest:
+                raise CorpusChanged(f"{self._path()}:{self.doc_line}: the file's text up to the "
+                                    f"end of this document changed since the checkpoint was "
+                                    f"written; {_ADVICE}")
             ids = document_ids(self.tokenizer.encode(item[1]))
             if offset > len(ids):
-                raise DataError(f"{self._path()}:{self.doc_line}: the document is shorter than "
-                                f"the checkpoint says ({len(ids)} < {offset} tokens); the corpus "
-                                f"or tokenizer changed since the checkpoint was written")
+                raise CorpusChanged(f"{self._path()}:{self.doc_line}: the document is shorter "
+                                    f"than the checkpoint says ({len(ids)} < {offset} tokens); "
+                                    f"the corpus or tokenizer changed since the checkpoint was "
+                                    f"written; {_ADVICE}")
             self.packer.doc, self.packer.offset = ids, offset
 
 
@@ -195,6 +239,110 @@ def _exit_with_parent(worker_index: int, worker_count: int) -> None:
     threading.Thread(target=watch, daemon=True, name="exit-with-trainer").start()
 
 
+def corpus_record(files: Sequence[str]) -> list[list]:
+    """[path, size, modification time in ns] of every file, in order: what the stream
+    positions of a checkpoint depend on, besides the text up to each cursor."""
+    out = []
+    for f in files:
+        st = os.stat(f)
+        out.append([str(f), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _when(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9).isoformat(sep=" ", timespec="seconds")
+
+
+def corpus_change(saved: Sequence, now: Sequence) -> str:
+    """One line naming a file that differs between two corpus_record()s and what changed
+    (with how many other changes there are); "" if none does."""
+    old = {f: (size, mtime) for f, size, mtime in saved}
+    new = {f: (size, mtime) for f, size, mtime in now}
+    changes = [f"{f}: in data.corpus when the checkpoint was written, gone now"
+               for f in old if f not in new]
+    changes += [f"{f}: added to data.corpus since the checkpoint was written (the files would "
+                f"be dealt to the streams anew)" for f in new if f not in old]
+    for f in new:
+        if f in old and old[f] != new[f]:
+            (size0, t0), (size1, t1) = old[f], new[f]
+            what = (f"size {size0} -> {size1} bytes" if size0 != size1 else
+                    f"modified {_when(t1)}, the checkpoint read it as of {_when(t0)}; same size")
+            changes.append(f"{f}: changed since the checkpoint was written ({what})")
+    moved = [f for (f, *_), (g, *_) in zip(now, saved) if f != g]
+    if not changes and moved:
+        changes.append(f"{moved[0]}: data.corpus lists its files in another order than when the "
+                       f"checkpoint was written")
+    if not changes:
+        return ""
+    more = f" (and {len(changes) - 1} more change{'s' if len(changes) > 2 else ''})" \
+        if len(changes) > 1 else ""
+    return changes[0] + more
+
+
+class _CorpusChecked(grain.IterDataset):
+    """The loader, with what its state depends on (the corpus record, the batches read) added
+    to its checkpointed state and checked when that is restored; restart: drop the saved
+    positions instead (data.restart_stream). Also closes the loader (worker processes, shared
+    memory) when reading fails, so that the error is the last thing the run prints."""
+
+    def __init__(self, parent: grain.IterDataset, files: Sequence[str], restart: bool,
+                 announce: bool):
+        super().__init__(parent)
+        self.record = corpus_record(files)
+        self.restart, self.announce = restart, announce
+
+    def __iter__(self) -> "_CorpusCheckedIterator":
+        return _CorpusCheckedIterator(self)
+
+    def __str__(self) -> str:
+        return f"CorpusChecked(files={len(self.record)}, restart={self.restart})"
+
+
+class _CorpusCheckedIterator(grain.DatasetIterator):
+    def __init__(self, ds: _CorpusChecked):
+        super().__init__(ds._parent.__iter__())
+        self.record, self.restart, self.announce = ds.record, ds.restart, ds.announce
+        self.batches = 0  # None: unknown (restored from a state that did not count them)
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        try:
+            batch = next(self._parent)
+        except BaseException:
+            self.close()  # stop the workers and free their buffers before the error is shown
+            raise
+        if self.batches is not None:
+            self.batches += 1
+        return batch
+
+    def get_state(self) -> dict:
+        return {"corpus": self.record, "batches": self.batches, "loader": self._parent.get_state()}
+
+    def set_state(self, state: dict) -> None:
+        if "loader" not in state:  # written before the corpus record: nothing to check
+            self.batches = None
+            if self.restart:
+                self._restarted("the checkpoint's step", "")
+            else:
+                self._parent.set_state(state)
+            return
+        change = corpus_change(state["corpus"], self.record)
+        self.batches = state["batches"]
+        if self.restart:
+            self._restarted("the checkpoint's step" if self.batches is None
+                            else f"step {self.batches}", change)
+            return
+        if change:
+            raise CorpusChanged(f"{change}; {_ADVICE}")
+        self._parent.set_state(state["loader"])
+
+    def _restarted(self, step: str, change: str) -> None:
+        if self.announce:
+            now = f"the corpus changed: {change}" if change else "the corpus is unchanged"
+            warn(f"data.restart_stream: the data stream starts afresh at {step}, on the "
+                 f"{len(self.record)} files of data.corpus as a fresh run reads them ({now}); "
+                 f"drop --data.restart_stream when resuming again, or each resume restarts it")
+
+
 def _merge_blocks(blocks: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """One batch from each worker's block: worker w holds local streams w, w+W, ..., so
     local stream s is row s // W of block s % W; rows come out stream after stream."""
@@ -209,10 +357,12 @@ def _merge_blocks(blocks: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarr
 
 def streaming_dataset(files: Sequence[str], *, seq_len: int, global_batch: int, n_streams: int,
                       seed: int, tokenizer: str, workers: int = 0, process_index: int = 0,
-                      process_count: int = 1, fmt: str = "auto") -> grain.IterDataset:
+                      process_count: int = 1, fmt: str = "auto",
+                      restart: bool = False) -> grain.IterDataset:
     """This process's rows of every global batch, [global_batch / process_count, seq_len] per
     feature (BATCH_KEYS), read and tokenized by `workers` loader processes (0: a thread of
-    this one)."""
+    this one). Its state is checked against the corpus when restored; `restart`
+    (data.restart_stream): the restored state's stream positions are dropped instead."""
     # grain reads absl flags in its worker plumbing; a program that never parsed them (ours
     # take their own command line) would fail there.
     if not flags.FLAGS.is_parsed():
@@ -228,9 +378,14 @@ def streaming_dataset(files: Sequence[str], *, seq_len: int, global_batch: int, 
                                           rows=global_batch // n_streams, seed=seed,
                                           tokenizer=tokenizer, fmt=fmt)
     if workers:
+        # Blocks travel through the workers' queues, not shared memory: a worker stopped by
+        # an error (or by the trainer's) would leave its shared-memory blocks behind.
+        ds = grain.experimental.WithOptionsIterDataset(
+            ds, grain.experimental.DatasetOptions(min_shm_size=_NO_SHARED_MEMORY))
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
                                                          per_worker_buffer_size=2),
                             worker_init_fn=_exit_with_parent)
     else:
         ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2)
-    return ds.batch(max(workers, 1), batch_fn=_merge_blocks)
+    ds = ds.batch(max(workers, 1), batch_fn=_merge_blocks)
+    return _CorpusChecked(ds, files, restart, announce=process_index == 0)

@@ -7,13 +7,14 @@ pickles (grain may send it to worker processes) and saves as an ordinary `.model
 from __future__ import annotations
 
 import io
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
 
-from ..errors import DataError, one_line
+from ..errors import DataError, one_line, writing
 from ..config import CLS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID  # noqa: F401 (the layout)
 
 SPECIAL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")  # ids CLS_ID, SEP_ID, MASK_ID in this order
@@ -82,7 +83,18 @@ class Tokenizer:
         return sum(1 for i in self.encode(text) if i == UNK_ID)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_bytes(self._proto)
+        """Write the model to `path` atomically: through a temporary file in the same
+        directory, renamed into place, so that a failed write (a full disk) leaves neither
+        half a model nor the temporary file."""
+        path = Path(path)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        try:
+            with writing(path):
+                tmp.write_bytes(self._proto)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:

@@ -25,6 +25,7 @@ from ..data.mlm import (eval_mlm_batches, grammar_documents, mlm_dataset,
                         text_documents, tokenize_mlm_documents)
 from ..data.pipeline import split_documents
 from ..data.prepare import corpus_name, run_tokenizer, tokenizer_source
+from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
 from ..trainer.losses import softmax_xent as _xent
@@ -189,14 +190,16 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
         res = evaluate_act(model, reader.valid, use_while=self.adaptive)
         directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
-        directory.mkdir(parents=True, exist_ok=True)
+        out = {"run": str(run), "step": step, "data": args.data or "validation batches of the run",
+               "table1": res["table1"]}
         label = f"{self.arch} step {step}"
-        files = [write_table1(res, directory / "table1.md", directory / "table1.json", label=label),
-                 write_cosine_table(res["cosine"], directory / "cosine.csv"),
-                 plot_cosine(res["cosine"], directory / "cosine.png", title=label)]
-        return {"run": str(run), "step": step,
-                "data": args.data or "validation batches of the run",
-                "table1": res["table1"], "files": [str(f) for f in files]}
+        with writing_result(out, directory):  # computed first: printed even if not written
+            directory.mkdir(parents=True, exist_ok=True)
+            files = [write_table1(res, directory / "table1.md", directory / "table1.json",
+                                  label=label),
+                     write_cosine_table(res["cosine"], directory / "cosine.csv"),
+                     plot_cosine(res["cosine"], directory / "cosine.png", title=label)]
+        return {**out, "files": [str(f) for f in files]}
 
 
 def _finite(xs) -> list:

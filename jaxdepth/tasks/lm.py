@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import Config, param_count
+from ..config import Config, ConfigError, param_count
 from ..data.pipeline import eval_batches, lm_dataset, window_batches
-from ..data.prepare import prepare_lm_data, prepare_streaming
+from ..data.prepare import corpus_name, prepare_lm_data, prepare_streaming
 from ..data.tokenizer import EOS_ID
 from ..data.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, generate
@@ -100,6 +100,7 @@ class LMTask(DecoderTask):
             self.valid = self.data.valid
             return
         self.data = prepare_lm_data(cfg.data, cfg.vocab_size, run_dir, primary, barrier=barrier)
+        check_token_counts(cfg, len(self.data.train), len(self.data.valid))
         valid = eval_batches(self.data.valid, seq_len=cfg.data.seq_len,
                              batch_size=cfg.data.batch_size)
         self.valid = valid[:cfg.run.eval_batches] if cfg.run.eval_batches else valid
@@ -111,7 +112,8 @@ class LMTask(DecoderTask):
             return streaming_dataset(self.data.files, seq_len=cfg.data.seq_len,
                                      global_batch=cfg.data.batch_size, n_streams=cfg.data.streams,
                                      seed=cfg.run.seed, tokenizer=str(self.data.tokenizer_path),
-                                     workers=cfg.data.workers, **where)
+                                     workers=cfg.data.workers,
+                                     restart=cfg.data.restart_stream, **where)
         return lm_dataset(self.data.train, seq_len=cfg.data.seq_len,
                           global_batch=cfg.data.batch_size, seed=cfg.run.seed, **where)
 
@@ -174,8 +176,37 @@ class LMTask(DecoderTask):
         return out
 
 
+def check_token_counts(cfg: Config, n_train: int, n_valid: int) -> None:
+    """ConfigError, naming the field and the numbers, unless the training tokens make a
+    batch of windows (data.batch_size windows of data.seq_len + 1 tokens) and the
+    validation tokens at least one prediction."""
+    d = cfg.data
+    source = corpus_name(d)
+    windows = max(n_train - 1, 0) // d.seq_len
+    if windows == 0:
+        raise ConfigError(f"data.seq_len: {d.seq_len} is longer than the training text: "
+                          f"{source} makes {n_train} training tokens, and a window takes "
+                          f"data.seq_len + 1; lower --data.seq_len", field="data.seq_len")
+    if windows < d.batch_size:
+        raise ConfigError(f"data.batch_size: {d.batch_size} windows per batch are more than the "
+                          f"{windows} windows of data.seq_len={d.seq_len} that {source} makes "
+                          f"({n_train} training tokens); lower --data.batch_size (or "
+                          f"--data.seq_len)", field="data.batch_size")
+    if n_valid < 2:
+        if d.valid.strip():
+            raise ConfigError(f"data.valid: {d.valid} holds {n_valid} tokens; validation needs "
+                              f"at least 2", field="data.valid")
+        raise ConfigError(f"data.valid_fraction: {d.valid_fraction} holds out no validation "
+                          f"document of {source}; give --data.valid files or a larger "
+                          f"--data.valid_fraction", field="data.valid_fraction")
+
+
 def write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
+    """ResultNotWritten (which carries obj, for eval.py to print) if path cannot be written."""
+    from ..errors import writing_result
+
+    with writing_result(obj, path):
+        path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
 def _continue(model: DecoderLM, tokenizer, docs: list[str], max_new: int, key

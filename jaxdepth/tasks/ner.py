@@ -24,9 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..analysis import seqeval
-from ..config import Config
+from ..config import Config, ConfigError
 from ..data import ner
 from ..data.pipeline import ExampleBatchSource, sample_ids
+from ..errors import writing_result
 from ..trainer.flops import module_flops_per_token
 from ..trainer.losses import softmax_xent as _xent
 from . import state_cache
@@ -345,20 +346,22 @@ class NERTask(FusionTask):
         reader.cached = False  # one pass over each split: nothing to reuse
         reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
         directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
-        directory.mkdir(parents=True, exist_ok=True)
-        res = {"run": str(run), "step": step}
+        res, tagged = {"run": str(run), "step": step}, {}
         for split in [s.strip() for s in (args.splits or "dev,test").split(",") if s.strip()]:
             if split not in reader.sentences or split == "train":
-                raise ValueError(f"--splits: {split!r} is not one of dev, test")
+                raise ConfigError(f"--splits: {split!r} is not one of dev, test")
             sents = reader.sentences[split]
             pred = predict_tags(model, reader.arrays[split], [len(x.tokens) for x in sents],
                                 reader.labels, cfg.task.eval_batch or cfg.data.batch_size)
             res[split] = seqeval.f1([list(x.tags) for x in sents], pred)
-            with open(directory / f"{split}.jsonl", "w") as f:
-                for x, p in zip(sents, pred):
-                    f.write(json.dumps({"tokens": list(x.tokens), "gold": list(x.tags),
-                                        "prediction": p}) + "\n")
-        (directory / "ner.json").write_text(json.dumps(res, indent=2) + "\n")
+            tagged[split] = [{"tokens": list(x.tokens), "gold": list(x.tags), "prediction": p}
+                             for x, p in zip(sents, pred)]
+        with writing_result(res, directory):  # computed first: printed even if not written
+            directory.mkdir(parents=True, exist_ok=True)
+            for split, rows in tagged.items():
+                with open(directory / f"{split}.jsonl", "w") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
+            (directory / "ner.json").write_text(json.dumps(res, indent=2) + "\n")
         return res
 
 

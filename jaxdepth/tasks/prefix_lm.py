@@ -127,7 +127,10 @@ class PrefixLMTask(DecoderTask):
         summary = {"run": str(run), "step": step, "task": task.name, "task_dir": task.dir,
                    **summarize(records, dev, gen)}
         directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
-        summary["files"] = write_predictions(directory, records, summary)
+        from ..errors import writing_result
+
+        with writing_result(summary, directory):  # eval.py prints it if it cannot be written
+            summary["files"] = write_predictions(directory, records, summary)
         return {k: summary[k] for k in ("step", "task", "id_accuracy", "gen_accuracy",
                                         "lexical", "structural", "files") if k in summary}
 

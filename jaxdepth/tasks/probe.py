@@ -174,8 +174,8 @@ class ProbeTask(EncoderTask):
                 f"{p['test']['mean_iterations']:.2f}\nresults: {s['analysis']}")
 
     def evaluate_checkpoint(self, run: Path, args) -> dict:
-        raise ValueError(f"{run} fine-tunes an encoder on a probing task: its dev/test "
-                         f"results are in {run / 'analysis' / 'probe.json'}")
+        raise ConfigError(f"--run: {run} fine-tunes an encoder on a probing task: its dev/test "
+                          f"results are in {run / 'analysis' / 'probe.json'}", field="run")
 
 
 def _no_dropout(model):

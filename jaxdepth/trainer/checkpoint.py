@@ -1,21 +1,27 @@
 """Orbax CheckpointManager: one step = train state + data-iterator state + resolved config +
-the state's fingerprints (trainer/fingerprint.py).
+the fingerprints of all three (the ``fingerprints`` item: one per array of the state,
+trainer/fingerprint.py; a SHA-256 of each process's data-iterator state file and of the
+config).
 
 Saves are asynchronous and atomic (Orbax writes to a temporary directory and renames on
 commit), so a run killed at any moment leaves the previous checkpoints intact. A checkpoint
-that cannot be read back (a truncated, deleted or bit-flipped file) is skipped for the newest
+that cannot be read back (a truncated, deleted or bit-flipped file, in any item) is skipped for
+the newest
 readable one: the trainer moves it aside to ``<run>/checkpoints-corrupt/<step>`` (never
 deletes it); readers (eval.py, task.init_from) leave it where it is.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from ..config import Config, ConfigError, MeshConfig
 from ..errors import UserError, describe, one_line, os_error_reason, warn, writing
@@ -36,7 +42,55 @@ class CheckpointSaveFailed(UserError):
 
 
 class CorruptCheckpoint(Exception):
-    """A checkpoint whose arrays read back differ from the fingerprints saved with them."""
+    """A checkpoint whose arrays, data-iterator state or config read back differ from the
+    fingerprints saved with them."""
+
+
+# Keys of the non-array entries of the fingerprints item (array keys are jax key paths, which
+# start with "." or "[").
+CONFIG_KEY = "config"
+
+
+def data_key(process_index: int, process_count: int) -> str:
+    """The fingerprints key of a process's data-iterator state: grain's file name for it."""
+    return f"data/process_{process_index}-of-{process_count}.json"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _config_digest(config: dict) -> str:
+    """Of the config as JSON reads it back (canonical: sorted keys)."""
+    return _sha256(json.dumps(json.loads(json.dumps(config)), sort_keys=True).encode())
+
+
+class _SavedText:
+    """What grain's CheckpointSave writes for a data iterator, computed once, so its digest is
+    the digest of the file: grain writes ``get_state().decode()`` of anything but its own
+    iterators."""
+
+    def __init__(self, data_iter):
+        state = data_iter.get_state()
+        # grain's handler: json.dumps(state, indent=4) for its dataset iterators, the state's
+        # own bytes for a DataLoader's
+        self.text = (json.dumps(state, indent=4) if isinstance(data_iter, grain.DatasetIterator)
+                     else state.decode())
+
+    def get_state(self) -> bytes:
+        return self.text.encode()
+
+
+def _data_digests(text: str) -> dict[str, str]:
+    """data_key -> digest of every process's data-iterator state file (each process digests
+    its own; with several processes they are gathered, since process 0 writes the record)."""
+    digest = _sha256(text.encode())
+    n = jax.process_count()
+    if n == 1:
+        return {data_key(0, 1): digest}
+    every = np.asarray(multihost_utils.process_allgather(
+        np.frombuffer(bytes.fromhex(digest), np.uint8)))
+    return {data_key(i, n): bytes(every[i].astype(np.uint8)).hex() for i in range(n)}
 
 
 # Fields that may differ between the run that saved a checkpoint and the one resuming it.
@@ -47,7 +101,8 @@ _RESUMABLE_CHANGES = {"run.steps", "run.stop_after", "run.progress", "run.log_ev
                       "mesh.fsdp", "mesh.coordinator", "mesh.num_processes", "mesh.process_id",
                       "model.remat", "model.scan_layers", "model.scan_unroll", "model.xent_chunk",
                       "model.attention",
-                      "task.eval_splits", "task.eval_max", "task.eval_batch"}
+                      "task.eval_splits", "task.eval_max", "task.eval_batch",
+                      "data.restart_stream"}
 
 
 def open_manager(run_dir: Path, keep: int | None = None,
@@ -60,18 +115,22 @@ def open_manager(run_dir: Path, keep: int | None = None,
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_iter, cfg: Config) -> None:
+    data = _SavedText(data_iter)
+    config = cfg.to_dict()
+    record = {**fingerprints(state), **_data_digests(data.text), CONFIG_KEY: _config_digest(config)}
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(data_iter),
-        config=ocp.args.JsonSave(cfg.to_dict()),
-        fingerprints=ocp.args.JsonSave(fingerprints(state))), force=True)
+        data=grain.checkpoint.CheckpointSave(data),
+        config=ocp.args.JsonSave(config),
+        fingerprints=ocp.args.JsonSave(record)), force=True)
 
 
 def check_saves(mngr: ocp.CheckpointManager, saving: int, at_step: int,
-                wait: bool = False) -> bool:
+                wait: bool = False, where: Path | None = None) -> bool:
     """Whether the asynchronous save of step `saving` is over (wait: wait until it is);
     CheckpointSaveFailed if it failed. The failed save never committed, so the previous
-    checkpoint is intact."""
+    checkpoint is intact. where: the checkpoint directory as messages name it (default:
+    Orbax's absolute one)."""
     try:
         # Orbax keeps the error of a failed save in its finalize thread, where
         # check_for_errors() does not look: it is raised when that thread is joined.
@@ -90,7 +149,8 @@ def check_saves(mngr: ocp.CheckpointManager, saving: int, at_step: int,
                 else "there is no earlier checkpoint")
         raise CheckpointSaveFailed(
             f"{reason or describe(e)} while saving step {saving} to "
-            f"{Path(mngr.directory) / str(saving)}; training stopped at step {at_step}; {then}"
+            f"{Path(where or mngr.directory) / str(saving)}; training stopped at step {at_step}; "
+            f"{then}"
         ) from e
 
 
@@ -116,8 +176,22 @@ def check_compatible(saved: dict, cfg: Config, where: Path) -> None:
         raise ConfigError(f"{diff[0]}: cannot resume {where} with a different config ({details})")
 
 
+def saved_record(mngr: ocp.CheckpointManager, step: int) -> dict | None:
+    """The fingerprints saved with `step`; None for a checkpoint written before they were."""
+    if not (Path(mngr.directory) / str(step) / "fingerprints").is_dir():
+        return None
+    return mngr.restore(step, args=ocp.args.Composite(
+        fingerprints=ocp.args.JsonRestore())).fingerprints
+
+
 def saved_config(mngr: ocp.CheckpointManager, step: int) -> dict:
-    return mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+    """The config saved with `step`; CorruptCheckpoint if it differs from its fingerprint
+    (a checkpoint without one is taken as it is)."""
+    config = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+    want = (saved_record(mngr, step) or {}).get(CONFIG_KEY)
+    if want is not None and _config_digest(config) != want:
+        raise CorruptCheckpoint("its config differs from the fingerprint saved with it")
+    return config
 
 
 def newest_config(mngr: ocp.CheckpointManager) -> tuple[int, dict] | None:
@@ -136,19 +210,45 @@ class _DataState:
     which an iterator would answer by reading batches."""
 
     state = None
+    digest = None  # of the file's text
 
     def set_state(self, state) -> None:
-        self.state = json.loads(state) if isinstance(state, (bytes, str)) else state
+        if isinstance(state, (bytes, str)):
+            raw = state.encode() if isinstance(state, str) else state
+            self.digest = _sha256(raw)
+            state = json.loads(raw)
+        self.state = state
 
     def start_prefetch(self) -> None:
         pass
 
 
 def read_data_state(mngr: ocp.CheckpointManager, step: int) -> dict:
-    """The data iterator's state saved at `step`, read without touching an iterator (set it
-    with ``set_state`` when the batches may be read)."""
-    probe = _DataState()
-    mngr.restore(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(probe)))
+    """The data iterator's state this process saved at `step`, read without touching an
+    iterator (set it with ``set_state`` when the batches may be read). CorruptCheckpoint if
+    its file differs from the digest saved with it (a checkpoint without one is taken as it
+    is). With several processes, each reads its own file and all agree: one whose file cannot
+    be read makes the checkpoint unreadable for all of them."""
+    key = data_key(jax.process_index(), jax.process_count())
+    failure = None
+    try:
+        probe = _DataState()
+        mngr.restore(step, args=ocp.args.Composite(
+            data=grain.checkpoint.CheckpointRestore(probe)))
+        want = (saved_record(mngr, step) or {}).get(key)
+        if want is not None and probe.digest != want:
+            raise CorruptCheckpoint(f"the data iterator state in {key} differs from the "
+                                    f"fingerprint saved with it")
+    except Exception as e:
+        failure = e
+    if jax.process_count() > 1:
+        failed = np.asarray(multihost_utils.process_allgather(np.int32(failure is not None)))
+        first = int(np.argmax(failed))
+        if failure is None and failed[first]:
+            raise CorruptCheckpoint(f"process {first} cannot read its data iterator state "
+                                    f"({data_key(first, jax.process_count())})")
+    if failure is not None:
+        raise failure
     return probe.state
 
 
@@ -183,10 +283,10 @@ def verify(mngr: ocp.CheckpointManager, step: int, state) -> None:
     """Raise CorruptCheckpoint if an array of `state` (restored from `step`) differs from the
     fingerprint saved with it. Checkpoints written before fingerprints were saved are taken
     as they are."""
-    if not (Path(mngr.directory) / str(step) / "fingerprints").is_dir():
+    saved = saved_record(mngr, step)
+    if saved is None:
         return
-    saved = mngr.restore(step, args=ocp.args.Composite(fingerprints=ocp.args.JsonRestore()))
-    bad = mismatches(state, saved.fingerprints)
+    bad = mismatches(state, saved)
     if bad:
         raise CorruptCheckpoint(f"{len(bad)} array(s) differ from the fingerprints saved with "
                                 f"them, e.g. {bad[0]}")
@@ -205,11 +305,12 @@ def _unreadable_because(e: Exception) -> str:
 
 
 def restore_newest(mngr: ocp.CheckpointManager, restore_one, step: int | None = None,
-                   advice: str = ""):
+                   advice: str = "", where: Path | None = None):
     """(restore_one(step)'s result, its step, [(skipped newer step, why)]) for the newest
     checkpoint restore_one reads and verifies (only `step` when given). Raises
-    NoReadableCheckpoint, ending with `advice`, when none can be read."""
-    where = Path(mngr.directory)
+    NoReadableCheckpoint, ending with `advice`, when none can be read. where: the checkpoint
+    directory as messages name it (default: Orbax's absolute one)."""
+    where = Path(where or mngr.directory)
     steps = sorted(mngr.all_steps(), reverse=True) if step is None else [step]
     skipped = []
     for s in steps:
@@ -273,7 +374,8 @@ def load_model(run_dir, task_for, step: int | None = None, mesh=None, mesh_cfg=N
                               f"(available: {steps})", field=label)
         (model, cfg), step, skipped = restore_newest(
             mngr, restore_one, step, advice="" if step is None else
-            f"; the other steps there: {[s for s in steps if s != step]}")
+            f"; the other steps there: {[s for s in steps if s != step]}",
+            where=run / "checkpoints")
     finally:
         mngr.close()
     for s, why in skipped:

@@ -7,18 +7,24 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from ..config import Config, ConfigError
 from ..data.pipeline import lm_iterator
-from ..errors import RunFailed, warn, writing
+from ..errors import Interrupted, RunFailed, warn, writing
 from . import checkpoint as ckpt
 from .flops import device_peak_flops
+from .memory import step_check
 from .metrics import MetricsWriter, training_figures
 from .optim import make_optimizer, schedule
 from .run_lock import run_lock
@@ -31,9 +37,59 @@ class NonFiniteLossError(RunFailed):
     pass
 
 
+# A run that is not learning, without any NaN: a warning (once) after this many steps in a row
+# with a gradient norm of exactly 0, or (a run whose loss is a token NLL) with the loss within
+# UNIFORM_TOLERANCE of ln(vocab_size), the loss of uniform predictions, after warm-up.
+STUCK_STEPS = 20
+UNIFORM_TOLERANCE = 1e-3
+
+
 def barrier(name: str) -> None:
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+class StopSignals:
+    """SIGTERM (a cluster's preemption) and SIGINT (Ctrl-C) while training: the first asks the
+    loop to stop after the step in progress and save it (``signum`` is then set); a second
+    exits at once, without saving, by the signal's default action. Installed only on the main
+    thread (the only one Python lets set handlers); the previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, previous in self._previous.items():
+            # None: a handler not set from Python, which cannot be put back
+            signal.signal(s, signal.SIG_DFL if previous is None else previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signum:
+            print(f"{name} again: exiting at once, without saving", file=sys.stderr, flush=True)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        print(f"{name}: stopping after the current step, once its checkpoint is saved (send it "
+              f"again to exit at once, without saving)", file=sys.stderr, flush=True)
+
+    def agreed(self) -> int:
+        """The signal that stops the run after this step (0: none). Several processes agree,
+        since a signal may reach one host only: every process calls this at every step."""
+        if jax.process_count() == 1:
+            return self.signum
+        return int(np.max(np.asarray(multihost_utils.process_allgather(np.int32(self.signum)))))
 
 
 def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task):
@@ -62,9 +118,10 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task):
             ckpt.verify(mngr, step, state)
             return state, data_state
 
+        where = Path(cfg.run.dir) / "checkpoints"  # as the user gave it, not Orbax's absolute path
         (state, data_state), step, skipped = ckpt.restore_newest(
-            mngr, restore_one, advice=f"; move {mngr.directory} aside (or give another "
-                                      f"--run.dir) to start afresh")
+            mngr, restore_one, where=where,
+            advice=f"; move {where} aside (or give another --run.dir) to start afresh")
         if skipped:
             run_dir = Path(cfg.run.dir)
             if jax.process_index() == 0:
@@ -83,11 +140,24 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task):
 def train(cfg: Config, task: Task) -> dict:
     """Run (or resume) the training cfg describes, of the model and data `task` gives;
     returns the summary it writes. The run directory is locked for the duration (process 0
-    holds the lock for every process of a multi-process run)."""
+    holds the lock for every process of a multi-process run).
+
+    SIGTERM or SIGINT while training stops the run after the step in progress, with a
+    checkpoint of that step: ``Interrupted`` (errors.py), and no summary.json, which stays the
+    mark of a finished run. A run that fails before its first checkpoint leaves no empty
+    checkpoints/ directory behind."""
     run_dir = Path(cfg.run.dir)
     primary = jax.process_index() == 0
     with run_lock(run_dir) if primary else contextlib.nullcontext():
-        return _train(cfg, task, run_dir, primary)
+        checkpoints = run_dir / "checkpoints"
+        created = not checkpoints.exists()  # open_manager creates it
+        try:
+            return _train(cfg, task, run_dir, primary)
+        except BaseException:
+            if created and primary:
+                with contextlib.suppress(OSError):
+                    checkpoints.rmdir()  # only if empty: nothing was saved
+            raise
 
 
 def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
@@ -115,7 +185,8 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
     if primary:
         ckpt.write_config(run_dir, cfg)
 
-    step_fn = make_train_step(cfg, tx, mesh, shardings, task)
+    # the first call refuses a step that cannot fit the device or the process's memory
+    step_fn = make_train_step(cfg, tx, mesh, shardings, task, on_compile=step_check(cfg, mesh))
     b_sharding = batch_sharding(mesh)
     writer = MetricsWriter(run_dir, enabled=primary)
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
@@ -133,17 +204,49 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
     # This invocation's training figures; the end fills in what it did not measure (a
     # resumed run with fewer than two steps left) from metrics.jsonl.
     history: dict = {}
+    checkpoints = run_dir / "checkpoints"  # as the user gave it (mngr.directory is absolute)
+    # steps in a row with a gradient norm of 0 / a uniform-prediction loss; warnings given
+    stuck = {"zero_grad": 0, "uniform": 0, "warned": set()}
+    ln_vocab = math.log(cfg.vocab_size) if task.reports_perplexity else None
+    warmup = cfg.optim.warmup_steps or 0
+
+    def check_finite(step: int, m: dict) -> None:
+        values = [("loss", m["loss"]), ("gradient norm", m["grad_norm"]),
+                  ("parameter norm after the update", m["param_norm"])]
+        bad = [f"{name} ({v})" for name, v in values if not math.isfinite(v)]
+        if not bad:
+            return
+        finite = [f"{name} {v}" for name, v in values if math.isfinite(v)]
+        good = mngr.latest_step()
+        kept = (f"The last good checkpoint (step {good}) in {checkpoints} is intact."
+                if good is not None else "No checkpoint was saved yet.")
+        raise NonFiniteLossError(
+            f"non-finite {' and '.join(bad)} at step {step}"
+            f"{' (finite: ' + ', '.join(finite) + ')' if finite else ''}; stopping. {kept}")
+
+    def watch(step: int, m: dict) -> None:
+        """Warn once about a run that is not learning though every value is finite."""
+        stuck["zero_grad"] = stuck["zero_grad"] + 1 if m["grad_norm"] == 0 else 0
+        uniform = (ln_vocab is not None and step > warmup
+                   and abs(m["loss"] - ln_vocab) <= UNIFORM_TOLERANCE)
+        stuck["uniform"] = stuck["uniform"] + 1 if uniform else 0
+        steps = f"steps {step - STUCK_STEPS + 1}-{step}"
+        if stuck["zero_grad"] == STUCK_STEPS and "zero_grad" not in stuck["warned"]:
+            stuck["warned"].add("zero_grad")
+            warn(f"the gradient norm has been exactly 0 for {STUCK_STEPS} steps in a row "
+                 f"({steps}): the parameters get no gradient; the run is not learning")
+        if stuck["uniform"] == STUCK_STEPS and "uniform" not in stuck["warned"]:
+            stuck["warned"].add("uniform")
+            warn(f"the loss has stayed at ln(vocab_size) = ln {cfg.vocab_size} = "
+                 f"{ln_vocab:.4f} (uniform predictions) for {STUCK_STEPS} steps in a row after "
+                 f"warm-up ({steps}): the run is not learning")
 
     def record(step: int, metrics) -> None:
         """Read a finished step's metrics (a sync point) and log them."""
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not all(math.isfinite(m[k]) for k in ("loss", "grad_norm", "param_norm")):
-            good = mngr.latest_step()
-            raise NonFiniteLossError(
-                f"non-finite loss ({m['loss']}), gradient norm ({m['grad_norm']}) or parameter "
-                f"norm after the update ({m['param_norm']}) at step {step}; "
-                f"stopping. The last good checkpoint ({'step ' + str(good) if good is not None else 'none'}"
-                f") in {run_dir / 'checkpoints'} is intact.")
+        check_finite(step, m)
+        if primary:
+            watch(step, m)
         history.update(train_loss=m["loss"])
         now = time.perf_counter()
         rates = {}
@@ -177,11 +280,14 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
 
     pending = None
     saving = None  # step of the latest asynchronous save, watched for a failure
+    stopped = None  # (step, signal) of a stop asked for by SIGTERM / SIGINT
+    signals = StopSignals()
     try:
+        signals.__enter__()
         for step in range(start + 1, end + 1):
             if saving is not None:  # a failed save stops the run where it is detected
                 try:
-                    if ckpt.check_saves(mngr, saving, step - 1):
+                    if ckpt.check_saves(mngr, saving, step - 1, where=checkpoints):
                         saving = None
                 except ckpt.CheckpointSaveFailed:
                     if pending is not None:  # log the last step taken
@@ -194,27 +300,40 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
             pending = (step, metrics)
             bar.update(1)
             # The last step of this invocation is saved too: a run stopped by run.stop_after
-            # resumes from where it stopped.
-            if step % cfg.run.save_every == 0 or step == end:
+            # resumes from where it stopped; so is a step a signal stops the run at.
+            stop = signals.agreed()  # every process, every step: they stop at the same one
+            if step % cfg.run.save_every == 0 or step == end or stop:
                 record(*pending)  # never checkpoint a state whose loss was not finite
                 pending = None
                 if saving is not None:
-                    ckpt.check_saves(mngr, saving, step, wait=True)
+                    ckpt.check_saves(mngr, saving, step, wait=True, where=checkpoints)
                 ckpt.save(mngr, step, state, data_iter, cfg)
                 saving = step
             if step % cfg.run.eval_every == 0 and step != cfg.run.steps:
-                run_eval(step)
+                run_eval(step)  # also before a stop: the resumed run's metrics lack no step
+            if stop and step < end:
+                ckpt.check_saves(mngr, saving, step, wait=True, where=checkpoints)
+                saving, stopped = None, (step, stop)
+                break
         if pending is not None:
             record(*pending)
         if saving is not None:
-            ckpt.check_saves(mngr, saving, int(state.step), wait=True)
+            ckpt.check_saves(mngr, saving, int(state.step), wait=True, where=checkpoints)
     except BaseException:
         bar.close()
+        signals.__exit__()
         # Let a pending save of a good state commit; the error in flight is the one to report.
         with contextlib.suppress(Exception):
             mngr.wait_until_finished()
         raise
     bar.close()
+    signals.__exit__()
+    if stopped is not None:
+        writer.close()
+        mngr.close()
+        step, signum = stopped
+        raise Interrupted(f"stopped at step {step} by {signal.Signals(signum).name}: checkpoint "
+                          f"of step {step} saved; rerun the same command to resume")
 
     final_step = int(state.step)
     summary = {"step": final_step, "done": final_step >= cfg.run.steps}

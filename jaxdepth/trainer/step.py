@@ -62,7 +62,7 @@ def sharded_init(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, task
 
 
 def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, shardings,
-                    task: Task):
+                    task: Task, on_compile=None):
     """One optimizer step over a global batch, split into cfg.optim.accum_steps micro-batches.
 
     The task's objective (see trainer/task.py) gives each micro-batch's share of the batch
@@ -70,6 +70,11 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
     batch is split. If its totals have a "divisor", the objective returns sums instead and the
     summed gradient and metrics (except "tokens") are divided by it once. The state argument
     is donated.
+
+    on_compile(compiled, state, batch), if given, sees the step compiled for its first call
+    before that call runs, and may refuse it by raising (trainer/memory.py); the jit cache
+    serves the call, so the step is still traced and compiled once. The returned function's
+    ``lower(state, batch)`` lowers the step without running it.
     """
     accum = cfg.optim.accum_steps
     objective_fn, total_fn = task.objective()
@@ -120,4 +125,13 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
                        param_norm=optax.tree.norm(eqx.filter(model, eqx.is_array)))
         return new, metrics
 
-    return lambda state, batch: step(batch, state)
+    pending = [on_compile]
+
+    def run(state, batch):
+        if pending[0] is not None:
+            check, pending[0] = pending[0], None
+            check(step.lower(batch, state).compile(), state, batch)
+        return step(batch, state)
+
+    run.lower = lambda state, batch: step.lower(batch, state)
+    return run
