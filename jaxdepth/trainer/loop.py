@@ -281,53 +281,51 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
     pending = None
     saving = None  # step of the latest asynchronous save, watched for a failure
     stopped = None  # (step, signal) of a stop asked for by SIGTERM / SIGINT
-    signals = StopSignals()
-    try:
-        signals.__enter__()
-        for step in range(start + 1, end + 1):
-            if saving is not None:  # a failed save stops the run where it is detected
-                try:
-                    if ckpt.check_saves(mngr, saving, step - 1, where=checkpoints):
-                        saving = None
-                except ckpt.CheckpointSaveFailed:
-                    if pending is not None:  # log the last step taken
-                        record(*pending)
-                    raise
-            batch = to_global(next(data_iter), b_sharding)
-            state, metrics = step_fn(state, batch)
-            if pending is not None:  # step N is dispatched; now read step N-1 without stalling
-                record(*pending)
-            pending = (step, metrics)
-            bar.update(1)
-            # The last step of this invocation is saved too: a run stopped by run.stop_after
-            # resumes from where it stopped; so is a step a signal stops the run at.
-            stop = signals.agreed()  # every process, every step: they stop at the same one
-            if step % cfg.run.save_every == 0 or step == end or stop:
-                record(*pending)  # never checkpoint a state whose loss was not finite
-                pending = None
-                if saving is not None:
+    # the handlers are the loop's only: restored before the summary, an error or a stop
+    with StopSignals() as signals:
+        try:
+            for step in range(start + 1, end + 1):
+                if saving is not None:  # a failed save stops the run where it is detected
+                    try:
+                        if ckpt.check_saves(mngr, saving, step - 1, where=checkpoints):
+                            saving = None
+                    except ckpt.CheckpointSaveFailed:
+                        if pending is not None:  # log the last step taken
+                            record(*pending)
+                        raise
+                batch = to_global(next(data_iter), b_sharding)
+                state, metrics = step_fn(state, batch)
+                if pending is not None:  # step N is dispatched; now read step N-1 without stalling
+                    record(*pending)
+                pending = (step, metrics)
+                bar.update(1)
+                # The last step of this invocation is saved too: a run stopped by run.stop_after
+                # resumes from where it stopped; so is a step a signal stops the run at.
+                stop = signals.agreed()  # every process, every step: they stop at the same one
+                if step % cfg.run.save_every == 0 or step == end or stop:
+                    record(*pending)  # never checkpoint a state whose loss was not finite
+                    pending = None
+                    if saving is not None:
+                        ckpt.check_saves(mngr, saving, step, wait=True, where=checkpoints)
+                    ckpt.save(mngr, step, state, data_iter, cfg)
+                    saving = step
+                if step % cfg.run.eval_every == 0 and step != cfg.run.steps:
+                    run_eval(step)  # also before a stop: the resumed run's metrics lack no step
+                if stop and step < end:
                     ckpt.check_saves(mngr, saving, step, wait=True, where=checkpoints)
-                ckpt.save(mngr, step, state, data_iter, cfg)
-                saving = step
-            if step % cfg.run.eval_every == 0 and step != cfg.run.steps:
-                run_eval(step)  # also before a stop: the resumed run's metrics lack no step
-            if stop and step < end:
-                ckpt.check_saves(mngr, saving, step, wait=True, where=checkpoints)
-                saving, stopped = None, (step, stop)
-                break
-        if pending is not None:
-            record(*pending)
-        if saving is not None:
-            ckpt.check_saves(mngr, saving, int(state.step), wait=True, where=checkpoints)
-    except BaseException:
-        bar.close()
-        signals.__exit__()
-        # Let a pending save of a good state commit; the error in flight is the one to report.
-        with contextlib.suppress(Exception):
-            mngr.wait_until_finished()
-        raise
+                    saving, stopped = None, (step, stop)
+                    break
+            if pending is not None:
+                record(*pending)
+            if saving is not None:
+                ckpt.check_saves(mngr, saving, int(state.step), wait=True, where=checkpoints)
+        except BaseException:
+            bar.close()
+            # Let a pending save of a good state commit; the error in flight is the one to report.
+            with contextlib.suppress(Exception):
+                mngr.wait_until_finished()
+            raise
     bar.close()
-    signals.__exit__()
     if stopped is not None:
         writer.close()
         mngr.close()
