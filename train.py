@@ -30,11 +30,13 @@ def _train(argv: list[str]) -> int:
                                    num_processes=cfg.mesh.num_processes,
                                    process_id=cfg.mesh.process_id)
 
+    from jaxdepth.config import trial_configs
     from jaxdepth.tasks import task_for
     from jaxdepth.trainer.loop import train
 
-    task = task_for(cfg)
-    summary = train(cfg, task)
+    tasks = [task_for(c) for c in trial_configs(cfg)]  # one per trial (trainer/trials.py)
+    task = tasks[0]
+    summary = train(cfg, tasks if len(tasks) > 1 else task)
     if jax.process_index() == 0:
         print_summary(summary, task)
     return 0
@@ -44,6 +46,18 @@ def print_summary(s: dict, task) -> None:
     if not s["done"]:
         print(f"stopped at step {s['step']} (run.stop_after), checkpoint of step {s['step']} "
               f"saved; resume with the same command.")
+    elif "trials" in s:  # a run with trials: each trial's report, then their mean and CI
+        frozen = f", {s['n_frozen']} frozen" if s["n_frozen"] else ""
+        print(f"\nfinished step {s['step']}: {s['n_trials']} trials{frozen}")
+        for t in s["trials"]:
+            name = ", ".join(f"{k}={v}" for k, v in t["settings"].items())
+            text = "frozen (non-finite)" if t["frozen"] else (
+                f"train loss {t['train_loss']:.4f}, {task.report(t)}")
+            print(f"trial {t['trial']} ({name}): " + text.replace("\n", "\n    "))
+        shown = ", ".join(f"{k} {m:.4g} ± {s['ci95'][k]:.2g}" for k, m in s["mean"].items()
+                          if k in s["ci95"] and not k.endswith(("_tokens", "_step")))
+        if shown:
+            print(f"mean ± 95% CI over {s['n_trials'] - s['n_frozen']} trials: {shown}")
     else:
         train_loss = f"train loss {s['train_loss']:.4f}, " if "train_loss" in s else ""
         print(f"\nfinished step {s['step']}: {train_loss}{task.report(s)}")

@@ -6,6 +6,7 @@ Validation happens at construction, so an impossible config never reaches the tr
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -272,12 +273,51 @@ class RunConfig:
     grammar_samples: int = 64  # embedded grammar: sampled continuations scored by its recognizer
     progress: bool = True
     stop_after: int = 0  # >0: exit after this many steps in this invocation (tests, preemption drills)
+    # comma-separated run.seed values trained side by side as trials of one compiled program
+    # (trainer/trials.py); empty: one run of run.seed
+    seeds: str = ""
 
     def __post_init__(self):
         _positive(self, "run", "steps", "log_every", "eval_every", "save_every", "keep")
+        parse_list(self.seeds, int, "run.seeds")
         _require(self.samples >= 0, "run.samples", "must be >= 0")
         _require(self.grammar_samples >= 0, "run.grammar_samples", "must be >= 0")
         _require(self.stop_after >= 0, "run.stop_after", "must be >= 0")
+
+
+def parse_list(text: str, kind: type, name: str) -> list:
+    """The values of a comma-separated list field ("" -> []); ConfigError naming the field."""
+    if not text.strip():
+        return []
+    try:
+        values = [kind(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"{name}: {text!r} is not a comma-separated list of "
+                          f"{kind.__name__}s", field=name) from None
+    _require(len(set(values)) == len(values), name, f"repeats a value: {text!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class TrialsConfig:
+    """Values of a setting tried side by side, as trials of one compiled program
+    (trainer/trials.py): each field a comma-separated list for the setting it names. The
+    trials are the grid product of these lists and run.seeds. Only settings that change no
+    array shape can vary between trials."""
+    lr: str = ""  # optim.lr
+    weight_decay: str = ""  # optim.weight_decay
+    task_seed: str = ""  # task.seed (few-shot sample, grammar splits)
+    n_shot: str = ""  # task.n_shot (ner: the few-shot sample's size)
+
+    def __post_init__(self):
+        for name, (_, kind) in TRIAL_FIELDS.items():
+            values = parse_list(getattr(self, name), kind, f"trials.{name}")
+            _require(all(v >= 0 for v in values), f"trials.{name}", "values must be >= 0")
+
+
+# trials.<name> -> (the setting it varies, its type)
+TRIAL_FIELDS = {"lr": ("optim.lr", float), "weight_decay": ("optim.weight_decay", float),
+                "task_seed": ("task.seed", int), "n_shot": ("task.n_shot", int)}
 
 
 def _act_require(cond: bool, name: str, msg: str) -> None:
@@ -433,6 +473,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     act: ACTConfig = field(default_factory=ACTConfig)
     fusion: FusionConfig = field(default_factory=FusionConfig)
+    trials: TrialsConfig = field(default_factory=TrialsConfig)
     preset: str = ""
     # Layout of the saved config.json: 1 (before MODEL_SECTION: ACT runs read their
     # vocabulary from model.vocab_size) is upgraded on reading (Config.from_dict).
@@ -547,7 +588,7 @@ def upgrade(d: dict) -> dict:
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
             "mesh": MeshConfig, "run": RunConfig, "task": TaskConfig, "act": ACTConfig,
-            "fusion": FusionConfig}
+            "fusion": FusionConfig, "trials": TrialsConfig}
 
 
 # ----------------------------------------------------------------------------- run kinds
@@ -905,6 +946,36 @@ def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:
         _require(sec in SECTIONS, "config", f"unknown section {sec!r}")
         d[sec] = {**d.get(sec, {}), **vals}
     return Config.from_dict(d)
+
+
+def trial_grid(cfg: Config) -> list[dict]:
+    """The trials of cfg, each as {setting: value} over the settings that vary: the grid
+    product of the trials section's lists (in TRIAL_FIELDS order) and run.seeds, the seed
+    varying fastest (so each setting's seeds are neighbours). [] for a run without trials."""
+    axes = [(TRIAL_FIELDS[n][0], parse_list(getattr(cfg.trials, n), TRIAL_FIELDS[n][1],
+                                            f"trials.{n}"))
+            for n in TRIAL_FIELDS if getattr(cfg.trials, n)]
+    seeds = parse_list(cfg.run.seeds, int, "run.seeds")
+    if not axes and not seeds:
+        return []
+    axes.append(("run.seed", seeds or [cfg.run.seed]))
+    return [dict(zip([f for f, _ in axes], combo))
+            for combo in itertools.product(*[values for _, values in axes])]
+
+
+def trial_configs(cfg: Config) -> list[Config]:
+    """One Config per trial of cfg (trial_grid): cfg with that trial's settings, as the solo
+    run it equals. [cfg] for a run without trials; a one-trial grid is that solo run."""
+    overrides = []
+    for trial in trial_grid(cfg) or [{}]:
+        o: dict[str, dict] = {"run": {"seeds": ""}, "trials": {n: "" for n in TRIAL_FIELDS}}
+        for setting, value in trial.items():
+            sec, name = setting.split(".")
+            o.setdefault(sec, {})[name] = value
+        overrides.append(o)
+    if len(overrides) == 1 and not trial_grid(cfg):
+        return [cfg]
+    return [apply_overrides(cfg, o) for o in overrides]
 
 
 def from_preset(name: str) -> Config:

@@ -23,6 +23,11 @@ class TaskBase:
         spec = getattr(model, "trainable_spec", None)
         return spec() if spec is not None else fusion_trainable(model)
 
+    def write_outputs_to(self, directory) -> None:
+        """Write what this task outputs while training (evals.jsonl, analyses, predictions,
+        a state cache) to `directory` instead of the run directory prepare was given."""
+        self.run_dir = directory
+
     def initial_model(self, mesh, fresh):
         return None
 

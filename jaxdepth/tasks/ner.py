@@ -239,8 +239,15 @@ class NERTask(FusionTask):
         # Every process keeps the curve itself: only process 0 writes evals.jsonl, so another
         # process (another host) reading it at the end could see nothing or half of it. What
         # earlier invocations of a resumed run wrote is complete by now.
-        evals = run_dir / "evals.jsonl"
+        self._read_curve()
+
+    def _read_curve(self) -> None:
+        evals = self.run_dir / "evals.jsonl"
         self.curve = {r["step"]: r for r in _curve(evals)} if evals.is_file() else {}
+
+    def write_outputs_to(self, directory) -> None:
+        super().write_outputs_to(directory)
+        self._read_curve()  # a resumed trial's own curve
 
     def model_ready(self, model) -> None:
         """fe: the frozen backbone's states of every train, dev and test sentence, once."""

@@ -19,7 +19,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, trial_configs
 from ..data.pipeline import lm_iterator
 from ..errors import Interrupted, RunFailed, warn, writing
 from . import checkpoint as ckpt
@@ -31,6 +31,7 @@ from .run_lock import run_lock
 from .sharding import batch_sharding, make_mesh, to_global
 from .step import make_train_step, sharded_init, state_shardings
 from .task import Task
+from . import trials as tr
 
 
 class NonFiniteLossError(RunFailed):
@@ -92,24 +93,31 @@ class StopSignals:
         return int(np.max(np.asarray(multihost_utils.process_allgather(np.int32(self.signum)))))
 
 
-def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task):
+def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task, tasks=None):
     """The newest readable checkpoint in run_dir if there is one (newer unreadable ones are
     moved aside to checkpoints-corrupt/), else a fresh sharded state, holding the task's
     pretrained weights if it has any. Then the task sees the model (``model_ready``), and
     only then is the data iterator restored in place: restoring it starts reading batches,
     which may depend on the model (a frozen backbone's cached states).
-    Returns (state, state shardings)."""
-    state, shardings, data_state = _model_state(cfg, tx, mesh, mngr, task)
-    task.model_ready(state.model)
+    tasks: the trials' tasks (trainer/trials.py), when the run has trials; `task` is the
+    first. Returns (state, state shardings)."""
+    state, shardings, data_state = _model_state(cfg, tx, mesh, mngr, task, tasks)
+    if tasks is None:
+        task.model_ready(state.model)
+    else:
+        for k, t in enumerate(tasks):
+            t.model_ready(tr.select(state.state.model, k))
     if data_state is not None:
         data_iter.set_state(data_state)
     data_iter.start_prefetch()  # loader threads or workers start while the step compiles
     return state, shardings
 
 
-def _model_state(cfg: Config, tx, mesh, mngr, task: Task):
+def _model_state(cfg: Config, tx, mesh, mngr, task: Task, tasks=None):
     """(state, shardings, the data iterator's saved state or None for a fresh start)."""
-    abstract, shardings = state_shardings(cfg, tx, mesh, task)
+    cfgs = None if tasks is None else [t.cfg for t in tasks]
+    abstract, shardings = (state_shardings(cfg, tx, mesh, task) if cfgs is None
+                           else tr.trial_shardings(cfgs, tx, mesh, task))
     if mngr.all_steps():
         def restore_one(step: int):
             ckpt.saved_config(mngr, step)  # a checkpoint is read whole: its config and data
@@ -133,13 +141,18 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task):
             mngr.reload()  # forget the steps moved away (the next saves must not touch them)
         return state, shardings, data_state
     # pretrained weights, with this run's run-time options, or None
-    pretrained = task.initial_model(mesh, abstract.model)
-    return sharded_init(cfg, tx, mesh, task, shardings, pretrained), shardings, None
+    if cfgs is None:
+        pretrained = task.initial_model(mesh, abstract.model)
+        return sharded_init(cfg, tx, mesh, task, shardings, pretrained), shardings, None
+    solo = state_shardings(cfgs[0], tx, mesh, task)[0]
+    pretrained = task.initial_model(mesh, solo.model)
+    return tr.trials_init(cfgs, tx, task, shardings, pretrained), shardings, None
 
 
-def train(cfg: Config, task: Task) -> dict:
+def train(cfg: Config, task: Task | list[Task]) -> dict:
     """Run (or resume) the training cfg describes, of the model and data `task` gives;
-    returns the summary it writes. The run directory is locked for the duration (process 0
+    returns the summary it writes. A run with trials (config.trial_configs gives several)
+    takes one task per trial, built from its trial's config, in that order. The run directory is locked for the duration (process 0
     holds the lock for every process of a multi-process run).
 
     SIGTERM or SIGINT while training stops the run after the step in progress, with a
@@ -160,7 +173,13 @@ def train(cfg: Config, task: Task) -> dict:
             raise
 
 
-def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
+def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
+    cfgs = trial_configs(cfg)
+    tasks = list(task) if isinstance(task, (list, tuple)) else [task]
+    if len(tasks) != len(cfgs):
+        raise ValueError(f"{len(cfgs)} trials need as many tasks, got {len(tasks)}")
+    task, trials = tasks[0], (tasks if len(tasks) > 1 else None)
+    n_trials = len(tasks)
     mngr = ckpt.open_manager(run_dir, cfg.run.keep)
     newest = ckpt.newest_config(mngr)
     if newest is not None:  # refuse an impossible resume before touching any file
@@ -176,21 +195,43 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
         raise ConfigError(f"data.batch_size: micro-batches of {micro} sequences (batch "
                           f"{cfg.data.batch_size} / accum_steps {cfg.optim.accum_steps}) do not "
                           f"split over the {mesh.shape['data']} devices of the data axis")
-    task.prepare(run_dir, primary, barrier=lambda: barrier("prepare_data"))
-    tx = make_optimizer(cfg.optim, cfg.run.steps)
-    lr_at = schedule(cfg.optim, cfg.run.steps)
-    data_iter = lm_iterator(task.dataset())
-    state, shardings = restore_or_init(cfg, tx, mesh, mngr, data_iter, task)
-    start = int(state.step)
+    for k, t in enumerate(tasks):  # a trial's data may differ (task.seed, task.n_shot)
+        t.prepare(run_dir, primary, barrier=lambda: barrier("prepare_data"))
+        if trials is not None:  # its evaluations and analyses: its own directory
+            out = tr.trial_dir(run_dir, k)
+            if primary:
+                out.mkdir(parents=True, exist_ok=True)
+            t.write_outputs_to(out)
+    tx = make_optimizer(cfgs[0].optim, cfg.run.steps)
+    lr_at = [schedule(c.optim, cfg.run.steps) for c in cfgs]
+    if trials is None:
+        data_iter = lm_iterator(task.dataset())
+    else:
+        data_iter = tr.TrialIterator([lm_iterator(t.dataset()) for t in tasks])
+    state, shardings = restore_or_init(cfgs[0], tx, mesh, mngr, data_iter, task, trials)
+    solo_state = state if trials is None else state.state  # its leaves [K, ...] with trials
+    model_of = ((lambda k: solo_state.model) if trials is None
+                else (lambda k: tr.select(state.state.model, k)))
+    start = int(np.asarray(solo_state.step).flat[0])
     if primary:
         ckpt.write_config(run_dir, cfg)
 
     # the first call refuses a step that cannot fit the device or the process's memory
-    step_fn = make_train_step(cfg, tx, mesh, shardings, task, on_compile=step_check(cfg, mesh))
-    b_sharding = batch_sharding(mesh)
+    if trials is None:
+        step_fn = make_train_step(cfg, tx, mesh, shardings, task,
+                                  on_compile=step_check(cfg, mesh))
+        b_sharding = batch_sharding(mesh)
+    else:
+        step_fn = tr.make_trials_step(cfgs, mesh, shardings, task,
+                                      on_compile=step_check(cfg, mesh))
+        b_sharding = tr.batch_sharding(mesh, n_trials)
+    eval_sharding = batch_sharding(mesh)
+    fields = tr.varying(cfgs) if trials else []
+    names = [tr.label(c, fields) for c in cfgs]  # "run.seed=1, optim.lr=0.003"
+    frozen_seen: set[int] = set()
     writer = MetricsWriter(run_dir, enabled=primary)
-    tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
-    flops_per_token, n_params = task.flops_per_token(state.model), task.param_count(state.model)
+    tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * n_trials
+    flops_per_token, n_params = task.flops_per_token(model_of(0)), task.param_count(model_of(0))
     peak, peak_source = device_peak_flops(cfg.model.compute_dtype)
     peak_total = peak * mesh.size
 
@@ -210,19 +251,37 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
     ln_vocab = math.log(cfg.vocab_size) if task.reports_perplexity else None
     warmup = cfg.optim.warmup_steps or 0
 
-    def check_finite(step: int, m: dict) -> None:
+    def non_finite(step: int, m: dict) -> str | None:
         values = [("loss", m["loss"]), ("gradient norm", m["grad_norm"]),
                   ("parameter norm after the update", m["param_norm"])]
         bad = [f"{name} ({v})" for name, v in values if not math.isfinite(v)]
         if not bad:
-            return
+            return None
         finite = [f"{name} {v}" for name, v in values if math.isfinite(v)]
-        good = mngr.latest_step()
-        kept = (f"The last good checkpoint (step {good}) in {checkpoints} is intact."
-                if good is not None else "No checkpoint was saved yet.")
-        raise NonFiniteLossError(
-            f"non-finite {' and '.join(bad)} at step {step}"
-            f"{' (finite: ' + ', '.join(finite) + ')' if finite else ''}; stopping. {kept}")
+        return (f"non-finite {' and '.join(bad)} at step {step}"
+                f"{' (finite: ' + ', '.join(finite) + ')' if finite else ''}")
+
+    def check_finite(step: int, rows: list[dict]) -> None:
+        """A solo run stops at a non-finite value; a trial is frozen by the step (its
+        update masked: trials.py), reported here once, and the run stops only when every
+        trial is frozen."""
+        for k, m in enumerate(rows):
+            why = non_finite(step, m)
+            if trials is not None and m["frozen"] and k not in frozen_seen:
+                frozen_seen.add(k)
+                if len(frozen_seen) < n_trials:
+                    warn(f"trial {k} ({names[k]}): {why or 'non-finite values'}; frozen at its "
+                         f"last finite state, the other trials go on")
+            if why is None and trials is not None and len(frozen_seen) < n_trials:
+                continue
+            if why is None and trials is None:
+                continue
+            good = mngr.latest_step()
+            kept = (f"The last good checkpoint (step {good}) in {checkpoints} is intact."
+                    if good is not None else "No checkpoint was saved yet.")
+            if trials is not None:
+                why = f"every trial is frozen (trial {k}, {names[k]}: {why or 'non-finite'})"
+            raise NonFiniteLossError(f"{why}; stopping. {kept}")
 
     def watch(step: int, m: dict) -> None:
         """Warn once about a run that is not learning though every value is finite."""
@@ -242,12 +301,20 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
                  f"warm-up ({steps}): the run is not learning")
 
     def record(step: int, metrics) -> None:
-        """Read a finished step's metrics (a sync point) and log them."""
-        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        check_finite(step, m)
-        if primary:
+        """Read a finished step's metrics (a sync point) and log them (one record per trial
+        when the run has trials)."""
+        host = jax.device_get(metrics)
+        rows = [{k: float(np.asarray(v).reshape(-1)[i]) for k, v in host.items()}
+                for i in range(n_trials)]
+        check_finite(step, rows)
+        live = [m for m in rows if not m.get("frozen")]
+        m = rows[0] if trials is None else {
+            k: float(np.mean([r[k] for r in live])) for k in rows[0]}
+        if primary and trials is None:
             watch(step, m)
         history.update(train_loss=m["loss"])
+        for k, r in enumerate(rows if trials is not None else []):
+            trial_history[k].update(train_loss=r["loss"])
         now = time.perf_counter()
         rates = {}
         if step == start + 1:
@@ -261,23 +328,32 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
             history.update(tokens_per_s=avg, mfu=avg * flops_per_token / peak_total)
             bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tps:,.0f}")
         if step % cfg.run.log_every == 0 or step == end or step == start + 1:
-            extra = {k: v for k, v in m.items()
-                     if k not in ("loss", "grad_norm", "param_norm", "tokens")}
-            ppl = {"ppl": math.exp(min(m["loss"], 80.0))} if task.reports_perplexity else {}
-            writer.write(step, loss=m["loss"], **ppl, lr=float(lr_at(step - 1)),
-                         grad_norm=m["grad_norm"], param_norm=m["param_norm"], **extra, **rates)
+            for k, r in enumerate(rows):
+                extra = {n: v for n, v in r.items()
+                         if n not in ("loss", "grad_norm", "param_norm", "tokens")}
+                ppl = {"ppl": math.exp(min(r["loss"], 80.0))} if task.reports_perplexity else {}
+                trial = {} if trials is None else {"trial": k}
+                writer.write(step, **trial, loss=r["loss"], **ppl, lr=float(lr_at[k](step - 1)),
+                             grad_norm=r["grad_norm"], param_norm=r["param_norm"], **extra,
+                             **rates)
 
     def run_eval(step: int, final: bool = False) -> None:
+        """Each trial's evaluation by its own task, on its slice of the stacked model (the
+        trials share the task's compiled evaluation: same shapes)."""
         t0 = time.perf_counter()
-        ev, message = task.evaluate(state.model, step, b_sharding, final)
-        history.update(ev)
-        writer.write(step, **{k: v for k, v in ev.items()
-                              if isinstance(v, (int, float)) and not k.endswith("_tokens")})
-        bar.write(f"step {step}: {message}")
+        for k, t in enumerate(tasks):
+            ev, message = t.evaluate(model_of(k), step, eval_sharding, final)
+            trial = {} if trials is None else {"trial": k}
+            (history if trials is None else trial_history[k]).update(ev)
+            writer.write(step, **trial, **{n: v for n, v in ev.items()
+                                           if isinstance(v, (int, float))
+                                           and not n.endswith("_tokens")})
+            bar.write(f"step {step}: {'' if trials is None else f'trial {k}: '}{message}")
         spent = time.perf_counter() - t0  # not training time
         last["time"] += spent
         first["time"] += spent
 
+    trial_history: list[dict] = [{} for _ in tasks]  # each trial's train loss and evaluation
     pending = None
     saving = None  # step of the latest asynchronous save, watched for a failure
     stopped = None  # (step, signal) of a stop asked for by SIGTERM / SIGINT
@@ -295,6 +371,7 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
                         raise
                 batch = to_global(next(data_iter), b_sharding)
                 state, metrics = step_fn(state, batch)
+                solo_state = state if trials is None else state.state
                 if pending is not None:  # step N is dispatched; now read step N-1 without stalling
                     record(*pending)
                 pending = (step, metrics)
@@ -318,7 +395,7 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
             if pending is not None:
                 record(*pending)
             if saving is not None:
-                ckpt.check_saves(mngr, saving, int(state.step), wait=True, where=checkpoints)
+                ckpt.check_saves(mngr, saving, step, wait=True, where=checkpoints)
         except BaseException:
             bar.close()
             # Let a pending save of a good state commit; the error in flight is the one to report.
@@ -333,7 +410,7 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
         raise Interrupted(f"stopped at step {step} by {signal.Signals(signum).name}: checkpoint "
                           f"of step {step} saved; rerun the same command to resume")
 
-    final_step = int(state.step)
+    final_step = int(np.asarray(solo_state.step).flat[0])
     summary = {"step": final_step, "done": final_step >= cfg.run.steps}
     if final_step >= cfg.run.steps:
         run_eval(final_step, final=True)
@@ -344,8 +421,16 @@ def _train(cfg: Config, task: Task, run_dir: Path, primary: bool) -> dict:
             history = {**measured, **history}
         summary.update(history)
         summary.update(params=n_params, flops_per_token=flops_per_token,
-                       peak_flops=peak, peak_source=peak_source, devices=mesh.size,
-                       **task.summary(state.model))
+                       peak_flops=peak, peak_source=peak_source, devices=mesh.size)
+        if trials is None:
+            summary.update(task.summary(state.model))
+        else:
+            summary.pop("train_loss", None)
+            frozen = np.asarray(jax.device_get(state.frozen))
+            per_trial = [{"trial": k, "settings": tr.settings(cfgs[k], fields),
+                          "frozen": bool(frozen[k]), **trial_history[k],
+                          **t.summary(model_of(k))} for k, t in enumerate(tasks)]
+            summary.update(tr.aggregate(per_trial))
     summary.update(run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"),
                    metrics=str(run_dir / "metrics.jsonl"), tensorboard=str(run_dir / "tb"))
     if primary and summary["done"]:

@@ -44,6 +44,7 @@ import jax
 
 from ..config import Config
 from ..errors import UserError
+from .trials import TrialState
 
 SKIP_ENV = "JAXDEPTH_SKIP_MEMORY_CHECK"
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit value (or near it).
@@ -228,6 +229,10 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     mesh.model), frozen parts (no gradient), and any model other than the decoder and the
     ACT family beyond its model section's dimensions."""
     layers, d, f, h, remat = _model_dims(cfg)
+    trials = 1
+    if isinstance(state, TrialState):  # K trials' states and batches, stacked
+        trials, state = state.frozen.shape[0], state.state
+        batch = {n: v[0] for n, v in batch.items()}
     rows, seq = next(iter(batch.values())).shape[:2]
     tokens = rows // cfg.optim.accum_steps * seq / data_shards  # per device and micro-batch
     width = 2 if cfg.model.compute_dtype == "bfloat16" and not on_host else 4
@@ -236,7 +241,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     kept = {"none": layers * whole_layer,
             "dots": layers * (5 * d + 2 * f) + whole_layer,
             "full": layers * d + whole_layer}[mode]
-    acts = tokens * width * kept
+    acts = tokens * width * kept * trials
     chunk = cfg.model.xent_chunk if cfg.model_section == "model" else 0
     acts += 3 * 4 * cfg.vocab_size * (min(chunk, tokens) if chunk else tokens)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array)))
@@ -298,7 +303,7 @@ def step_check(cfg: Config, mesh, limit_of: Callable[[list], Limit | None] | Non
         fallback = analytic(cfg, state, batch, sharing, mesh.shape["data"], on_host)
         estimate = None if compiled is None else xla_estimate(compiled, sharing)
         limit = (limit_of or (lambda ds: host_limit() if on_host else device_limit(ds)))(devices)
-        rows = next(iter(batch.values())).shape[0]
+        rows = next(iter(batch.values())).shape[1 if isinstance(state, TrialState) else 0]
         check(cfg, estimate or fallback, fallback if estimate else None, limit, rows)
 
     return check_compiled

@@ -8,25 +8,27 @@ import optax
 from ..config import OptimConfig
 
 
-def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
-    """Learning rate as a function of the optimizer step.
+def schedule(cfg: OptimConfig, total_steps: int, lr=None) -> optax.Schedule:
+    """Learning rate as a function of the optimizer step (lr: in place of cfg.lr, e.g. a
+    trial's, traced under vmap: trainer/trials.py).
 
     constant / linear / cosine: linear warmup from 0 over warmup_steps, then constant or a decay to
     lr * min_lr_ratio at total_steps. rsqrt is t5x's ``lr / sqrt(max(step, warmup_steps))``
     (the max() is its warmup: with lr=1 and 10k steps that is 0.01 for 10k steps, then decays).
     """
+    base = cfg.lr if lr is None else lr
     if cfg.schedule == "rsqrt":
-        return lambda step: cfg.lr * jax.lax.rsqrt(
+        return lambda step: base * jax.lax.rsqrt(
             jnp.maximum(jnp.asarray(step, jnp.float32), float(cfg.warmup_steps)))
     decay_steps = max(total_steps - cfg.warmup_steps, 1)
-    end = cfg.lr * cfg.min_lr_ratio
+    end = base * cfg.min_lr_ratio
     after = {
-        "constant": optax.constant_schedule(cfg.lr),
-        "linear": optax.linear_schedule(cfg.lr, end, decay_steps),
-        "cosine": optax.cosine_decay_schedule(cfg.lr, decay_steps, alpha=cfg.min_lr_ratio),
+        "constant": optax.constant_schedule(base),
+        "linear": optax.linear_schedule(base, end, decay_steps),
+        "cosine": optax.cosine_decay_schedule(base, decay_steps, alpha=cfg.min_lr_ratio),
     }[cfg.schedule]
     if cfg.warmup_steps > 0:
-        warm = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+        warm = optax.linear_schedule(0.0, base, cfg.warmup_steps)
         after = optax.join_schedules([warm, after], [cfg.warmup_steps])
     # The step is taken as float32: optax's cosine schedule mixes an int32 step with Python
     # floats, which strict dtype promotion rejects when it is called outside make_optimizer.
@@ -62,20 +64,26 @@ def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTrans
     return optax.GradientTransformation(init, update)
 
 
-def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-    return _standard_promotion(_make_optimizer(cfg, total_steps))
+def make_optimizer(cfg: OptimConfig, total_steps: int, lr=None,
+                   weight_decay=None) -> optax.GradientTransformation:
+    """cfg's optimizer; lr / weight_decay: in place of cfg's (a trial's values, which may be
+    traced arrays: the state's layout does not depend on them)."""
+    return _standard_promotion(_make_optimizer(cfg, total_steps, lr, weight_decay))
 
 
-def _make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-    lr = schedule(cfg, total_steps)
+def _make_optimizer(cfg: OptimConfig, total_steps: int, lr, weight_decay):
+    rate = schedule(cfg, total_steps, lr)
+    wd = cfg.weight_decay if weight_decay is None else weight_decay
     if cfg.name == "adamw":
-        opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        opt = optax.adamw(rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=wd,
                           mask=decay_mask)
     elif cfg.name == "lamb":  # layer-wise trust ratio (You et al.), as ALBERT
-        opt = optax.lamb(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        opt = optax.lamb(rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=wd,
                          mask=decay_mask)
     else:  # t5x defaults: factored second moments, update clipping 1.0, decay 0.8, no momentum
-        opt = optax.adafactor(lr, weight_decay_rate=cfg.weight_decay or None,
+        # (a traced trial value is always applied: a decay of 0 adds nothing)
+        opt = optax.adafactor(rate, weight_decay_rate=(cfg.weight_decay or None) if
+                              weight_decay is None else weight_decay,
                               weight_decay_mask=decay_mask)
     if cfg.clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)

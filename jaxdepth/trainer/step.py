@@ -21,10 +21,11 @@ class TrainState(eqx.Module):
 
 
 def init_state(cfg: Config, tx: optax.GradientTransformation, task: Task,
-               given=None) -> TrainState:
+               given=None, seed=None) -> TrainState:
     """A fresh state; `given`: a model-shaped pytree whose arrays replace the fresh ones
-    (None leaves stay fresh)."""
-    key = jax.random.key(cfg.run.seed)
+    (None leaves stay fresh); seed: in place of cfg.run.seed (a trial's, traced under vmap:
+    the same key, so the same weights as a solo run of that seed)."""
+    key = jax.random.key(cfg.run.seed if seed is None else seed)
     model = task.build_model(key=jax.random.fold_in(key, 0))
     if given is not None:
         model = jax.tree.map(lambda g, f: f if g is None else g, given, model,
@@ -61,25 +62,19 @@ def sharded_init(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, task
     return init(given)
 
 
-def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, shardings,
-                    task: Task, on_compile=None):
-    """One optimizer step over a global batch, split into cfg.optim.accum_steps micro-batches.
+def make_update(cfg: Config, task: Task, micro_sharding=None):
+    """update(state, batch, tx) -> (new state, metrics): one optimizer step over a global
+    batch, split into cfg.optim.accum_steps micro-batches, not yet jitted (the solo step
+    below jits it; trainer/trials.py vmaps it over trials first).
 
     The task's objective (see trainer/task.py) gives each micro-batch's share of the batch
     objective; shares add up to the batch value, so the update does not depend on how the
     batch is split. If its totals have a "divisor", the objective returns sums instead and the
-    summed gradient and metrics (except "tokens") are divided by it once. The state argument
-    is donated.
-
-    on_compile(compiled, state, batch), if given, sees the step compiled for its first call
-    before that call runs, and may refuse it by raising (trainer/memory.py); the jit cache
-    serves the call, so the step is still traced and compiled once. The returned function's
-    ``lower(state, batch)`` lowers the step without running it.
-    """
+    summed gradient and metrics (except "tokens") are divided by it once. micro_sharding, if
+    given, places the micro-batches."""
     accum = cfg.optim.accum_steps
     objective_fn, total_fn = task.objective()
     trainable, use_dropout = task.trainable, task.uses_dropout
-    micro_sharding = NamedSharding(mesh, P(None, "data"))
     # Differentiates its first argument only: the arrays left in `static` (a frozen backbone)
     # enter the objective as constants, so no gradient is computed for them at all.
     grad_fn = eqx.filter_value_and_grad(
@@ -87,10 +82,9 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
 
     def split(x):  # row b goes to micro-batch b % accum, so every device feeds every micro-batch
         x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
-        return jax.lax.with_sharding_constraint(x, micro_sharding)
+        return x if micro_sharding is None else jax.lax.with_sharding_constraint(x, micro_sharding)
 
-    @eqx.filter_jit(donate="all-except-first")
-    def step(batch, state: TrainState):
+    def update(state: TrainState, batch, tx: optax.GradientTransformation):
         key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
         totals = total_fn(batch)
         micro = jax.tree.map(split, batch)
@@ -117,7 +111,6 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
         updates, opt_state = tx.update(grads, state.opt_state, params)
         model = eqx.apply_updates(state.model, updates)
         new = TrainState(state.step + 1, model, opt_state, state.key)
-        new = eqx.filter_shard(new, shardings)
         # param_norm lets the loop refuse to checkpoint parameters the update made non-finite
         # (the loss of this step was computed before the update, so it cannot tell).
         metrics = dict(sums)
@@ -125,6 +118,15 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
                        param_norm=optax.tree.norm(eqx.filter(model, eqx.is_array)))
         return new, metrics
 
+    return update
+
+
+def with_compile_check(step, on_compile):
+    """run(state, batch) calling the jitted step(batch, state). on_compile(compiled, state,
+    batch), if given, sees the step compiled for its first call before that call runs, and
+    may refuse it by raising (trainer/memory.py); the jit cache serves the call, so the step
+    is still traced and compiled once. ``run.lower(state, batch)`` lowers the step without
+    running it."""
     pending = [on_compile]
 
     def run(state, batch):
@@ -135,3 +137,17 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, s
 
     run.lower = lambda state, batch: step.lower(batch, state)
     return run
+
+
+def make_train_step(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, shardings,
+                    task: Task, on_compile=None):
+    """The jitted step of make_update, its state argument donated and its new state placed
+    with `shardings`; see with_compile_check for on_compile and the returned function."""
+    update = make_update(cfg, task, NamedSharding(mesh, P(None, "data")))
+
+    @eqx.filter_jit(donate="all-except-first")
+    def step(batch, state: TrainState):
+        new, metrics = update(state, batch, tx)
+        return eqx.filter_shard(new, shardings), metrics
+
+    return with_compile_check(step, on_compile)

@@ -34,6 +34,11 @@ class Task(Protocol):
     def prepare(self, run_dir: Path, primary: bool, barrier: Callable[[], None]) -> None:
         """Read or build the data (tokenizer, datasets, evaluation sets) into run_dir."""
 
+    def write_outputs_to(self, directory: Path) -> None:
+        """Write what the task outputs while training (evaluations, analyses, predictions,
+        caches) there, not in the run directory: each trial of a run with trials has its own
+        (trainer/trials.py). Called after prepare."""
+
     def dataset(self) -> grain.MapDataset:
         """Global batches as a function of (seed, step): the training stream."""
 

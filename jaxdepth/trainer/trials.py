@@ -1,0 +1,229 @@
+"""Trials: K runs that share every array shape, trained side by side as one compiled program.
+
+A run with ``run.seeds`` or a ``trials`` list (config.trial_grid) has K trials, each exactly
+the solo run its own config describes (config.trial_configs). Their train states are stacked
+on a leading trial axis (``TrialState``), initialised by one ``filter_vmap`` over the seeds,
+and the solo step's update (step.make_update) is vmapped over that axis and jitted once. What
+varies between trials goes in as arrays: the seed (the key of the init and of dropout), the
+optimizer settings that vary (``hparams``: the learning-rate schedule and weight decay are
+built inside the vmapped step from them), and each trial's batches (each trial has its own
+Task and so its own data iterator: ``TrialIterator``). A trial whose loss, gradient or updated
+parameters turn non-finite is frozen: its update is masked from then on and the others go on.
+
+With several devices the trial axis is sharded over the mesh's data axis when the trials
+divide over it (each device trains its own trials: no cross-device traffic); otherwise it is
+replicated and each trial keeps the solo run's data/model sharding.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import Array
+
+from ..config import Config, TRIAL_FIELDS
+from .optim import make_optimizer
+from .step import TrainState, init_state, make_update, state_shardings, with_compile_check
+from .task import Task
+
+# Optimizer settings a trial may vary, as make_optimizer's keyword arguments.
+OPTIM_HPARAMS = {"optim.lr": "lr", "optim.weight_decay": "weight_decay"}
+
+
+class TrialState(eqx.Module):
+    state: TrainState  # every leaf with a leading trial axis [K, ...]
+    hparams: dict  # make_optimizer keyword -> float32[K]: the optimizer settings that vary
+    frozen: Array  # bool[K]: trials stopped by a non-finite value; their updates are masked
+
+
+def trial_dir(run_dir: Path, k: int) -> Path:
+    """Trial k's directory in a run with trials: its evaluations and analyses while training,
+    and the single-trial run it is exported to (export.py)."""
+    return Path(run_dir) / "trials" / str(k)
+
+
+def varying(cfgs: list[Config]) -> list[str]:
+    """The settings (``section.field``) whose values differ between the trials."""
+    fields = [f for f, _ in TRIAL_FIELDS.values()] + ["run.seed"]
+    def value(c, f):
+        sec, name = f.split(".")
+        return getattr(getattr(c, sec), name)
+    return [f for f in fields if len({value(c, f) for c in cfgs}) > 1]
+
+
+def label(cfg: Config, fields: list[str]) -> str:
+    """``run.seed=1, optim.lr=0.003``: what sets a trial apart, as messages name it."""
+    return ", ".join(f"{f}={getattr(getattr(cfg, f.split('.')[0]), f.split('.')[1])}"
+                     for f in ["run.seed"] + [f for f in fields if f != "run.seed"])
+
+
+def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
+    """make_optimizer keyword -> float32[K], for the optimizer settings that vary."""
+    out = {}
+    for f in varying(cfgs):
+        if f in OPTIM_HPARAMS:
+            name = f.split(".")[1]
+            out[OPTIM_HPARAMS[f]] = np.asarray([getattr(c.optim, name) for c in cfgs], np.float32)
+    return out
+
+
+def trial_axis(mesh: Mesh, k: int) -> str | None:
+    """The mesh axis the trial axis is sharded over: "data" when the K trials divide over
+    more than one device of it (the model axis then stays within each trial), else None."""
+    n = mesh.shape["data"]
+    return "data" if n > 1 and k % n == 0 else None
+
+
+def _stacked(sharding: NamedSharding, axis: str | None) -> NamedSharding:
+    """A solo leaf's sharding with a leading trial axis; a trial axis over "data" takes that
+    axis from the leaf (an FSDP-sharded parameter is then whole within its trial)."""
+    inner = tuple(None if (a == axis or (isinstance(a, tuple) and axis in a)) else a
+                  for a in sharding.spec) if axis else tuple(sharding.spec)
+    return NamedSharding(sharding.mesh, P(axis, *inner))
+
+
+def batch_sharding(mesh: Mesh, k: int) -> NamedSharding:
+    """Stacked batches [K, B, ...]: over the trials, or each trial's rows over the data axis."""
+    axis = trial_axis(mesh, k)
+    return NamedSharding(mesh, P(axis) if axis else P(None, "data"))
+
+
+def trial_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
+    """(abstract TrialState, matching pytree of NamedShardings)."""
+    k, axis = len(cfgs), trial_axis(mesh, len(cfgs))
+    abstract, solo = state_shardings(cfgs[0], tx, mesh, task)
+    stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), abstract)
+    sh = jax.tree.map(lambda s: _stacked(s, axis), solo)
+    hp = {n: jax.ShapeDtypeStruct((k,), jnp.float32) for n in hparams(cfgs)}
+    vec = NamedSharding(mesh, P(axis))
+    return (TrialState(stacked, hp, jax.ShapeDtypeStruct((k,), jnp.bool_)),
+            TrialState(sh, {n: vec for n in hp}, vec))
+
+
+def trials_init(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) -> TrialState:
+    """The K fresh states, made by one vmap over the seeds (each trial's weights are those of
+    a solo run of its seed), placed with `shardings`; `pretrained` (as step.sharded_init)
+    enters every trial."""
+    seeds = jnp.asarray([c.run.seed for c in cfgs], jnp.int32)
+    given = None if pretrained is None else eqx.filter(pretrained, eqx.is_array)
+    hp = {n: jnp.asarray(v) for n, v in hparams(cfgs).items()}
+
+    @eqx.filter_jit
+    def init(seeds, given, hp):
+        states = eqx.filter_vmap(lambda s: init_state(cfgs[0], tx, task, given, seed=s))(seeds)
+        return eqx.filter_shard(TrialState(states, hp, jnp.zeros(seeds.shape, jnp.bool_)),
+                                shardings)
+
+    return init(seeds, given, hp)
+
+
+def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, task: Task, on_compile=None):
+    """run(trial_state, stacked batch) -> (trial_state, metrics of [K] arrays, with "frozen").
+
+    One jitted program: the solo update vmapped over the trials, each with its own optimizer
+    settings; a trial that is frozen, or whose loss, gradient norm or updated parameters are
+    not finite, keeps its state (and is frozen from then on). The state is donated."""
+    cfg = cfgs[0]
+    axis = trial_axis(mesh, len(cfgs))
+    # within a trial, its rows over the data axis unless the trials took it
+    update = make_update(cfg, task, None if axis else NamedSharding(mesh, P(None, "data")))
+
+    def one(state: TrainState, batch, hp: dict, frozen):
+        tx = make_optimizer(cfg.optim, cfg.run.steps, **hp)
+        new, m = update(state, batch, tx)
+        bad = ~(jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"])
+                & jnp.isfinite(m["param_norm"]))
+        stop = frozen | bad
+        kept = jax.tree.map(lambda n, o: jnp.where(stop, o, n),
+                            eqx.filter(new, eqx.is_array), eqx.filter(state, eqx.is_array))
+        new = eqx.combine(kept, new)
+        new = TrainState(state.step + 1, new.model, new.opt_state, new.key)
+        return new, {**m, "frozen": stop}
+
+    @eqx.filter_jit(donate="all-except-first")
+    def step(batch, ts: TrialState):
+        states, m = jax.vmap(one)(ts.state, batch, ts.hparams, ts.frozen)
+        new = TrialState(states, ts.hparams, m["frozen"])
+        return eqx.filter_shard(new, shardings), m
+
+    return with_compile_check(step, on_compile)
+
+
+def select(tree, k: int):
+    """Trial k of a stacked pytree (arrays [K, ...] -> [...]); other leaves as they are."""
+    return jax.tree.map(lambda x: x[k] if eqx.is_array(x) else x, tree)
+
+
+class TrialIterator:
+    """The trials' data iterators as one: ``next`` stacks their batches on a leading trial
+    axis; its state (checkpointed like any iterator's, as JSON bytes) is the list of theirs."""
+
+    def __init__(self, iterators: list):
+        self.iterators = iterators
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        batches = [next(it) for it in self.iterators]
+        return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+
+    def get_state(self) -> bytes:
+        states = [it.get_state() for it in self.iterators]
+        # a grain dataset iterator's state is a dict; others' (a loader's) are JSON bytes
+        states = [json.loads(s) if isinstance(s, bytes) else s for s in states]
+        return json.dumps({"trials": states}, indent=4).encode()
+
+    def set_state(self, state) -> None:
+        if isinstance(state, (bytes, str)):
+            state = json.loads(state)
+        saved = state.get("trials") if isinstance(state, dict) else None
+        if not isinstance(saved, list) or len(saved) != len(self.iterators):
+            raise ValueError(f"the checkpoint's data state holds "
+                             f"{len(saved) if isinstance(saved, list) else 'no'} trials' "
+                             f"iterators, not {len(self.iterators)}")
+        for it, s in zip(self.iterators, saved):
+            it.set_state(s if isinstance(it.get_state(), dict) else json.dumps(s).encode())
+
+    def start_prefetch(self) -> None:
+        for it in self.iterators:
+            if hasattr(it, "start_prefetch"):
+                it.start_prefetch()
+
+    def close(self) -> None:
+        for it in self.iterators:
+            if hasattr(it, "close"):
+                it.close()
+
+
+
+def settings(cfg: Config, fields: list[str]) -> dict:
+    """{setting: value} of what sets this trial apart (run.seed always)."""
+    return {f: getattr(getattr(cfg, f.split(".")[0]), f.split(".")[1])
+            for f in ["run.seed"] + [f for f in fields if f != "run.seed"]}
+
+
+def aggregate(per_trial: list[dict]) -> dict:
+    """summary.json's trial part: every trial's entry, and over the trials that were not
+    frozen, the mean and the half-width of the 95% t interval of each number they all
+    report (only the mean with fewer than two)."""
+    from ..analysis.exact_match import mean_ci95
+
+    live = [t for t in per_trial if not t["frozen"]]
+    keys = [k for k, v in (live[0].items() if live else ())
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "trial"
+            and all(isinstance(t.get(k), (int, float)) for t in live)]
+    mean, ci95 = {}, {}
+    for k in keys:
+        values = [float(t[k]) for t in live]
+        if len(values) >= 2:
+            mean[k], ci95[k] = mean_ci95(values)
+        else:
+            mean[k] = values[0]
+    return {"n_trials": len(per_trial), "n_frozen": len(per_trial) - len(live),
+            "mean": mean, "ci95": ci95, "trials": per_trial}
