@@ -39,6 +39,9 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run directory written by train.py")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--trial", type=int, default=None,
+                   help="a run with trials: evaluate this trial (exported first to "
+                        "<run>/trials/<k>, a single-trial run that the results go to)")
     p.add_argument("--data", default="", help="comma-separated text/JSONL files (default: the run's validation set)")
     p.add_argument("--batch", type=int, default=0, help="sequences per batch (default: the run's batch size)")
     p.add_argument("--out", default="", help="LM: JSON output path (default: <run>/eval_step<N>.json); "
@@ -52,11 +55,12 @@ def parse(argv):
 
 
 def evaluate(run, step: int | None = None, data: str = "", batch: int = 0, splits: str = "",
-             task_dir: str = "", max_examples: int = 0, out: str = "") -> dict:
+             task_dir: str = "", max_examples: int = 0, out: str = "",
+             trial: int | None = None) -> dict:
     """What eval.py prints for a checkpoint of `run`, whatever kind of run it is (the files it
     writes are named in the result)."""
     args = argparse.Namespace(run=str(run), step=step, data=data, batch=batch, splits=splits,
-                              task_dir=task_dir, max=max_examples, out=out)
+                              task_dir=task_dir, max=max_examples, out=out, trial=trial)
     return _evaluate(args)
 
 
@@ -66,6 +70,11 @@ def _evaluate(args) -> dict:
     from jaxdepth.tasks.checkpoints import saved_config
 
     run = Path(args.run)
+    if args.trial is not None:
+        from jaxdepth.trainer.trial_export import export_trial
+
+        run = export_trial(run, args.trial, task_for)
+        args = argparse.Namespace(**{**vars(args), "run": str(run)})
     return task_for(Config.from_dict(saved_config(run))).evaluate_checkpoint(run, args)
 
 

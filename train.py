@@ -54,10 +54,15 @@ def print_summary(s: dict, task) -> None:
             text = "frozen (non-finite)" if t["frozen"] else (
                 f"train loss {t['train_loss']:.4f}, {task.report(t)}")
             print(f"trial {t['trial']} ({name}): " + text.replace("\n", "\n    "))
-        shown = ", ".join(f"{k} {m:.4g} ± {s['ci95'][k]:.2g}" for k, m in s["mean"].items()
-                          if k in s["ci95"] and not k.endswith(("_tokens", "_step")))
-        if shown:
-            print(f"mean ± 95% CI over {s['n_trials'] - s['n_frozen']} trials: {shown}")
+        every = {"mean": s.get("mean"), "ci95": s.get("ci95"),
+                 "trials": [t["trial"] for t in s["trials"] if not t["frozen"]]}
+        for g in s.get("groups") or [every]:
+            shown = ", ".join(f"{k} {m:.4g} ± {g['ci95'][k]:.2g}" for k, m in g["mean"].items()
+                              if k in g["ci95"] and not k.endswith(("_tokens", "_step")))
+            of = ", ".join(f"{k}={v}" for k, v in g.get("settings", {}).items())
+            if shown:
+                print(f"mean ± 95% CI{' of ' + of if of else ''} over trials "
+                      f"{g['trials']}: {shown}")
     else:
         train_loss = f"train loss {s['train_loss']:.4f}, " if "train_loss" in s else ""
         print(f"\nfinished step {s['step']}: {train_loss}{task.report(s)}")

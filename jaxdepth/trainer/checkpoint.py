@@ -292,7 +292,7 @@ def verify(mngr: ocp.CheckpointManager, step: int, state) -> None:
                                 f"them, e.g. {bad[0]}")
 
 
-def _unreadable_because(e: Exception) -> str:
+def unreadable_because(e: Exception) -> str:
     """Why a checkpoint could not be restored, in one short line; re-raises what says nothing
     about the checkpoint (the device running out of memory while restoring it)."""
     if isinstance(e, MemoryError) or "out of memory" in str(e).lower():
@@ -317,7 +317,7 @@ def restore_newest(mngr: ocp.CheckpointManager, restore_one, step: int | None = 
         try:
             return restore_one(s), s, skipped
         except Exception as e:
-            skipped.append((s, _unreadable_because(e)))
+            skipped.append((s, unreadable_because(e)))
     what = "; ".join(f"step {s}: {why}" for s, why in skipped)
     raise NoReadableCheckpoint(f"no readable checkpoint in {where} ({what}){advice}") from None
 

@@ -195,13 +195,15 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
         raise ConfigError(f"data.batch_size: micro-batches of {micro} sequences (batch "
                           f"{cfg.data.batch_size} / accum_steps {cfg.optim.accum_steps}) do not "
                           f"split over the {mesh.shape['data']} devices of the data axis")
-    for k, t in enumerate(tasks):  # a trial's data may differ (task.seed, task.n_shot)
-        t.prepare(run_dir, primary, barrier=lambda: barrier("prepare_data"))
-        if trials is not None:  # its evaluations and analyses: its own directory
-            out = tr.trial_dir(run_dir, k)
-            if primary:
-                out.mkdir(parents=True, exist_ok=True)
-            t.write_outputs_to(out)
+    for k, t in enumerate(tasks):
+        if trials is None:
+            t.prepare(run_dir, primary, barrier=lambda: barrier("prepare_data"))
+            continue
+        out = tr.trial_dir(run_dir, k)  # its evaluations and analyses, and its own data
+        if primary:  # when its sample of the data differs from trial 0's
+            out.mkdir(parents=True, exist_ok=True)
+        t.prepare(tr.data_dir(run_dir, cfgs, k), primary, barrier=lambda: barrier("prepare_data"))
+        t.write_outputs_to(out)
     tx = make_optimizer(cfgs[0].optim, cfg.run.steps)
     lr_at = [schedule(c.optim, cfg.run.steps) for c in cfgs]
     if trials is None:

@@ -47,19 +47,33 @@ def trial_dir(run_dir: Path, k: int) -> Path:
     return Path(run_dir) / "trials" / str(k)
 
 
+# Settings that change what a trial's task prepares (its sample of the data, splits a
+# tokenizer may be trained on): such a trial prepares its data in its own directory.
+DATA_SETTINGS = ("task.seed", "task.n_shot")
+
+
+def _value(cfg: Config, setting: str):
+    sec, name = setting.split(".")
+    return getattr(getattr(cfg, sec), name)
+
+
+def data_dir(run_dir: Path, cfgs: list[Config], k: int) -> Path:
+    """Where trial k's task prepares its data: the run directory, shared with trial 0, unless
+    its DATA_SETTINGS differ from trial 0's (then its own trial directory, as its solo run
+    would prepare it)."""
+    own = any(_value(cfgs[k], f) != _value(cfgs[0], f) for f in DATA_SETTINGS)
+    return trial_dir(run_dir, k) if own else Path(run_dir)
+
+
 def varying(cfgs: list[Config]) -> list[str]:
     """The settings (``section.field``) whose values differ between the trials."""
     fields = [f for f, _ in TRIAL_FIELDS.values()] + ["run.seed"]
-    def value(c, f):
-        sec, name = f.split(".")
-        return getattr(getattr(c, sec), name)
-    return [f for f in fields if len({value(c, f) for c in cfgs}) > 1]
+    return [f for f in fields if len({_value(c, f) for c in cfgs}) > 1]
 
 
 def label(cfg: Config, fields: list[str]) -> str:
     """``run.seed=1, optim.lr=0.003``: what sets a trial apart, as messages name it."""
-    return ", ".join(f"{f}={getattr(getattr(cfg, f.split('.')[0]), f.split('.')[1])}"
-                     for f in ["run.seed"] + [f for f in fields if f != "run.seed"])
+    return ", ".join(f"{f}={v}" for f, v in settings(cfg, fields).items())
 
 
 def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
@@ -204,26 +218,44 @@ class TrialIterator:
 
 def settings(cfg: Config, fields: list[str]) -> dict:
     """{setting: value} of what sets this trial apart (run.seed always)."""
-    return {f: getattr(getattr(cfg, f.split(".")[0]), f.split(".")[1])
-            for f in ["run.seed"] + [f for f in fields if f != "run.seed"]}
+    return {f: _value(cfg, f) for f in ["run.seed"] + [f for f in fields if f != "run.seed"]}
 
 
-def aggregate(per_trial: list[dict]) -> dict:
-    """summary.json's trial part: every trial's entry, and over the trials that were not
-    frozen, the mean and the half-width of the 95% t interval of each number they all
-    report (only the mean with fewer than two)."""
+def _mean_ci(entries: list[dict]) -> tuple[dict, dict]:
+    """(mean, 95% t half-width) of each number every entry reports (no half-width for one)."""
     from ..analysis.exact_match import mean_ci95
 
-    live = [t for t in per_trial if not t["frozen"]]
-    keys = [k for k, v in (live[0].items() if live else ())
+    keys = [k for k, v in (entries[0].items() if entries else ())
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "trial"
-            and all(isinstance(t.get(k), (int, float)) for t in live)]
+            and all(isinstance(t.get(k), (int, float)) for t in entries)]
     mean, ci95 = {}, {}
     for k in keys:
-        values = [float(t[k]) for t in live]
+        values = [float(t[k]) for t in entries]
         if len(values) >= 2:
             mean[k], ci95[k] = mean_ci95(values)
         else:
             mean[k] = values[0]
-    return {"n_trials": len(per_trial), "n_frozen": len(per_trial) - len(live),
-            "mean": mean, "ci95": ci95, "trials": per_trial}
+    return mean, ci95
+
+
+def aggregate(per_trial: list[dict]) -> dict:
+    """summary.json's trial part: every trial's entry and, over the trials not frozen, the
+    mean and the half-width of the 95% t interval of each number they all report: over all
+    of them ("mean", "ci95") when only the seed varies, else per setting of the other trial
+    fields ("groups": the seeds of each learning rate, say)."""
+    live = [t for t in per_trial if not t["frozen"]]
+    out = {"n_trials": len(per_trial), "n_frozen": len(per_trial) - len(live)}
+    groups: dict[str, list[dict]] = {}
+    for t in live:
+        rest = {k: v for k, v in t["settings"].items() if k != "run.seed"}
+        groups.setdefault(json.dumps(rest, sort_keys=True), []).append(t)
+    if len(groups) <= 1:
+        out["mean"], out["ci95"] = _mean_ci(live)
+    else:
+        out["groups"] = []
+        for key, entries in groups.items():
+            mean, ci95 = _mean_ci(entries)
+            out["groups"].append({"settings": json.loads(key),
+                                  "trials": [t["trial"] for t in entries],
+                                  "mean": mean, "ci95": ci95})
+    return {**out, "trials": per_trial}

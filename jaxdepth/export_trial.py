@@ -1,0 +1,35 @@
+"""Export a trial of a run with trials (run.seeds or a trials list) as the single-trial run
+directory its solo run would have written (trainer/trial_export.py).
+
+    python -m jaxdepth.export_trial --run runs/seeds --trial 2            # -> runs/seeds/trials/2
+    python -m jaxdepth.export_trial --run runs/seeds --trial 2 --out runs/seed2
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="run directory of a run with trials")
+    p.add_argument("--trial", type=int, required=True, help="the trial's index (summary.json)")
+    p.add_argument("--out", default="", help="directory to write (default: <run>/trials/<k>)")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an error as well as its one line")
+    args = p.parse_args(argv)
+    from .errors import run_main
+
+    def body() -> int:
+        from .tasks import task_for
+        from .trainer.trial_export import export_trial
+
+        print(export_trial(args.run, args.trial, task_for, args.out or None))
+        return 0
+
+    return run_main(body, debug=args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
