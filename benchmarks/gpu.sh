@@ -10,13 +10,16 @@
 #      jax.nn.dot_product_attention's default path, cudnn = its fused cuDNN kernel);
 #   2. bench_act.py: the ACT base preset (d_model 768, M=24), batch 32, T=128;
 #   3. bench_fusion.py: a BERT-base-shaped encoder (12 x 768), batch 32, T=128, 32 labelled;
+#   4. bench_trials.py: K = 1, 2, 4, 8, 16 trials (--run.seeds 0,...,K-1) of the tiny-L2 and
+#      small-L4 LMs against K solo steps, T=128, batch 32, grammar data (target: K=8 tiny
+#      trials <= 3 x one solo step; in its JSON, not in the merged report);
 # then gpu_report.py merges the JSONs into OUT_DIR/gpu_results.json and gpu_results.md and
 # prints the targets: MFU >= 45% for 134M-L12 (against the datasheet bf16 peak,
 # jaxdepth.trainer.flops.device_peak_flops) and compile(L32) <= 1.3 x compile(L1).
 #
 # Without a GPU visible to JAX it stops, unless --dry-run or GPU_SH_ALLOW_CPU=1: then it is a
 # smoke run with tiny sizes (any device) that checks the whole pipeline writes both files.
-# Environment: GPU_SH_PARTS (default "step act fusion"; the report always runs, so a session
+# Environment: GPU_SH_PARTS (default "step act fusion trials"; the report always runs, so a session
 # with a per-command time limit can run the parts in separate calls into the same OUT_DIR),
 # GPU_SH_ATTENTIONS (default "dot_product cudnn"), GPU_SH_DEPTHS (default "12 1 2 32"),
 # GPU_SH_BATCH (default 32), PYTHON (default python).
@@ -27,7 +30,7 @@ SMOKE=${GPU_SH_ALLOW_CPU:-0}
 for arg in "$@"; do
     case "$arg" in
         --dry-run) SMOKE=1 ;;
-        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "gpu.sh: unknown option $arg" >&2; exit 2 ;;
         *) OUT=$arg ;;
     esac
@@ -48,13 +51,14 @@ cd "$REPO" || exit 2
 echo "gpu.sh: JAX backend $backend; results in $OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 
-PARTS=${GPU_SH_PARTS:-step act fusion}
+PARTS=${GPU_SH_PARTS:-step act fusion trials}
 if [[ "$SMOKE" == 1 ]]; then  # tiny sizes; cudnn needs a GPU, so only the portable path
     ATTENTIONS=${GPU_SH_ATTENTIONS:-dot_product}
     DEPTHS=${GPU_SH_DEPTHS:-2 1}
     STEP_ARGS=(--family tiny --seq-len 32 --batch "${GPU_SH_BATCH:-4}" --steps 2 --warmup 1)
     ACT_ARGS=(--preset tiny --batch 2 --seq-len 16 --biases 8,-30 --repeats 2 --warmup 1)
     FUSION_ARGS=(--d-model 32 --layers 2 --heads 2 --seq-len 16 --batch 2 --labelled 4 --repeats 2)
+    TRIALS_ARGS=(--quick --ks 1,2 --models tiny)
     REPORT_ARGS=(--mfu-depth 2 --compile-depths 1,2)
 else
     ATTENTIONS=${GPU_SH_ATTENTIONS:-dot_product cudnn}
@@ -62,6 +66,7 @@ else
     STEP_ARGS=(--family 134M --seq-len 1024 --batch "${GPU_SH_BATCH:-32}" --steps 10 --warmup 2)
     ACT_ARGS=(--preset base --batch 32 --seq-len 128)
     FUSION_ARGS=(--d-model 768 --layers 12 --heads 12 --seq-len 128 --batch 32 --labelled 32)
+    TRIALS_ARGS=(--ks 1,2,4,8,16 --models tiny,small --steps 20)
     REPORT_ARGS=(--mfu-depth 12 --compile-depths 1,32)
 fi
 
@@ -117,7 +122,10 @@ for part in $PARTS; do
         fusion)
             check_flags bench_fusion.py "${FUSION_ARGS[@]}" --out
             job fusion $PY benchmarks/bench_fusion.py "${FUSION_ARGS[@]}" --out "$OUT/bench_fusion.json" ;;
-        *) echo "gpu.sh: unknown part '$part' in GPU_SH_PARTS (step, act, fusion)" >&2; exit 2 ;;
+        trials)
+            check_flags bench_trials.py "${TRIALS_ARGS[@]}" --out
+            job trials $PY benchmarks/bench_trials.py "${TRIALS_ARGS[@]}" --out "$OUT/bench_trials.json" ;;
+        *) echo "gpu.sh: unknown part '$part' in GPU_SH_PARTS (step, act, fusion, trials)" >&2; exit 2 ;;
     esac
 done
 

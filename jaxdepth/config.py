@@ -948,6 +948,11 @@ def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:
     return Config.from_dict(d)
 
 
+# In task.init_from or data.tokenizer of a run with trials: replaced by each trial's
+# run.seed, so that trial k starts from the pretraining run of its own seed (runs/pre-s{seed}).
+SEED_FIELD = "{seed}"
+
+
 def trial_grid(cfg: Config) -> list[dict]:
     """The trials of cfg, each as {setting: value} over the settings that vary: the grid
     product of the trials section's lists (in TRIAL_FIELDS order) and run.seeds, the seed
@@ -972,6 +977,11 @@ def trial_configs(cfg: Config) -> list[Config]:
         for setting, value in trial.items():
             sec, name = setting.split(".")
             o.setdefault(sec, {})[name] = value
+        seed = str(trial.get("run.seed", cfg.run.seed))
+        for sec, name in (("task", "init_from"), ("data", "tokenizer")):
+            value = getattr(getattr(cfg, sec), name)
+            if SEED_FIELD in value:  # each trial starts from the run of its own seed
+                o.setdefault(sec, {})[name] = value.replace(SEED_FIELD, seed)
         overrides.append(o)
     if len(overrides) == 1 and not trial_grid(cfg):
         return [cfg]

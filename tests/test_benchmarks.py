@@ -1,5 +1,6 @@
-"""Smoke and numbers tests for benchmarks/: bench_step's record, and the PyTorch reference model
-of bench_vs_torch (same loss, gradients and AdamW step as jaxdepth for identical weights)."""
+"""Smoke and numbers tests for benchmarks/: bench_step's record, bench_trials' record, and the
+PyTorch reference model of bench_vs_torch (same loss, gradients and AdamW step as jaxdepth for
+identical weights)."""
 import json
 import math
 import sys
@@ -13,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_step  # noqa: E402
+import bench_trials  # noqa: E402
 import bench_vs_torch  # noqa: E402
 
 from jaxdepth.config import MeshConfig, ModelConfig, depth_family  # noqa: E402
@@ -65,6 +67,42 @@ def test_bench_step_main_writes_json(tmp_path):
         assert int(cells[0]) == rec["n_layers"]
         assert float(cells[3]) == pytest.approx(rec["step_s_median"], abs=5e-5)
     assert (tmp_path / "r_latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_trials_quick_json_consistent(tmp_path):
+    """K = 1, 2 trials of the tiny model on grammar batches: every derived number is computed
+    from the reported times (the times themselves are not asserted), and trial 0 is the solo
+    run of seed 0 (same first loss)."""
+    out = tmp_path / "t.json"
+    res = bench_trials.main(["--quick", "--ks", "1,2", "--models", "tiny", "--steps", "2",
+                             "--mesh-data", "1", "--out", str(out)])
+    disk = json.loads(out.read_text())
+    assert disk == json.loads(json.dumps(res))
+    assert disk["benchmark"] == "bench_trials" and disk["quick"] and disk["steps"] == 2
+    assert disk["data"].startswith("grammar")
+    for key in ("jax", "backend", "device_kind", "cpu_count", "measured_fp32_matmul_flops"):
+        assert key in disk, key
+    # the K=8 target is not measured by this run, and says so
+    assert disk["target_k8_tiny_le_3x"] is None and disk["target_k8_tiny_ratio"] is None
+    (m,) = disk["models"]
+    assert m["model"] == "tiny" and m["preset"] == "tiny-L2" and m["n_layers"] == 2
+    assert (m["seq_len"], m["batch"], m["devices"]) == (32, 8, 1)
+    assert [r["k"] for r in m["ks"]] == [1, 2]
+    for r in m["ks"]:
+        k = r["k"]
+        assert len(r["trial_step_ms_all"]) == 2 and len(r["solo_step_ms_all"]) == 2
+        assert all(t > 0 for t in r["trial_step_ms_all"] + r["solo_step_ms_all"])
+        assert r["trial_step_ms"] > 0 and r["solo_step_ms"] > 0 and r["compile_s"] > 0
+        assert r["trial_step_ms_min"] <= r["trial_step_ms"] <= max(r["trial_step_ms_all"])
+        assert r["ratio"] == pytest.approx(r["trial_step_ms"] / r["solo_step_ms"])
+        assert r["speedup"] == pytest.approx(k * r["solo_step_ms"] / r["trial_step_ms"])
+        assert r["speedup"] == pytest.approx(k / r["ratio"])
+        assert r["trials_per_s"] == pytest.approx(1e3 * k / r["trial_step_ms"])
+        assert r["tokens_per_s"] == pytest.approx(1e3 * k * 32 * 8 / r["trial_step_ms"])
+        assert r["achieved_flops_per_s"] == pytest.approx(r["tokens_per_s"] * m["flops_per_token"])
+        assert r["first_loss_trial0"] == pytest.approx(r["first_loss_solo"], rel=1e-5)
+        assert math.isfinite(r["first_loss_solo"]) and r["final_losses_finite"]
+        assert r["frozen"] == 0
 
 
 # ----------------------------------------------------------------------------- torch reference

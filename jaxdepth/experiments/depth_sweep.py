@@ -31,8 +31,8 @@ from pathlib import Path
 
 from .plan_file import PlannedExperiment
 from ..errors import RunFailed, run_main
-from ..config import (PAPER_FINETUNING, SIZE_CLASSES, TASKS, Config, ConfigError, apply_overrides,
-                      from_preset)
+from ..config import (PAPER_FINETUNING, SEED_FIELD, SIZE_CLASSES, TASKS, Config, ConfigError,
+                      apply_overrides, from_preset)
 
 
 @dataclass(frozen=True)
@@ -166,37 +166,118 @@ class Sweep(PlannedExperiment):
 
     # ------------------------------------------------------------------ steps
 
+    # Trials (trainer/trials.py): by default the seeds of one depth (pretraining) or of one
+    # depth, task and start (fine-tuning) train as one program, in <unit>-seeds-<s,...>/, and
+    # each trial is exported to the directory its solo run would have, which everything after
+    # reads. sequential: one program per seed, as before trials.
+    sequential = False
+
+    @staticmethod
+    def trials_dir(solo_dir: Path, seed: int, seeds: list[int]) -> Path:
+        """L4-s0[-scratch] -> L4-seeds-0-1-2[-scratch]: the run the trials train in."""
+        return solo_dir.with_name(solo_dir.name.replace(
+            f"-s{seed}", "-seeds-" + "-".join(map(str, seeds)), 1))
+
+    @staticmethod
+    def _per_seed(path: str, seed: int) -> str:
+        """A path of seed `seed`'s pretraining run (its last component ends -s<seed>), with
+        that seed as config.SEED_FIELD: each trial reads its own."""
+        if not path:
+            return path
+        p = Path(path)
+        parts = p.parts
+        i = next(i for i in range(len(parts) - 1, -1, -1) if parts[i].endswith(f"-s{seed}"))
+        return str(Path(*parts[:i], parts[i][:-len(str(seed))] + SEED_FIELD, *parts[i + 1:]))
+
+    def _as_trials(self, what: str, configs: dict[int, Config], solo_dirs: dict[int, Path],
+                   on_done) -> None:
+        """Train configs (seed -> its solo config) as trials of one run (or one by one when
+        sequential or a single seed), then on_done(seed, summary) for each seed, the trial
+        exported to solo_dirs[seed] first."""
+        from ..config import trial_configs
+        from ..tasks import task_for, train
+        from ..trainer.loop import train as train_tasks
+        from ..trainer.trial_export import export_trial
+
+        seeds = sorted(configs)
+        if self.sequential or len(seeds) == 1:
+            for seed in seeds:
+                self.units_run += 1
+                on_done(seed, _timed(f"{what} seed {seed}", train, configs[seed]))
+            return
+        first = configs[seeds[0]]
+        run_dir = self.trials_dir(solo_dirs[seeds[0]], seeds[0], seeds)
+        per_seed = {"task": {"init_from": self._per_seed(first.task.init_from, seeds[0])}}
+        if first.data.tokenizer and not first.task.init_from:  # the from-scratch control
+            per_seed["data"] = {"tokenizer": self._per_seed(first.data.tokenizer, seeds[0])}
+        cfg = apply_overrides(first, {"run": {"dir": str(run_dir),
+                                              "seeds": ",".join(map(str, seeds))}, **per_seed})
+        cfgs = trial_configs(cfg)
+        for c, seed in zip(cfgs, seeds):  # each trial is exactly the solo unit it replaces
+            solo = configs[seed]
+            if dataclasses.replace(c, run=dataclasses.replace(c.run, dir=solo.run.dir)) != solo:
+                raise ConfigError(f"{what}: the trial of seed {seed} would differ from its "
+                                  f"solo run; give --sequential")
+        self.units_run += len(seeds)
+        s = _timed(f"{what} seeds {seeds} (trials)", train_tasks, cfg,
+                   [task_for(c) for c in cfgs])
+        for k, seed in enumerate(seeds):
+            export_trial(run_dir, k, task_for, solo_dirs[seed])
+            entry = {**s, **{n: v for n, v in s["trials"][k].items() if n != "trial"}}
+            on_done(seed, entry)
+
     def run(self) -> None:
         from ..config import param_count
-        from ..tasks import train
 
         p = self.plan
         ran = self.units_run
-        for seed in p.seeds:
-            for depth in p.family:
-                if self.done(kind="pretrain", depth=depth, seed=seed):
-                    continue
-                self.units_run += 1
+        for depth in p.family:
+            todo = [s for s in p.seeds if not self.done(kind="pretrain", depth=depth, seed=s)]
+            if not todo:
+                continue
+
+            def pretrained(seed: int, s: dict, depth=depth) -> None:
                 cfg = self.pretrain_config(depth, seed)
-                s = _timed(f"pretrain L{depth} seed {seed}", train, cfg)
                 self.append({"kind": "pretrain", "depth": depth, "seed": seed,
                              "d_model": cfg.model.d_model, "d_ff": cfg.model.d_ff,
                              "params": param_count(cfg.model), "valid_ppl": s["valid_ppl"],
                              "valid_loss": s["valid_loss"], "step": s["step"],
                              "grammatical": s.get("grammatical"),  # embedded grammar only
                              "run_dir": str(cfg.run.dir)})
-        for seed in p.seeds:
-            for depth in p.family:
-                for task in p.tasks:
-                    self.finetune(task, depth, seed, "final", 0)
-        for seed in p.seeds:
-            for depth in p.scratch:
-                for task in p.tasks:
-                    self.finetune(task, depth, seed, "scratch", 0)
+
+            self._as_trials(f"pretrain L{depth}",
+                            {s: self.pretrain_config(depth, s) for s in todo},
+                            {s: self.pretrain_dir(depth, s) for s in todo}, pretrained)
+        for depth in p.family:
+            for task in p.tasks:
+                self.finetune_seeds(task, depth, "final")
+        for depth in p.scratch:
+            for task in p.tasks:
+                self.finetune_seeds(task, depth, "scratch")
         if self.units_run == ran:
             n = len(p.seeds) * (len(p.family) * (1 + len(p.tasks)) + len(p.scratch) * len(p.tasks))
             print(f"all {n} units of {self.out} are done (results.jsonl); nothing to run",
                   flush=True)
+
+    def finetune_seeds(self, task: str, depth: int, init: str) -> None:
+        """Fine-tune every seed of the plan not done yet, from its own pretraining run (or
+        from scratch), as trials of one run."""
+        todo = [s for s in self.plan.seeds
+                if not self.done(kind="finetune", task=task, depth=depth, seed=s, init=init)]
+        if todo:
+            self._as_trials(f"fine-tune L{depth} on {task} ({init})",
+                            {s: self.finetune_config(task, depth, s, init, 0) for s in todo},
+                            {s: self.finetune_dir(task, depth, s, init) for s in todo},
+                            lambda seed, s: self.append(self._finetune_row(
+                                task, depth, seed, init, s, self.finetune_dir(task, depth, seed,
+                                                                              init))))
+
+    def _finetune_row(self, task, depth, seed, init, s: dict, run_dir: Path) -> dict:
+        key = dict(kind="finetune", task=task, depth=depth, seed=seed, init=init)
+        return {**key, "init_step": s["init_step"], "dev_loss": s["dev_loss"],
+                **{k: s.get(k) for k in ("id_accuracy", "gen_accuracy", "lexical", "structural",
+                                         "by_type")},
+                "unk_examples": s["unk"]["examples_with_unk"], "run_dir": str(run_dir)}
 
     def finetune(self, task: str, depth: int, seed: int, init: str, init_step: int) -> dict:
         from ..tasks import train
@@ -208,10 +289,7 @@ class Sweep(PlannedExperiment):
         cfg = self.finetune_config(task, depth, seed, init, init_step)
         self.units_run += 1
         s = _timed(f"fine-tune L{depth} seed {seed} on {task} ({init})", train, cfg)
-        row = {**key, "init_step": s["init_step"], "dev_loss": s["dev_loss"],
-               **{k: s.get(k) for k in ("id_accuracy", "gen_accuracy", "lexical", "structural",
-                                        "by_type")},
-               "unk_examples": s["unk"]["examples_with_unk"], "run_dir": str(cfg.run.dir)}
+        row = self._finetune_row(task, depth, seed, init, s, cfg.run.dir)
         self.append(row)
         return row
 
@@ -328,6 +406,9 @@ def parse(argv):
     p.add_argument("--pretrain", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--finetune", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--threshold", type=float, default=None, help="equal-loss: dev-loss threshold")
+    p.add_argument("--sequential", action="store_true",
+                   help="train every seed as its own program (default: the seeds of a unit "
+                        "as trials of one program, exported to the same directories)")
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
@@ -373,6 +454,7 @@ def _run(args) -> int:
         raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "
                           f"this command reads {args.out}/sweep.json")
     sweep = Sweep.open(Path(args.out), plan)
+    sweep.sequential = args.sequential
     cmd = args.command
     if cmd in ("run", "all"):
         sweep.run()

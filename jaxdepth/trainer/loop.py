@@ -145,7 +145,10 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task, tasks=None):
         pretrained = task.initial_model(mesh, abstract.model)
         return sharded_init(cfg, tx, mesh, task, shardings, pretrained), shardings, None
     solo = state_shardings(cfgs[0], tx, mesh, task)[0]
-    pretrained = task.initial_model(mesh, solo.model)
+    if len({c.task.init_from for c in cfgs}) > 1:  # each trial its own (init_from "...{seed}")
+        pretrained = [t.initial_model(mesh, solo.model) for t in tasks]
+    else:
+        pretrained = task.initial_model(mesh, solo.model)
     return tr.trials_init(cfgs, tx, task, shardings, pretrained), shardings, None
 
 
@@ -274,8 +277,8 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
                 if len(frozen_seen) < n_trials:
                     warn(f"trial {k} ({names[k]}): {why or 'non-finite values'}; frozen at its "
                          f"last finite state, the other trials go on")
-            if why is None and trials is not None and len(frozen_seen) < n_trials:
-                continue
+            if trials is not None and len(frozen_seen) < n_trials:
+                continue  # a frozen trial's non-finite value stops only its own updates
             if why is None and trials is None:
                 continue
             good = mngr.latest_step()

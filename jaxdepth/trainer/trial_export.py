@@ -86,6 +86,9 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
     finally:
         mngr.close()
     ckpt.write_config(dest, cfgs[k])
+    own = tr.trial_dir(run, k)  # what its task wrote while training (evaluations, analyses)
+    if own.is_dir() and own.resolve() != dest.resolve():
+        _link_tree(own, dest)
     source = tr.data_dir(run, cfgs, k)
     if (source / "data").is_dir() and source.resolve() != dest.resolve():
         _link_tree(source / "data", dest / "data")

@@ -48,8 +48,9 @@ def trial_dir(run_dir: Path, k: int) -> Path:
 
 
 # Settings that change what a trial's task prepares (its sample of the data, splits a
-# tokenizer may be trained on): such a trial prepares its data in its own directory.
-DATA_SETTINGS = ("task.seed", "task.n_shot")
+# tokenizer may be trained on, the pretrained run its tokenizer comes from): such a trial
+# prepares its data in its own directory.
+DATA_SETTINGS = ("task.seed", "task.n_shot", "task.init_from", "data.tokenizer")
 
 
 def _value(cfg: Config, setting: str):
@@ -122,14 +123,21 @@ def trial_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
 def trials_init(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) -> TrialState:
     """The K fresh states, made by one vmap over the seeds (each trial's weights are those of
     a solo run of its seed), placed with `shardings`; `pretrained` (as step.sharded_init)
-    enters every trial."""
+    enters every trial, or a list of them, trial k's the k-th."""
     seeds = jnp.asarray([c.run.seed for c in cfgs], jnp.int32)
-    given = None if pretrained is None else eqx.filter(pretrained, eqx.is_array)
     hp = {n: jnp.asarray(v) for n, v in hparams(cfgs).items()}
+    per_trial = isinstance(pretrained, list)  # each trial's own weights (task.init_from {seed})
+    if per_trial:
+        given = jax.tree.map(lambda *xs: jnp.stack(xs),
+                             *[eqx.filter(p, eqx.is_array) for p in pretrained])
+    else:
+        given = None if pretrained is None else eqx.filter(pretrained, eqx.is_array)
 
     @eqx.filter_jit
     def init(seeds, given, hp):
-        states = eqx.filter_vmap(lambda s: init_state(cfgs[0], tx, task, given, seed=s))(seeds)
+        one = lambda s, g: init_state(cfgs[0], tx, task, g, seed=s)
+        states = (eqx.filter_vmap(one)(seeds, given) if per_trial
+                  else eqx.filter_vmap(lambda s: one(s, given))(seeds))
         return eqx.filter_shard(TrialState(states, hp, jnp.zeros(seeds.shape, jnp.bool_)),
                                 shardings)
 

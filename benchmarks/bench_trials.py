@@ -1,0 +1,288 @@
+"""Trials against solo runs: the step time of K runs trained side by side (trainer/trials.py).
+
+For each model (``--models``: tiny = the ``tiny-L2`` preset, the tiny depth family's baseline
+member; small = ``small-L4``, the default model) and each K (``--ks``), the script builds the
+config train.py builds from ``--preset NAME --run.seeds 0,...,K-1`` (``cli.parse_args``; the
+lm recipe's optimizer, data.seq_len 128 and data.batch_size 32 unless ``--seq-len`` /
+``--batch`` say otherwise) and the K-trial step exactly as the training loop does
+(``trial_configs``, one ``task_for`` per trial, ``make_optimizer``, ``trial_shardings``,
+``trials_init``, ``make_trials_step``, ``trials.batch_sharding``), and, once per model, the
+solo step of trial 0's config (``state_shardings``, ``sharded_init``, ``make_train_step``).
+
+Batches: with ``--data grammar`` (the default) they are the real ones, drawn from the
+embedded grammar corpus prepared once in a temporary folder (``--grammar-docs`` documents,
+the default run's 20,000 unless told) through each trial's own data iterator
+(``TrialIterator`` over ``lm_iterator(task.dataset())``, so each trial sees its own seed's
+order); ``--data random`` synthesises token batches of the same shape instead (the step time
+does not depend on the token values). ``--batches`` (4) of them are placed on the device
+before timing and used in turn, so the data pipeline is not timed.
+
+Timing is steady state: each step is called once to compile (its compile time and first
+call are recorded), ``--warmup`` more untimed calls follow, then ``--steps`` rounds each call
+the K-trial step and the solo step once (``common.interleaved_times``: alternating order,
+every call blocked until ready), so machine drift hits both alike. Per K the JSON reports the
+medians ``trial_step_ms`` and ``solo_step_ms`` (the solo step measured in the same rounds),
+``ratio`` = trial_step / solo_step, ``speedup`` = K * solo_step / trial_step (above 1: K trials
+side by side beat K solo runs one after another), ``trials_per_s`` = K / trial_step, tokens/s
+and achieved FLOP/s (``train_flops_per_token``; the measured fp32 1024^3 matmul rate is
+recorded beside it for scale). The issue's target, "K = 8 tiny-model trials cost <= 3x one
+trial's step time", is ``target_k8_tiny_le_3x`` (with its ratio), null when tiny or K=8 was
+not run. Note that train.py runs a one-trial grid (``--run.seeds 0``) as a solo run; K=1 here
+is the vmapped trial step with one trial, i.e. what the trials machinery itself costs.
+
+    python benchmarks/bench_trials.py                          # tiny and small, K=1..16
+    python benchmarks/bench_trials.py --models tiny --ks 1,8 --steps 20 --out t.json
+    python benchmarks/bench_trials.py --quick --out q.json     # CI scale: seconds
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+# first: puts the checkout on sys.path and tunes malloc before anything allocates
+from common import (CompileEvents, arg_parser, environment, interleaved_times, print_table,
+                    random_lm_batch, timed, write_json)
+
+import jax
+import numpy as np
+
+from jaxdepth.cli import parse_args
+from jaxdepth.config import Config, trial_configs
+from jaxdepth.data.pipeline import lm_iterator
+from jaxdepth.tasks import task_for
+from jaxdepth.trainer import trials as tr
+from jaxdepth.trainer.flops import measure_matmul_peak, train_flops_per_token
+from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh
+from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
+
+MODELS = {"tiny": "tiny-L2", "small": "small-L4"}  # name -> preset
+TARGET_K, TARGET_MODEL, TARGET_RATIO = 8, "tiny", 3.0  # K=8 tiny trials <= 3x one trial's step
+
+
+def train_args(preset: str, k: int, args) -> list[str]:
+    """train.py's command line for K trials of the preset at the benchmark's shape."""
+    out = ["--preset", preset, "--run.seeds", ",".join(str(s) for s in range(k)),
+           "--run.steps", str(max(args.steps + args.warmup + 1, 10)),
+           "--data.grammar_docs", str(args.grammar_docs), "--mesh.data", str(args.mesh_data)]
+    if args.seq_len:
+        out += ["--data.seq_len", str(args.seq_len)]
+    if args.batch:
+        out += ["--data.batch_size", str(args.batch)]
+    return out
+
+
+class Stepper:
+    """A jitted step, its state and a few device batches used in turn; calling it takes one
+    step and returns (state, metrics), not waited for."""
+
+    def __init__(self, step_fn, state, batches: list[dict]):
+        self.step_fn, self.state, self.batches = step_fn, state, batches
+        self.i, self.metrics = 0, None
+
+    def __call__(self):
+        batch = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        self.state, self.metrics = self.step_fn(self.state, batch)
+        return self.state, self.metrics
+
+    def compile_and_warm(self, warmup: int) -> tuple[dict, float, float]:
+        """(compile seconds: trace, lower, XLA compile, first call's wall seconds, the first
+        step's loss of trial 0); then `warmup` more untimed calls."""
+        with CompileEvents() as ct:
+            _, first = timed(self)
+        loss = float(np.asarray(self.metrics["loss"]).reshape(-1)[0])
+        for _ in range(warmup):
+            self()
+        jax.block_until_ready((self.state, self.metrics))
+        return ct.breakdown(), first, loss
+
+
+def host_batches(cfgs: list[Config], tasks: list, n: int, data: str, data_dir: Path | None,
+                 stacked: bool) -> list[dict]:
+    """n batches of numpy arrays: stacked over the trials ([K, B, ...]) or one trial's."""
+    if data == "random":
+        rows = [[random_lm_batch(c, seed=1000 * i + c.run.seed) for c in cfgs] for i in range(n)]
+        return [({k: np.stack([b[k] for b in r]) for k in r[0]} if stacked else r[0])
+                for r in rows]
+    for t in tasks:  # every trial of a seed-only grid shares the run directory's data
+        t.prepare(data_dir, True, barrier=lambda: None)
+    its = [lm_iterator(t.dataset(), prefetch=0) for t in tasks]
+    it = tr.TrialIterator(its) if stacked else its[0]
+    try:
+        return [next(it) for _ in range(n)]
+    finally:
+        for i in its:
+            if hasattr(i, "close"):
+                i.close()
+
+
+def solo_stepper(cfg: Config, mesh, args, data_dir) -> Stepper:
+    """The solo run of cfg (trial 0's config), as the training loop builds it."""
+    tx = make_optimizer(cfg.optim, cfg.run.steps)
+    task = task_for(cfg)
+    _, shardings = state_shardings(cfg, tx, mesh, task)
+    state = sharded_init(cfg, tx, mesh, task, shardings)
+    step_fn = make_train_step(cfg, tx, mesh, shardings, task)
+    b_sh = batch_sharding(mesh)
+    batches = [{k: jax.device_put(v, b_sh) for k, v in b.items()}
+               for b in host_batches([cfg], [task], args.batches, args.data, data_dir, False)]
+    return Stepper(step_fn, state, batches)
+
+
+def trials_stepper(cfgs: list[Config], mesh, args, data_dir) -> Stepper:
+    """The K-trial step of cfgs, as the training loop builds it (trainer/loop.py)."""
+    tx = make_optimizer(cfgs[0].optim, cfgs[0].run.steps)
+    tasks = [task_for(c) for c in cfgs]
+    _, shardings = tr.trial_shardings(cfgs, tx, mesh, tasks[0])
+    state = tr.trials_init(cfgs, tx, tasks[0], shardings)
+    step_fn = tr.make_trials_step(cfgs, mesh, shardings, tasks[0])
+    b_sh = tr.batch_sharding(mesh, len(cfgs))
+    batches = [{k: jax.device_put(v, b_sh) for k, v in b.items()}
+               for b in host_batches(cfgs, tasks, args.batches, args.data, data_dir, True)]
+    return Stepper(step_fn, state, batches)
+
+
+def bench_model(name: str, args, data_dir: Path | None) -> dict:
+    preset = MODELS[name]
+    base = parse_args(train_args(preset, 1, args))
+    solo_cfg = trial_configs(base)[0]  # the solo run of seed 0 that trial 0 equals
+    mesh = make_mesh(solo_cfg.mesh)
+    B, T = solo_cfg.data.batch_size, solo_cfg.data.seq_len
+    fpt = train_flops_per_token(solo_cfg.model, T)
+    solo = solo_stepper(solo_cfg, mesh, args, data_dir)
+    solo_compile, solo_first, solo_loss = solo.compile_and_warm(args.warmup)
+    print(f"{name} ({preset}, T={T}, B={B}): solo step compiled in "
+          f"{sum(solo_compile.values()):.2f} s",
+          flush=True)
+    rows = []
+    for k in args.ks:
+        cfgs = trial_configs(parse_args(train_args(preset, k, args)))
+        assert len(cfgs) == k and [c.run.seed for c in cfgs] == list(range(k))
+        trial = trials_stepper(cfgs, mesh, args, data_dir)
+        t_compile, t_first, t_loss = trial.compile_and_warm(args.warmup)
+        times = interleaved_times({"trial": trial, "solo": solo}, args.steps)
+        trial_s, solo_s = statistics.median(times["trial"]), statistics.median(times["solo"])
+        losses = np.asarray(trial.metrics["loss"])
+        row = {
+            "k": k, "trial_step_ms": 1e3 * trial_s, "solo_step_ms": 1e3 * solo_s,
+            "ratio": trial_s / solo_s, "speedup": k * solo_s / trial_s,
+            "trials_per_s": k / trial_s, "solo_steps_per_s": 1 / solo_s,
+            "trial_step_ms_min": 1e3 * min(times["trial"]),
+            "solo_step_ms_min": 1e3 * min(times["solo"]),
+            "trial_step_ms_all": [1e3 * t for t in times["trial"]],
+            "solo_step_ms_all": [1e3 * t for t in times["solo"]],
+            "tokens_per_s": k * B * T / trial_s, "solo_tokens_per_s": B * T / solo_s,
+            "achieved_flops_per_s": fpt * k * B * T / trial_s,
+            "solo_achieved_flops_per_s": fpt * B * T / solo_s,
+            "compile_s": sum(t_compile.values()), "compile_breakdown_s": t_compile,
+            "first_call_s": t_first,
+            # trial 0 is the solo run of seed 0: same weights, same first batch, same loss
+            "first_loss_trial0": t_loss, "first_loss_solo": solo_loss,
+            "final_losses_finite": bool(np.all(np.isfinite(losses))),
+            "frozen": int(np.sum(np.asarray(trial.state.frozen))),
+        }
+        rows.append(row)
+        print(f"  K={k:>2}: trial {row['trial_step_ms']:8.1f} ms, solo {row['solo_step_ms']:7.1f} "
+              f"ms, ratio {row['ratio']:5.2f}, speedup {row['speedup']:4.2f}x "
+              f"(compile {row['compile_s']:.1f} s)", flush=True)
+        del trial  # free the K states before the next K
+    return {"model": name, "preset": preset, "n_layers": solo_cfg.model.n_layers,
+            "d_model": solo_cfg.model.d_model, "d_ff": solo_cfg.model.d_ff,
+            "vocab_size": solo_cfg.model.vocab_size, "seq_len": T, "batch": B,
+            "optimizer": solo_cfg.optim.name, "devices": mesh.size,
+            "flops_per_token": fpt, "solo_compile_s": sum(solo_compile.values()),
+            "solo_compile_breakdown_s": solo_compile, "solo_first_call_s": solo_first,
+            "train_py_args_k8": train_args(preset, 8, args), "ks": rows}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = arg_parser(__doc__)
+    p.add_argument("--ks", default=None, help="numbers of trials K (default 1,2,4,8,16; "
+                   "--quick: 1,2)")
+    p.add_argument("--models", default=None, help=f"comma-separated, of {', '.join(MODELS)} "
+                   "(default tiny,small; --quick: tiny)")
+    p.add_argument("--steps", type=int, default=None, help="timed rounds (default 10; --quick: 3)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls after the compiling one")
+    p.add_argument("--batches", type=int, default=4, help="distinct device batches used in turn")
+    p.add_argument("--seq-len", type=int, default=0, help="data.seq_len (0: the config's, 128; "
+                   "--quick: 32)")
+    p.add_argument("--batch", type=int, default=0, help="data.batch_size (0: the config's, 32; "
+                   "--quick: 8)")
+    p.add_argument("--data", choices=("grammar", "random"), default="grammar",
+                   help="real batches of the embedded grammar corpus, or random tokens")
+    p.add_argument("--grammar-docs", type=int, default=None,
+                   help="data.grammar_docs of the prepared corpus (default 20000; --quick: 300)")
+    p.add_argument("--mesh-data", type=int, default=-1,
+                   help="mesh.data (-1: every device, as train.py)")
+    p.add_argument("--quick", action="store_true", help="CI-scale smoke run (seconds)")
+    p.add_argument("--out", default="bench_trials.json")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.ks = [int(k) for k in (args.ks or ("1,2" if q else "1,2,4,8,16")).split(",") if k.strip()]
+    args.models = [m.strip() for m in (args.models or ("tiny" if q else "tiny,small")).split(",")
+                   if m.strip()]
+    args.steps = args.steps if args.steps is not None else (3 if q else 10)
+    args.grammar_docs = args.grammar_docs if args.grammar_docs is not None else (300 if q else 20000)
+    if q:
+        args.seq_len, args.batch = args.seq_len or 32, args.batch or 8
+        args.warmup = min(args.warmup, 1)
+    bad = [m for m in args.models if m not in MODELS]
+    if bad or not args.models:
+        raise SystemExit(f"--models: {bad or 'none'}; known: {', '.join(MODELS)}")
+    if not args.ks or min(args.ks) < 1 or args.steps < 1 or args.batches < 1 or args.warmup < 0:
+        raise SystemExit("--ks, --steps and --batches must be >= 1, --warmup >= 0")
+
+    t0 = time.perf_counter()
+    matmul = measure_matmul_peak(np.float32, n=256 if q else 1024)
+    print(f"{jax.device_count()} x {jax.devices()[0].device_kind}; fp32 matmul "
+          f"{matmul / 1e9:,.1f} GFLOP/s; data: {args.data}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_trials_") as tmp:
+        data_dir = Path(tmp) if args.data == "grammar" else None
+        models = [bench_model(m, args, data_dir) for m in args.models]
+
+    target = None
+    tiny = next((m for m in models if m["model"] == TARGET_MODEL), None)
+    row8 = next((r for r in (tiny or {"ks": []})["ks"] if r["k"] == TARGET_K), None)
+    if row8 is not None:
+        k1 = next((r for r in tiny["ks"] if r["k"] == 1), None)
+        target = {"met": bool(row8["ratio"] <= TARGET_RATIO), "ratio": row8["ratio"],
+                  "limit": TARGET_RATIO, "ratio_vs_k1_trial_step":
+                  row8["trial_step_ms"] / k1["trial_step_ms"] if k1 else None}
+    print()
+    print_table("model  preset    T    B   K | trial ms |  solo ms | trial/solo | speedup | trials/s",
+                [f"{m['model']:<6} {m['preset']:<8} {m['seq_len']:>3} {m['batch']:>4} {r['k']:>3} | "
+                 f"{r['trial_step_ms']:8.1f} | {r['solo_step_ms']:8.1f} | {r['ratio']:10.2f} | "
+                 f"{r['speedup']:7.2f} | {r['trials_per_s']:8.2f}"
+                 for m in models for r in m["ks"]])
+    out = {
+        "benchmark": "bench_trials", **environment(),
+        "data": ("grammar: real batches of the embedded grammar corpus, each trial's own "
+                 "iterator (TrialIterator)" if args.data == "grammar" else
+                 "random: synthesised token batches of the step's shape"),
+        "grammar_docs": args.grammar_docs if args.data == "grammar" else None,
+        "ks_requested": args.ks, "steps": args.steps, "warmup": args.warmup,
+        "batches": args.batches, "quick": q,
+        "timing": ("median over --steps interleaved rounds, each calling the K-trial step and "
+                   "the solo step once (blocked until ready), after one compiling call and "
+                   "--warmup untimed calls; solo_step_ms is measured in the same rounds"),
+        "measured_fp32_matmul_flops": matmul,
+        "target": f"K={TARGET_K} {TARGET_MODEL} trials: trial_step <= {TARGET_RATIO} x solo_step",
+        "target_k8_tiny_le_3x": target["met"] if target else None,
+        "target_k8_tiny_ratio": target["ratio"] if target else None,
+        "target_k8_tiny_ratio_vs_k1_trial_step": target["ratio_vs_k1_trial_step"] if target else None,
+        "models": models,
+    }
+    out["wall_s"] = time.perf_counter() - t0
+    if target:
+        print(f"\ntarget K={TARGET_K} tiny trials <= {TARGET_RATIO}x solo step: ratio "
+              f"{target['ratio']:.2f}: {'met' if target['met'] else 'MISSED'}")
+    write_json(args.out, out)
+    print(f"wrote {args.out} ({out['wall_s']:.0f} s)")
+    return out
+
+
+if __name__ == "__main__":
+    main()
