@@ -306,14 +306,20 @@ class TrialsConfig:
     array shape can vary between trials."""
     lr: str = ""  # optim.lr
     weight_decay: str = ""  # optim.weight_decay
-    task_seed: str = ""  # task.seed (few-shot sample, grammar splits)
+    # task.seed (few-shot sample, grammar splits); "seed": each trial's run.seed (a few-shot
+    # trial t samples its sentences and initialises with seed t)
+    task_seed: str = ""
     n_shot: str = ""  # task.n_shot (ner: the few-shot sample's size)
 
     def __post_init__(self):
         for name, (_, kind) in TRIAL_FIELDS.items():
+            if name == "task_seed" and self.task_seed == FOLLOWS_SEED:
+                continue
             values = parse_list(getattr(self, name), kind, f"trials.{name}")
             _require(all(v >= 0 for v in values), f"trials.{name}", "values must be >= 0")
 
+
+FOLLOWS_SEED = "seed"  # trials.task_seed: each trial's task.seed is its run.seed
 
 # trials.<name> -> (the setting it varies, its type)
 TRIAL_FIELDS = {"lr": ("optim.lr", float), "weight_decay": ("optim.weight_decay", float),
@@ -959,13 +965,17 @@ def trial_grid(cfg: Config) -> list[dict]:
     varying fastest (so each setting's seeds are neighbours). [] for a run without trials."""
     axes = [(TRIAL_FIELDS[n][0], parse_list(getattr(cfg.trials, n), TRIAL_FIELDS[n][1],
                                             f"trials.{n}"))
-            for n in TRIAL_FIELDS if getattr(cfg.trials, n)]
+            for n in TRIAL_FIELDS if getattr(cfg.trials, n)
+            and not (n == "task_seed" and cfg.trials.task_seed == FOLLOWS_SEED)]
     seeds = parse_list(cfg.run.seeds, int, "run.seeds")
     if not axes and not seeds:
         return []
     axes.append(("run.seed", seeds or [cfg.run.seed]))
-    return [dict(zip([f for f, _ in axes], combo))
+    grid = [dict(zip([f for f, _ in axes], combo))
             for combo in itertools.product(*[values for _, values in axes])]
+    if cfg.trials.task_seed == FOLLOWS_SEED:
+        grid = [{**t, "task.seed": t["run.seed"]} for t in grid]
+    return grid
 
 
 def trial_configs(cfg: Config) -> list[Config]:

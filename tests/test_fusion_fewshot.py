@@ -96,6 +96,14 @@ def curve(method, mode, n, trial) -> list[dict]:
              "loss": 1.0 / s} for s in steps]
 
 
+@pytest.fixture(autouse=True)
+def one_program_per_unit(monkeypatch):
+    """The plan/resume/report logic here is checked with a fake trainer standing in for each
+    unit's run, so the units run one by one (--sequential); the cells as trials of one
+    program are checked with real training in tests/test_trials.py."""
+    monkeypatch.setattr(ff.Experiment, "sequential", True)
+
+
 class FakeTrain:
     """Stands in for `_timed`: records cfgs, writes a finished run's files, may fail."""
 

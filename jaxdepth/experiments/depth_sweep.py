@@ -167,10 +167,9 @@ class Sweep(PlannedExperiment):
     # ------------------------------------------------------------------ steps
 
     # Trials (trainer/trials.py): by default the seeds of one depth (pretraining) or of one
-    # depth, task and start (fine-tuning) train as one program, in <unit>-seeds-<s,...>/, and
+    # depth, task and start (fine-tuning) train as one program, in L<d>-seeds-<s-...>/, and
     # each trial is exported to the directory its solo run would have, which everything after
-    # reads. sequential: one program per seed, as before trials.
-    sequential = False
+    # reads; `sequential` (--sequential) trains one program per seed.
 
     @staticmethod
     def trials_dir(solo_dir: Path, seed: int, seeds: list[int]) -> Path:
@@ -454,7 +453,8 @@ def _run(args) -> int:
         raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "
                           f"this command reads {args.out}/sweep.json")
     sweep = Sweep.open(Path(args.out), plan)
-    sweep.sequential = args.sequential
+    if args.sequential:
+        sweep.sequential = True
     cmd = args.command
     if cmd in ("run", "all"):
         sweep.run()

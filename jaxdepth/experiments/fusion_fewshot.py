@@ -20,6 +20,7 @@ step (Fig. 4), as PNG.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -143,11 +144,12 @@ class Experiment(PlannedExperiment):
         p = self.plan
         for method in p.methods:
             for mode in p.modes:
-                for shots in p.shots:
-                    for trial in range(p.trials):
-                        key = (method, mode, shots, trial)
-                        if key in done:
-                            continue
+                units = [(shots, trial) for shots in p.shots for trial in range(p.trials)]
+                todo = [u for u in units if (method, mode, *u) not in done]
+                if not todo:
+                    continue
+                if self.sequential or len(todo) < len(units) or len(units) == 1:
+                    for shots, trial in todo:
                         cfg = self.unit_config(backbone, method, mode, shots, trial)
                         self.units_run += 1
                         _timed(f"{method} {mode} N={shots} trial {trial}", cfg)
@@ -155,10 +157,48 @@ class Experiment(PlannedExperiment):
                         # Every unit compiles its own step: without this, the executables of
                         # all units stay loaded and XLA runs out of memory maps after ~70.
                         jax.clear_caches()
+                    continue
+                self.cell_as_trials(backbone, method, mode, units)
+                jax.clear_caches()
         if not self.units_run:
             n = len(p.methods) * len(p.modes) * len(p.shots) * p.trials
             print(f"all {n} units of {self.out} are done (results.jsonl); nothing to run",
                   flush=True)
+
+    def cell_as_trials(self, backbone: str, method: str, mode: str,
+                       units: list[tuple[int, int]]) -> None:
+        """Every (N-shot, trial) unit of one {method, mode} cell as a trial of one program
+        (trainer/trials.py): the N-shot value and the trial's seed change which sentences it
+        draws, not a shape. Each trial is then exported to its unit's directory."""
+        from ..config import trial_configs
+        from ..tasks import task_for
+        from ..trainer.loop import train
+        from ..trainer.trial_export import export_trial
+
+        p = self.plan
+        first = self.unit_config(backbone, method, mode, *units[0])
+        run_dir = Path(first.run.dir).parent / "trials"
+        cfg = apply_overrides(first, {
+            "run": {"dir": str(run_dir), "seeds": ",".join(map(str, range(p.trials)))},
+            "trials": {"n_shot": ",".join(map(str, p.shots)), "task_seed": "seed"}})
+        cfgs = trial_configs(cfg)
+        for c, (shots, trial) in zip(cfgs, units):  # each trial is exactly its unit's run
+            unit = self.unit_config(backbone, method, mode, shots, trial)
+            if dataclasses.replace(c, run=dataclasses.replace(c.run, dir=unit.run.dir)) != unit:
+                raise ConfigError(f"{method} {mode}: the trial of N={shots} trial {trial} would "
+                                  f"differ from its unit's run; give --sequential")
+        t0 = time.perf_counter()
+        self.units_run += len(units)
+        out = train(cfg, [task_for(c) for c in cfgs])
+        if not out.get("done"):
+            raise RunFailed(f"{method} {mode} (trials) stopped at step {out['step']}; run the "
+                            f"command again")
+        print(f"{method} {mode}: {len(units)} units as trials: "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        for k, (shots, trial) in enumerate(units):
+            unit = self.unit_config(backbone, method, mode, shots, trial)
+            export_trial(run_dir, k, task_for, unit.run.dir)
+            self.append(unit, method, mode, shots, trial)
 
     def append(self, cfg: Config, method: str, mode: str, shots: int, trial: int) -> None:
         rep = json.loads((Path(cfg.run.dir) / "analysis" / "ner.json").read_text())
@@ -212,6 +252,9 @@ def parse(argv):
     p.add_argument("--extra-layers", type=int, default=1)
     p.add_argument("--finetune", nargs="*", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--pretrain", nargs="*", default=[], metavar="SECTION.FIELD=VALUE")
+    p.add_argument("--sequential", action="store_true",
+                   help="train every unit as its own program (default: each {method, mode} "
+                        "cell's N-shot values x trials as trials of one program)")
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
@@ -241,6 +284,8 @@ def _run(args) -> int:
     if args.command in ("run", "all") and plan is None:
         raise ConfigError("--ner-dir: required to start or continue `run`")
     exp = Experiment.open(Path(args.out), plan)
+    if args.sequential:
+        exp.sequential = True
     if args.command in ("run", "all"):
         exp.run()
     if args.command in ("report", "all"):

@@ -33,6 +33,9 @@ class PlannedExperiment:
 
     PLAN: ClassVar[type]  # each experiment names its plan dataclass
     PLAN_FILE: ClassVar[str] = "plan.json"
+    # One program per unit (--sequential), as before trials; by default the units that differ
+    # only in seeds and data train as trials of one program (trainer/trials.py).
+    sequential: bool = False
 
     def __init__(self, out: Path, plan):
         self.out, self.plan = out, plan

@@ -28,6 +28,9 @@ class TaskBase:
         a state cache) to `directory` instead of the run directory prepare was given."""
         self.run_dir = directory
 
+    def share_shapes(self, tasks) -> None:
+        pass  # its shapes follow from the config alone, the same for every trial
+
     def initial_model(self, mesh, fresh):
         return None
 

@@ -198,16 +198,19 @@ class NERTask(FusionTask):
         cfg = self.cfg
         self.run_dir, self.primary = run_dir, primary
         t = cfg.task
-        train = ner.read_split(t.dir, "train")
+        train = whole = ner.read_split(t.dir, "train")
         if t.n_shot:
-            train = ner.few_shot_sample(train, t.n_shot, ner.n_classes(self.labels), seed=t.seed)
+            train = ner.few_shot_sample(whole, t.n_shot, ner.n_classes(self.labels), seed=t.seed)
         self.sentences = {"train": train}
         for split in SPLITS:
             sents = ner.read_split(t.dir, split)
             self.sentences[split] = sents[:t.eval_max] if t.eval_max else sents
         self.words = backbone_words(cfg, run_dir, primary, barrier,
                                     texts=lambda: [" ".join(s.tokens) for s in train])
-        P = _max_words(self.sentences.values(), cfg.data.seq_len)
+        # word slots per sentence from the whole training split, not the few-shot sample:
+        # runs that differ in their sample alone (trials of task.n_shot / task.seed) have the
+        # same shapes and, drawn per slot of [B, P] (models/fused.py), the same dropout masks
+        P = _max_words([whole, *self.sentences.values()], cfg.data.seq_len)
         self.arrays, dropped = {}, {}
         for split, sents in self.sentences.items():
             self.arrays[split], dropped[split] = ner.encode_sentences(
@@ -240,6 +243,16 @@ class NERTask(FusionTask):
         # process (another host) reading it at the end could see nothing or half of it. What
         # earlier invocations of a resumed run wrote is complete by now.
         self._read_curve()
+
+    def share_shapes(self, tasks: list) -> None:
+        """Trials (trainer/trials.py) stack their batches and run one compiled step: every
+        trial takes the largest of their bounds on the word slots a micro-batch uses (its
+        seed's batches and its sample set its own). A larger bound still bounds its own
+        batches, and padding slots are dropped, so its numbers stay its solo run's."""
+        active = max(t.train_active for t in tasks)
+        per_micro = max(t.words_per_micro for t in tasks)
+        for t in tasks:
+            t.train_active, t.words_per_micro = active, per_micro
 
     def _read_curve(self) -> None:
         evals = self.run_dir / "evals.jsonl"

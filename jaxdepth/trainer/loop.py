@@ -207,6 +207,8 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
             out.mkdir(parents=True, exist_ok=True)
         t.prepare(tr.data_dir(run_dir, cfgs, k), primary, barrier=lambda: barrier("prepare_data"))
         t.write_outputs_to(out)
+    if trials is not None:  # their batches stack and their step is one program: same shapes
+        task.share_shapes(tasks)
     tx = make_optimizer(cfgs[0].optim, cfg.run.steps)
     lr_at = [schedule(c.optim, cfg.run.steps) for c in cfgs]
     if trials is None:

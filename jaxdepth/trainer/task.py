@@ -39,6 +39,13 @@ class Task(Protocol):
         caches) there, not in the run directory: each trial of a run with trials has its own
         (trainer/trials.py). Called after prepare."""
 
+    def share_shapes(self, tasks: list["Task"]) -> None:
+        """A run with trials (trainer/trials.py), after every trial's prepare: make the
+        trials' tasks (this one among them) agree on the sizes their stacked batches and
+        their one compiled step share, where a task derives them from its data (tasks/ner.py:
+        word slots per sentence and bounds on the slots in use), so that each trial still
+        computes what its solo run does."""
+
     def dataset(self) -> grain.MapDataset:
         """Global batches as a function of (seed, step): the training stream."""
 

@@ -67,8 +67,11 @@ def data_dir(run_dir: Path, cfgs: list[Config], k: int) -> Path:
 
 
 def varying(cfgs: list[Config]) -> list[str]:
-    """The settings (``section.field``) whose values differ between the trials."""
+    """The settings (``section.field``) whose values differ between the trials (task.seed
+    not, where it is every trial's run.seed)."""
     fields = [f for f, _ in TRIAL_FIELDS.values()] + ["run.seed"]
+    if all(c.task.seed == c.run.seed for c in cfgs):  # trials.task_seed "seed": the seed's
+        fields.remove("task.seed")
     return [f for f in fields if len({_value(c, f) for c in cfgs}) > 1]
 
 
