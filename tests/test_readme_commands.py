@@ -145,6 +145,8 @@ EXPECTED: dict[str, tuple | None] = {
     "--task.init_from runs/act-tiny": ("probe", "lamb", 1.76e-3, "linear"),
     "--preset act-cpu --run.dir runs/act-cpu": LAMB,
     "--preset albert-tiny --act.max_iters 2 --run.steps 1500 --run.dir runs/albert-m2": LAMB,
+    "--run.seeds 0,1,2,3,4 --run.dir runs/seeds": ADAFACTOR_LM,
+    "--run.seeds 0,1 --trials.lr 0.03,0.1 --run.dir runs/lr": ADAFACTOR_LM,
     "--model.arch encoder --optim.lr 1e-3 --run.dir runs/bert-mini":
         ("encoder_mlm", "adamw", 1e-3, "linear"),
     # fusion over a frozen backbone (fe): AdamW at 1e-3, linear decay to 0
@@ -163,6 +165,8 @@ EXPECTED: dict[str, tuple | None] = {
 _MESH = "an 8-device mesh: tests/test_training.py runs sharded steps; here it would only compile"
 _HOSTS = "several processes with a coordinator: tests/test_training.py's multiprocess tests"
 _PAPER = "paper scale: 134M parameters, context 1024, batch 128, C4 streamed on several hosts"
+_TRIALS = ("trials of the default run: tests/test_trials.py runs trials against their solo "
+           "runs (a run with trials has a summary of another form)")
 NOT_RUN: dict[str, str] = {
     "--help": "prints the fields and exits: parsed only (checked to exit 0)",
     "--preset 134M-L12 --run.dir runs/134M-L12 --data.corpus c4/en/c4-train.*-of-01024.json.gz "
@@ -176,6 +180,8 @@ NOT_RUN: dict[str, str] = {
     "--mesh.coordinator host0:1234 --mesh.num_processes 2 --mesh.process_id 1": _HOSTS,
     "--preset 134M-L12+finetune --task.name cogs --task.dir data/cogs --task.init_from "
     "runs/134M-L12 --run.dir runs/134M-L12-cogs": _PAPER + " (fine-tunes runs/134M-L12)",
+    "--run.seeds 0,1,2,3,4 --run.dir runs/seeds": _TRIALS,
+    "--run.seeds 0,1 --trials.lr 0.03,0.1 --run.dir runs/lr": _TRIALS,
 }
 
 # Run only with JAXDEPTH_README_ALL=1: CPU-feasible, but past this file's share of CI's time on

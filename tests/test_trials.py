@@ -1,12 +1,13 @@
 """Trials (jaxdepth/trainer/trials.py): K runs that share every array shape, trained side by
-side as one compiled program, each equal to the solo run its own config describes.
+side as one compiled program, each the solo run its own config describes.
 
 Every number is checked against an independent reference: the solo run of the trial's
-settings (its losses, evaluations, exported checkpoint and eval.py result), an uninterrupted
-run (resume), the same trials on one device (sharding). Runs are tiny (tiny-L2 on the
-embedded grammar, batches of 8, one device unless the test is about sharding), in-process,
-shared between tests through a module-level cache, and compiled once per program through a
-persistent compilation cache.
+settings (its losses, evaluations, checkpoint arrays and eval.py result), an uninterrupted run
+(resume), the same trials on one device (sharding). Runs are tiny (tiny-L2 on the embedded
+grammar, batches of 8, one device unless the test is about sharding), in-process, trained once
+per module and shared between tests (``lm``), and compile each program once through a
+persistent compilation cache: solo runs of one learning rate share their step, trial runs of
+one K and one kind of setting share theirs.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import contextlib
 import io
 import json
 import math
+import random
 import shutil
 from pathlib import Path
 
@@ -22,20 +24,21 @@ import jax
 import numpy as np
 import pytest
 
-from _train_helpers import base_args, read_metrics
+from _train_helpers import base_args, read_metrics, saved_partition_specs
 from jaxdepth.cli import parse_args
-from jaxdepth.config import ConfigError, trial_configs, trial_grid
+from jaxdepth.config import ConfigError, MeshConfig, trial_configs, trial_grid
 
 STEPS = 8  # evaluations at 4 and 8, checkpoints at 4 and 8
-LR_B = 0.03  # the recipe's lr is 0.06
+LR_B = 0.03  # the lm recipe's lr is 0.06 (warm-up over 50 steps: every step here is in it)
+LR_TRIALS = f"0.06,{LR_B},1e30"  # the third goes non-finite at step 2 (its lr is 0 at step 1)
 RTOL = 1e-5
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compilation_cache(tmp_path_factory):
-    """The runs of this module share a persistent compilation cache: a program that several
-    runs compile (the solo step of two seeds, the trials' step of a resumed run) compiles
-    once (the previous settings come back afterwards)."""
+    """The runs of this module share a persistent compilation cache: a program several runs
+    compile (the solo step of two seeds, the trials' step of a resumed run) compiles once
+    (the previous settings come back afterwards)."""
     from jax.experimental.compilation_cache import compilation_cache as cc
 
     names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
@@ -56,28 +59,56 @@ def lm_args(run, tokenizer, steps: int = STEPS, **fields) -> list[str]:
     return [str(a) for a in base_args(run, tokenizer, steps, **more)]
 
 
+class Runs:
+    """Finished runs, each trained once per module: ``runs(name, args)`` -> its directory;
+    ``runs.err[name]``: what it wrote to stderr (warnings)."""
+
+    def __init__(self, root: Path, train_main):
+        self.root, self.train_main = root, train_main
+        self.done: dict[str, Path] = {}
+        self.err: dict[str, str] = {}
+
+    def __call__(self, name: str, args_for) -> Path:
+        if name not in self.done:
+            run = self.root / name
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = self.train_main([str(a) for a in args_for(run)])
+            assert code == 0, err.getvalue()[-3000:]
+            self.done[name], self.err[name] = run, err.getvalue()
+        return self.done[name]
+
+
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory, tokenizer, train_main):
-    """lm(name, steps=STEPS, **fields) -> the directory of a finished run of lm_args; each
-    distinct run is trained once per module (tests share them)."""
-    done: dict[str, Path] = {}
-    root = tmp_path_factory.mktemp("lm")
+def runs(tmp_path_factory, train_main):
+    return Runs(tmp_path_factory.mktemp("runs"), train_main)
 
-    def get(name: str, steps: int = STEPS, **fields) -> Path:
-        if name not in done:
-            run = root / name
-            assert train_main(lm_args(run, tokenizer, steps, **fields)) == 0
-            done[name] = run
-        return done[name]
 
-    return get
+@pytest.fixture(scope="module")
+def lm(runs, tokenizer):
+    """lm(name, **fields) -> the directory of a finished lm_args run (trained once)."""
+    return lambda name, **fields: runs(name, lambda run: lm_args(run, tokenizer, **fields))
+
+
+def solo(lm, seed: int = 0, **fields) -> Path:
+    name = "solo-" + "-".join(f"{k}={v}" for k, v in {"seed": seed, **fields}.items())
+    return lm(name, **{"run.seed": seed, **fields})
+
+
+def seed_trials(lm) -> Path:
+    return lm("seeds01", **{"run.seeds": "0,1"})
+
+
+def lr_trials(lm) -> Path:
+    """Three trials of seed 0: the recipe's lr, LR_B, and one that goes non-finite."""
+    return lm("lr3", **{"trials.lr": LR_TRIALS})
 
 
 # ----------------------------------------------------------------------------- reading runs
 
 def train_records(run, trial: int | None = None) -> dict[int, dict]:
-    """step -> the training record of that trial (None: a run without trials), each step
-    logged exactly once."""
+    """step -> the training record of that trial (None: a run without trials); each step
+    must be logged once."""
     out: dict[int, dict] = {}
     for r in read_metrics(run):
         if "grad_norm" in r and r.get("trial") == trial:
@@ -92,8 +123,14 @@ def losses(run, trial: int | None = None, steps: int = STEPS) -> np.ndarray:
     return np.array([recs[s]["loss"] for s in range(1, steps + 1)])
 
 
+def first(run, trial: int | None, n: int = 2) -> np.ndarray:
+    """The losses of steps 1..n of a trial of a run that went on or stopped there."""
+    recs = train_records(run, trial)
+    return np.array([recs[s]["loss"] for s in range(1, n + 1)])
+
+
 def evals(run, trial: int | None = None, key: str = "valid_loss") -> dict[int, float]:
-    """step -> the evaluation's `key` of that trial."""
+    """step -> that trial's evaluation `key`."""
     return {r["step"]: r[key] for r in read_metrics(run) if key in r and r.get("trial") == trial}
 
 
@@ -105,9 +142,18 @@ def close(got, want, what: str = "") -> None:
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=0, err_msg=what)
 
 
-def same_evals(got: dict, want: dict) -> None:
+def same_evals(got: dict, want: dict, what: str = "") -> None:
     assert sorted(got) == sorted(want) and got, (got, want)
-    close([got[s] for s in sorted(got)], [want[s] for s in sorted(want)])
+    close([got[s] for s in sorted(got)], [want[s] for s in sorted(want)], what)
+
+
+def same_arrays(a, b) -> None:
+    x = jax.tree.leaves(eqx.filter(a, eqx.is_array))
+    y = jax.tree.leaves(eqx.filter(b, eqx.is_array))
+    assert len(x) == len(y) > 0
+    for u, v in zip(x, y):
+        assert u.shape == v.shape and u.dtype == v.dtype
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=RTOL, atol=1e-7)
 
 
 def call(main, args, capsys) -> tuple[int, str, str]:
@@ -117,6 +163,7 @@ def call(main, args, capsys) -> tuple[int, str, str]:
 
 
 def error_line(err: str) -> str:
+    """The one line of a failed command (errors.run_main), no traceback."""
     assert "Traceback" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if "error: " in line]
     assert len(lines) == 1, err[-3000:]
@@ -124,7 +171,7 @@ def error_line(err: str) -> str:
 
 
 def t_half_width(values) -> float:
-    """Half-width of the 95% t interval of the mean (table values: df 1..3)."""
+    """Half-width of the 95% t interval of the mean (t_0.975 for 1-3 degrees of freedom)."""
     t = {1: 12.706204736, 2: 4.30265273, 3: 3.182446305}[len(values) - 1]
     return t * float(np.std(values, ddof=1)) / math.sqrt(len(values))
 
@@ -132,160 +179,257 @@ def t_half_width(values) -> float:
 # ----------------------------------------------------------------------------- 1. equivalence
 
 def test_seed_trials_equal_their_solo_runs(lm):
-    trials = lm("seeds01", **{"run.seeds": "0,1"})
+    trials = seed_trials(lm)
     for k in (0, 1):
-        solo = lm(f"seed{k}", **{"run.seed": k})
-        close(losses(trials, k), losses(solo), f"train loss of trial {k}")
-        same_evals(evals(trials, k), evals(solo))  # steps 4 and 8
-        assert sorted(evals(solo)) == [4, 8]
-    # the two trials are two different runs, not one run twice
-    assert abs(losses(trials, 0)[-1] - losses(trials, 1)[-1]) > 1e-3
-    # every record of the run names its trial
-    assert all(r.get("trial") in (0, 1) for r in read_metrics(trials))
+        close(losses(trials, k), losses(solo(lm, k)), f"train loss of trial {k}")
+        same_evals(evals(trials, k), evals(solo(lm, k)), f"valid loss of trial {k}")
+        assert sorted(evals(trials, k)) == [4, 8]
+    assert abs(losses(trials, 0)[-1] - losses(trials, 1)[-1]) > 1e-3  # two runs, not one twice
+    assert {r.get("trial") for r in read_metrics(trials)} == {0, 1}  # every record names one
 
     s = summary(trials)
     assert s["done"] and s["n_trials"] == 2 and s["n_frozen"] == 0 and "groups" not in s
-    assert [t["trial"] for t in s["trials"]] == [0, 1]
-    assert [t["settings"] for t in s["trials"]] == [{"run.seed": 0}, {"run.seed": 1}]
-    assert not any(t["frozen"] for t in s["trials"])
+    assert [(t["trial"], t["settings"], t["frozen"]) for t in s["trials"]] == [
+        (0, {"run.seed": 0}, False), (1, {"run.seed": 1}, False)]
     for k, t in enumerate(s["trials"]):
-        solo = summary(lm(f"seed{k}", **{"run.seed": k}))
-        close([t["train_loss"], t["valid_loss"], t["valid_ppl"]],
-              [solo["train_loss"], solo["valid_loss"], solo["valid_ppl"]])
-    v = [t["valid_loss"] for t in s["trials"]]
-    close(s["mean"]["valid_loss"], np.mean(v))
-    close(s["ci95"]["valid_loss"], t_half_width(v))
-    # each trial's own outputs directory
-    assert all((trials / "trials" / str(k)).is_dir() for k in (0, 1))
+        want = summary(solo(lm, k))
+        close([t[n] for n in ("train_loss", "valid_loss", "valid_ppl")],
+              [want[n] for n in ("train_loss", "valid_loss", "valid_ppl")], f"trial {k}")
+    valid = [t["valid_loss"] for t in s["trials"]]
+    close(s["mean"]["valid_loss"], np.mean(valid))
+    close(s["ci95"]["valid_loss"], t_half_width(valid))
 
 
 def test_lr_trials_equal_the_solo_runs_of_each_lr(lm):
-    trials = lm("lr", **{"trials.lr": f"0.06,{LR_B}"})
-    close(losses(trials, 0), losses(lm("seed0", **{"run.seed": 0})), "trial 0 (lr 0.06)")
-    solo_b = lm("lr_b", **{"optim.lr": LR_B})
+    trials = lr_trials(lm)
+    close(losses(trials, 0), losses(solo(lm, 0)), "trial 0 (lr 0.06)")
+    solo_b = solo(lm, 0, **{"optim.lr": LR_B})
     close(losses(trials, 1), losses(solo_b), f"trial 1 (lr {LR_B})")
     same_evals(evals(trials, 1), evals(solo_b))
     assert abs(losses(trials, 0)[-1] - losses(trials, 1)[-1]) > 1e-4
-    # each record's learning rate is its trial's schedule: warm-up to its own lr over 50 steps
-    for k, lr in ((0, 0.06), (1, LR_B)):
+    for k, lr in ((0, 0.06), (1, LR_B)):  # its own schedule: warm-up to its lr over 50 steps
         recs = train_records(trials, k)
-        close([recs[s]["lr"] for s in (2, 8)], [lr * 1 / 50, lr * 7 / 50])
+        close([recs[s]["lr"] for s in (2, 8)], [lr * 1 / 50, lr * 7 / 50], f"lr of trial {k}")
     s = summary(trials)
-    assert "mean" not in s
+    assert "mean" not in s  # the lr varies: mean and CI per lr, over the trials not frozen
     assert [(g["settings"], g["trials"]) for g in s["groups"]] == [
         ({"optim.lr": 0.06}, [0]), ({"optim.lr": LR_B}, [1])]
     for g in s["groups"]:
         close(g["mean"]["valid_loss"], s["trials"][g["trials"][0]]["valid_loss"])
 
 
+def test_prefix_lm_trials_equal_their_solo_run(runs, tokenizer):
+    """Fine-tuning on the embedded grammar's passivization task with dropout: trial 3 (task
+    seed 1, run seed 1) prepares its own splits (trials/3/data) and equals the solo run of
+    those seeds: losses, the dev loss and exact match of each evaluation, its predictions."""
+    def args(run, **fields):
+        return base_args(run, tokenizer, 4, **{
+            "mesh.data": 1, "run.eval_every": 2, "run.save_every": 4, "model.dropout": 0.1,
+            "task.name": "passivization", "task.n_train": 16, "task.n_eval": 4,
+            "task.eval_max": 4, "task.eval_splits": "dev", "task.truncate": "true",
+            "data.seq_len": 64, **fields})
+
+    trials = runs("ft-trials", lambda run: args(run, **{"run.seeds": "0,1",
+                                                        "trials.task_seed": "0,1"}))
+    one = runs("ft-solo", lambda run: args(run, **{"run.seed": 1, "task.seed": 1}))
+    assert [t["settings"] for t in summary(trials)["trials"]] == [
+        {"run.seed": s, "task.seed": ts} for ts in (0, 1) for s in (0, 1)]
+    close(losses(trials, 3, steps=4), losses(one, steps=4))
+    for key in ("dev_loss", "id_accuracy"):
+        same_evals(evals(trials, 3, key), evals(one, None, key), key)
+    assert sorted(evals(trials, 3, "dev_loss")) == [2, 4]
+    mine = trials / "trials" / "3"
+    assert (mine / "data").is_dir() and not (trials / "trials" / "1" / "data").exists()
+    def jsonl(path):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    # its outputs under trials/3: each evaluation, and the final greedy decodings
+    got, want = jsonl(mine / "evals.jsonl"), jsonl(one / "evals.jsonl")
+    assert [(r["step"], r["final"], r["id_accuracy"]) for r in got] == \
+        [(r["step"], r["final"], r["id_accuracy"]) for r in want] != []
+    close([r["dev_loss"] for r in got], [r["dev_loss"] for r in want])
+    got, want = jsonl(mine / "predictions" / "dev.jsonl"), jsonl(one / "predictions" / "dev.jsonl")
+    assert [(r["input"], r["gold"], r["prediction"]) for r in got] == \
+        [(r["input"], r["gold"], r["prediction"]) for r in want] != []
+    # the other task seed's dev split is another one
+    assert (trials / "trials" / "0" / "predictions" / "dev.jsonl").read_text() != \
+        (mine / "predictions" / "dev.jsonl").read_text()
+
+
+def _long_wikiann(root: Path) -> Path:
+    """A tiny WikiAnn whose training split mixes 5- to 8-word sentences with 30-word ones: the
+    few-shot samples and seeds draw batches with different numbers of words in use."""
+    from test_ner_job import _sentences, _write_wikiann
+    from jaxdepth.data.ner import Sentence
+
+    train = _sentences(40, 0)
+    glued = [Sentence(sum((s.tokens for s in train[i:i + 5]), ()),
+                      sum((s.tags for s in train[i:i + 5]), ())) for i in range(0, 20, 5)]
+    train += glued
+    random.Random(0).shuffle(train)
+    root.mkdir(parents=True)
+    _write_wikiann(root / "train", train)
+    _write_wikiann(root / "dev", _sentences(10, 1))
+    _write_wikiann(root / "test", _sentences(10, 2))
+    return root
+
+
+def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_factory):
+    """Few-shot NER on a frozen backbone (fusion.mode fe, DWAtt, dropout): trials of N = 1
+    and 8 shots, whose own bounds on the word slots a batch uses differ, equal their solo
+    runs (the trials share the larger bound: NERTask.share_shapes)."""
+    from jaxdepth.data.tokenizer import train_tokenizer
+    from jaxdepth.tasks import task_for
+    from test_ner_job import _sentences
+
+    root = tmp_path_factory.mktemp("ner")
+    task_dir = _long_wikiann(root / "wikiann")
+    tok = root / "tok.model"
+    train_tokenizer([" ".join(s.tokens) for s in _sentences(40, 0)], 64).save(tok)
+
+    def args(run, **fields):
+        out = {"model.arch": "encoder", "model.vocab_size": 64, "model.d_model": 32,
+               "model.n_layers": 2, "model.d_ff": 64, "model.n_heads": 2,
+               "data.seq_len": 128, "data.batch_size": 8, "data.tokenizer": tok,
+               "mesh.data": 1, "run.dir": run, "run.steps": 4, "run.eval_every": 2,
+               "run.save_every": 4, "run.log_every": 1, "run.progress": "false",
+               "run.samples": 0, "task.name": "ner", "task.dir": task_dir,
+               "fusion.method": "dwatt", "fusion.mode": "fe", **fields}
+        return [x for k, v in out.items() for x in (f"--{k}", str(v))]
+
+    # the case this is about: each solo run's own bound differs
+    bounds = []
+    for shots in (1, 8):
+        task = task_for(parse_args(args(root / f"probe{shots}", **{"task.n_shot": shots})))
+        task.prepare(root / f"probe{shots}", True, lambda: None)
+        bounds.append(task.train_active)
+    assert bounds[0] < bounds[1], bounds
+
+    trials = runs("ner-trials", lambda run: args(run, **{"trials.n_shot": "1,8"}))
+    for k, shots in enumerate((1, 8)):
+        one = runs(f"ner-solo{shots}", lambda run: args(run, **{"task.n_shot": shots}))
+        close(losses(trials, k, steps=4), losses(one, steps=4), f"trial {k} ({shots} shots)")
+        for key in ("dev_f1", "test_f1"):
+            same_evals(evals(trials, k, key), evals(one, None, key), key)
+        got = json.loads((trials / "trials" / str(k) / "analysis" / "ner.json").read_text())
+        want = json.loads((one / "analysis" / "ner.json").read_text())
+        assert got["train_sentences"] == want["train_sentences"] == 3 * shots
+        assert got["curve"] == want["curve"]
+
+
 # ----------------------------------------------------------------------------- 3. resume
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, tokenizer, train_main):
+    """The 2-seed trials run stopped after step 3 (a checkpoint of step 3, no summary)."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = train_main(lm_args(run, tokenizer, **{"run.seeds": "0,1", "run.stop_after": 3}))
+    assert code == 0 and "stopped at step 3" in out.getvalue(), out.getvalue()[-2000:]
+    return run
+
+
 def test_stopped_and_resumed_trials_log_what_an_uninterrupted_run_does(
-        lm, tmp_path, tokenizer, train_main, capsys):
-    straight = lm("seeds01", **{"run.seeds": "0,1"})
-    run = tmp_path / "resumed"
-    args = lm_args(run, tokenizer, **{"run.seeds": "0,1"})
-    code, out, _ = call(train_main, args + ["--run.stop_after", "3"], capsys)
-    assert code == 0 and "stopped at step 3" in out
-    code, out, _ = call(train_main, args + ["--run.stop_after", "3"], capsys)  # 4-6
-    assert code == 0 and "stopped at step 6" in out
-    assert train_main(args) == 0  # 7-8
+        lm, stopped, tmp_path, tokenizer, train_main):
+    run = tmp_path / "run"
+    shutil.copytree(stopped, run)
+    assert train_main(lm_args(run, tokenizer, **{"run.seeds": "0,1"})) == 0  # steps 4-8
 
     def numbers(path):
-        keys = ("loss", "grad_norm", "param_norm", "lr", "valid_loss")
-        return sorted((r["step"], r["trial"], *(r.get(k) for k in keys))
+        keys = ("loss", "grad_norm", "param_norm", "lr", "valid_loss", "frozen")
+        return sorted(tuple(r.get(k, -1.0) for k in ("step", "trial", *keys))
                       for r in read_metrics(path))
 
-    assert numbers(run) == numbers(straight)  # bit for bit, each record once
-    s, want = summary(run), summary(straight)
-    assert [(t["train_loss"], t["valid_loss"]) for t in s["trials"]] == \
-        [(t["train_loss"], t["valid_loss"]) for t in want["trials"]]
+    assert numbers(run) == numbers(seed_trials(lm))  # bit for bit, each record once
+    got, want = summary(run)["trials"], summary(seed_trials(lm))["trials"]
+    assert [(t["train_loss"], t["valid_loss"]) for t in got] == \
+        [(t["train_loss"], t["valid_loss"]) for t in want]
 
 
 # ----------------------------------------------------------------------------- 4. export
 
-def test_an_exported_trial_is_its_solo_run(lm, tmp_path, eval_main, train_main):
+def test_an_exported_trial_is_its_solo_run(lm, tmp_path, eval_main):
     from jaxdepth.export_trial import main as export_main
     from jaxdepth.tasks import load_model
 
-    trials = lm("seeds01", **{"run.seeds": "0,1"})
-    solo = lm("seed1", **{"run.seed": 1})
+    trials, one = seed_trials(lm), solo(lm, 1)
     out = tmp_path / "trial1"
     assert export_main(["--run", str(trials), "--trial", "1", "--out", str(out)]) == 0
-
-    # its checkpoints hold the solo run's arrays; its records and summary are the solo run's
-    for step in (4, 8):
+    for step in (4, 8):  # its checkpoints hold the solo run's arrays
         got, got_cfg, _ = load_model(out, step)
-        want, want_cfg, _ = load_model(solo, step)
-        a = jax.tree.leaves(eqx.filter(got, eqx.is_array))
-        b = jax.tree.leaves(eqx.filter(want, eqx.is_array))
-        assert len(a) == len(b) > 0
-        for x, y in zip(a, b):
-            assert x.shape == y.shape and x.dtype == y.dtype
-            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=1e-7)
+        want, want_cfg, _ = load_model(one, step)
+        same_arrays(got, want)
         assert got_cfg.run.seed == 1 and not got_cfg.run.seeds
         assert got_cfg.model == want_cfg.model and got_cfg.optim == want_cfg.optim
-    close(losses(out), losses(solo))
-    same_evals(evals(out), evals(solo))
+    assert all("trial" not in r for r in read_metrics(out))  # its records, as the solo run's
+    close(losses(out), losses(one))
+    same_evals(evals(out), evals(one))
     s = summary(out)
     assert s["trial"] == 1 and s["settings"] == {"run.seed": 1} and not s["frozen"]
-    close(s["valid_loss"], summary(solo)["valid_loss"])
+    close(s["valid_loss"], summary(one)["valid_loss"])
 
-    # eval.py on it, and eval.py --trial on the run, give the solo run's perplexity
-    def perplexity(*args) -> float:
-        path = tmp_path / f"eval{len(list(tmp_path.glob('eval*.json')))}.json"
+    # eval.py on it, and eval.py --trial on the run (exported to <run>/trials/1), give the
+    # solo run's perplexity
+    def perplexity(name, *args) -> float:
+        path = tmp_path / f"{name}.json"
         assert eval_main([*map(str, args), "--out", str(path)]) == 0
         return json.loads(path.read_text())["perplexity"]
 
-    want = perplexity("--run", solo)
-    close(perplexity("--run", out), want)
-    close(perplexity("--run", trials, "--trial", 1), want)
+    want = perplexity("solo", "--run", one)
+    close(perplexity("exported", "--run", out), want)
+    close(perplexity("trial", "--run", trials, "--trial", 1), want)
     assert (trials / "trials" / "1" / "checkpoints" / "8").is_dir()
 
-    # and it trains on as that solo run: resumed to 12 steps, the losses of a solo run of 12
+
+def test_an_exported_stopped_trial_resumes_as_its_solo_run(lm, stopped, tmp_path, train_main):
+    """Trial 1 of the run stopped at step 3, exported and resumed alone to step 8, trains as
+    the solo run of seed 1 did: the same losses at every step, the same evaluations."""
+    from jaxdepth.export_trial import main as export_main
+
+    out = tmp_path / "trial1"
+    assert export_main(["--run", str(stopped), "--trial", "1", "--out", str(out)]) == 0
+    assert not (stopped / "trials" / "1" / "checkpoints").exists()  # --out: the run untouched
     assert train_main(["--config", str(out / "config.json"), "--run.dir", str(out),
-                       "--run.steps", "12"]) == 0
-    longer = lm("seed1_12", steps=12, **{"run.seed": 1})
-    close(losses(out, steps=12), losses(longer, steps=12))
-    close(summary(out)["valid_loss"], summary(longer)["valid_loss"])
+                       "--run.stop_after", "0"]) == 0
+    one = solo(lm, 1)
+    close(losses(out), losses(one))
+    same_evals(evals(out), evals(one))
+    close(summary(out)["valid_loss"], summary(one)["valid_loss"])
 
 
 # ----------------------------------------------------------------------------- 5. freezing
 
-def test_a_non_finite_trial_is_frozen_and_the_others_go_on(lm, tmp_path, tokenizer, train_main,
-                                                           capsys):
-    run = tmp_path / "frozen"
-    code, out, err = call(train_main, lm_args(run, tokenizer, **{"trials.lr": "0.06,1e30"}),
-                          capsys)
-    assert code == 0, err[-3000:]
-    s = summary(run)
-    assert s["done"] and s["n_trials"] == 2 and s["n_frozen"] == 1
-    assert [t["frozen"] for t in s["trials"]] == [False, True]
-    # the healthy trial is its solo run; the mean is over it alone
-    close(losses(run, 0), losses(lm("seed0", **{"run.seed": 0})))
-    close(s["mean"]["valid_loss"], s["trials"][0]["valid_loss"])
-    # the frozen one is reported once, by name, and kept at its last finite state
-    warnings = [line for line in err.splitlines() if line.startswith("warning: trial 1 ")]
-    assert len(warnings) == 1, err[-3000:]
-    assert "optim.lr=1e+30" in warnings[0] and "frozen" in warnings[0]
-    assert "non-finite" in warnings[0] and "at step 2" in warnings[0]
-    recs = train_records(run, 1)
-    assert not math.isfinite(recs[2]["param_norm"]) and recs[2]["frozen"] == 1.0
-    assert all(math.isfinite(recs[s]["loss"]) and recs[s]["frozen"] == 1.0
-               for s in range(3, STEPS + 1))
-    frozen_evals = evals(run, 1)
-    assert frozen_evals[4] == frozen_evals[8]  # no update since step 1
-    assert "trial 1 (run.seed=0, optim.lr=1e+30): frozen" in out
+def test_a_non_finite_trial_is_frozen_and_the_others_go_on(lm, runs):
+    trials = lr_trials(lm)
+    s = summary(trials)
+    assert s["done"] and s["n_trials"] == 3 and s["n_frozen"] == 1
+    assert [t["frozen"] for t in s["trials"]] == [False, False, True]
+    assert [g["trials"] for g in s["groups"]] == [[0], [1]]  # the frozen one in no mean
+    # the others are their solo runs (test_lr_trials_...); the frozen one is named once
+    close(losses(trials, 0), losses(solo(lm, 0)))
+    warnings = [line for line in runs.err["lr3"].splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1, runs.err["lr3"][-3000:]
+    assert warnings[0].startswith("warning: trial 2 (run.seed=0, optim.lr=1e+30): ")
+    assert "non-finite parameter norm after the update (inf) at step 2" in warnings[0]
+    assert "frozen at its last finite state, the other trials go on" in warnings[0]
+    # ... and keeps its last finite state: the same evaluation at 4 and 8
+    recs = train_records(trials, 2)
+    assert [recs[s]["frozen"] for s in range(1, STEPS + 1)] == [0.0] + [1.0] * (STEPS - 1)
+    assert not math.isfinite(recs[2]["param_norm"])
+    assert all(math.isfinite(recs[s]["loss"]) for s in range(1, STEPS + 1))
+    frozen = evals(trials, 2)
+    assert frozen[4] == frozen[8] != evals(trials, 0)[8]
 
 
 def test_a_run_whose_every_trial_is_non_finite_fails(tmp_path, tokenizer, train_main, capsys):
-    run = tmp_path / "all_frozen"
-    code, _, err = call(train_main, lm_args(run, tokenizer, **{"trials.lr": "1e30,2e30"}),
-                        capsys)
+    run = tmp_path / "run"
+    code, _, err = call(train_main, lm_args(run, tokenizer, **{
+        "trials.lr": "1e30,2e30,3e30"}), capsys)  # the program of lr_trials: compiled once
     assert code == 1, err[-3000:]
     line = error_line(err)
-    assert "every trial is frozen" in line and "non-finite" in line and "step 2" in line
-    assert "No checkpoint was saved yet" in line
+    assert "every trial is frozen" in line and "non-finite parameter norm" in line
+    assert "at step 2" in line and "No checkpoint was saved yet" in line
     assert not (run / "summary.json").exists()
 
 
@@ -299,15 +443,15 @@ def test_trial_grid_varies_the_seed_fastest():
                     for lr in (1e-3, 3e-3) for wd in (0.0, 0.1) for seed in (0, 1)]
     cfgs = trial_configs(cfg)
     assert len(cfgs) == 8
-    for c, g in zip(cfgs, grid):
-        assert (c.optim.lr, c.optim.weight_decay, c.run.seed) == \
-            (g["optim.lr"], g["optim.weight_decay"], g["run.seed"])
-        assert c.run.seeds == "" and c.trials.lr == "" and c.trials.weight_decay == ""
-        assert trial_configs(c) == [c]  # each trial is a solo run
+    for c, g in zip(cfgs, grid):  # each trial is the solo run of its settings
+        assert (c.optim.lr, c.optim.weight_decay, c.run.seed) == tuple(g.values())
+        assert c == parse_args(["--optim.lr", str(g["optim.lr"]), "--optim.weight_decay",
+                                str(g["optim.weight_decay"]), "--run.seed", str(g["run.seed"])])
+        assert trial_configs(c) == [c]
     # a trials list alone: one trial per value, at run.seed
     assert trial_grid(parse_args(["--trials.task_seed", "3,5", "--run.seed", "7"])) == [
         {"task.seed": 3, "run.seed": 7}, {"task.seed": 5, "run.seed": 7}]
-    assert trial_grid(parse_args([])) == [] and trial_configs(parse_args([]))[0].run.seed == 0
+    assert trial_grid(parse_args([])) == [] and trial_configs(parse_args([])) == [parse_args([])]
 
 
 @pytest.mark.parametrize("argv, field", [
@@ -323,74 +467,76 @@ def test_what_cannot_vary_is_refused_in_one_line(tmp_path, tokenizer, train_main
     code, _, err = call(train_main, lm_args(tmp_path / "run", tokenizer) + argv, capsys)
     assert code == 2
     assert field in error_line(err)
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         parse_args(argv)
 
 
 def test_one_seed_is_the_solo_run(lm):
     one = lm("seeds1", **{"run.seeds": "1"})
-    solo = lm("seed1", **{"run.seed": 1})
     assert all("trial" not in r for r in read_metrics(one))  # no trial axis
-    close(losses(one), losses(solo))
-    same_evals(evals(one), evals(solo))
+    assert not (one / "trials").exists()
+    close(losses(one), losses(solo(lm, 1)))
+    same_evals(evals(one), evals(solo(lm, 1)))
     s = summary(one)
     assert "trials" not in s and "n_trials" not in s
-    close(s["valid_loss"], summary(solo)["valid_loss"])
+    close(s["valid_loss"], summary(solo(lm, 1))["valid_loss"])
 
 
 # ----------------------------------------------------------------------------- 7. sharding
 
-def test_the_trial_axis_goes_over_data_when_the_trials_divide_it():
-    from jaxdepth.config import MeshConfig
+@pytest.mark.parametrize("data, k, axis", [
+    (8, 8, "data"), (2, 2, "data"), (2, 4, "data"), (2, 3, None), (8, 2, None), (1, 2, None)])
+def test_the_trial_axis_goes_over_data_when_the_trials_divide_it(data, k, axis):
     from jaxdepth.tasks import task_for
     from jaxdepth.trainer import trials as tr
     from jaxdepth.trainer.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
     from jaxdepth.trainer.step import state_shardings
 
-    cfg = parse_args(["--preset", "tiny-L2"])
-    task = task_for(cfg)
-    tx = make_optimizer(cfg.optim, cfg.run.steps)
-    for data, k, axis in ((8, 8, "data"), (2, 2, "data"), (2, 4, "data"), (2, 3, None),
-                          (8, 2, None), (1, 2, None)):
-        mesh = make_mesh(MeshConfig(data=data))
-        assert tr.trial_axis(mesh, k) == axis, (data, k)
-        cfgs = trial_configs(parse_args(["--preset", "tiny-L2", "--run.seeds",
-                                         ",".join(map(str, range(k)))]))
-        abstract, sh = tr.trial_shardings(cfgs, tx, mesh, task)
-        assert abstract.frozen.shape == (k,) and abstract.state.model.embed.shape[0] == k
-        _, solo = state_shardings(cfgs[0], tx, mesh, task)
-        got, want = jax.tree.leaves(sh.state), jax.tree.leaves(solo)
-        assert len(got) == len(want) > 0
-        for s, w in zip(got, want):  # the solo layout behind a leading trial axis
-            assert tuple(s.spec) == (axis, *w.spec), (s.spec, w.spec)
-        assert tuple(sh.frozen.spec) == (axis,)
-        want = ("data",) if axis else (None, "data")
-        assert tuple(tr.batch_sharding(mesh, k).spec) == want
+    mesh = make_mesh(MeshConfig(data=data))
+    assert tr.trial_axis(mesh, k) == axis
+    cfgs = trial_configs(parse_args(["--preset", "tiny-L2", "--run.seeds",
+                                     ",".join(map(str, range(k)))]))
+    task = task_for(cfgs[0])
+    tx = make_optimizer(cfgs[0].optim, cfgs[0].run.steps)
+    abstract, sh = tr.trial_shardings(cfgs, tx, mesh, task)
+    _, one = state_shardings(cfgs[0], tx, mesh, task)
+    got, want = jax.tree.leaves(sh.state), jax.tree.leaves(one)
+    assert len(got) == len(want) > 0
+    for s, w in zip(got, want):  # the solo layout behind a leading trial axis
+        assert tuple(s.spec) == (axis, *w.spec), (s.spec, w.spec)
+    assert tuple(sh.frozen.spec) == (axis,) and abstract.frozen.shape == (k,)
+    # batches [K, B, ...]: a trial per device, or each trial's rows over data
+    assert tuple(tr.batch_sharding(mesh, k).spec) == (("data",) if axis else (None, "data"))
 
 
 def test_sharded_trials_equal_the_same_trials_on_one_device(lm, tmp_path, tokenizer,
                                                             train_main):
-    """8 trials over 8 devices (one each), 3 over 2 (trial axis replicated, rows split),
-    2 over 2 (one each): each trial's losses are those of the same trials on one device."""
-    from _train_helpers import saved_partition_specs
-
-    def run(name, data, seeds):
+    """Two steps of 8 trials (2 lrs x 4 seeds) over 8 devices, one trial each, and of the 3
+    lr trials over 2 devices (trial axis replicated, each trial's rows split over data): each
+    trial's losses, and the frozen one's flag, are those of the same trials on one device."""
+    def run(name, data, **fields):
         path = tmp_path / name
         assert train_main(lm_args(path, tokenizer, **{
-            "mesh.data": data, "run.seeds": seeds, "run.stop_after": 2})) == 0
+            "mesh.data": data, "run.stop_after": 2, **fields})) == 0
         return path
 
-    eight = ",".join(map(str, range(8)))
-    one_device = run("k8_d1", 1, eight)
-    ref = {k: losses(one_device, k, steps=2) for k in range(8)}
-    for k in (0, 1):  # the first steps of the 2-seed run of the other tests
-        close(ref[k], losses(lm("seeds01", **{"run.seeds": "0,1"}), k)[:2])
-    for name, data, seeds, axis in (("k8_d8", 8, eight, "data"), ("k3_d2", 2, "0,1,2", None),
-                                    ("k2_d2", 2, "0,1", "data")):
-        path = run(name, data, seeds)
-        for k in range(len(seeds.split(","))):
-            close(losses(path, k, steps=2), ref[k], f"{name} trial {k}")
-        specs = saved_partition_specs(path, 2)
-        assert specs["model.embed"][0] == axis, specs["model.embed"]
+    eight = {"run.seeds": "0,1,2,3", "trials.lr": f"0.06,{LR_B}"}
+    ref8 = run("k8-d1", 1, **eight)
+    assert sorted(train_records(ref8, 7)) == [1, 2]
+    for k, other, j in ((0, seed_trials(lm), 0), (1, seed_trials(lm), 1),
+                        (4, lr_trials(lm), 1)):  # (lr, seed) (0.06, 0), (0.06, 1), (LR_B, 0)
+        close(first(ref8, k), first(other, j), f"trial {k} of 8")
+
+    for name, data, fields, ref, k, axis in (("k8-d8", 8, eight, ref8, 8, "data"),
+                                             ("k3-d2", 2, {"trials.lr": LR_TRIALS},
+                                              lr_trials(lm), 3, None)):
+        path = run(name, data, **fields)
+        assert sorted(train_records(path, k - 1)) == [1, 2]
+        for i in range(k):
+            close(first(path, i), first(ref, i), f"{name} trial {i}")
+            assert [train_records(path, i)[s]["frozen"] for s in (1, 2)] == \
+                [train_records(ref, i)[s]["frozen"] for s in (1, 2)]
+        spec = saved_partition_specs(path, 2)["state.model.embed"]
+        assert spec[0] == axis, spec  # the checkpoint as the step laid it out
