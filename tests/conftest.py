@@ -10,6 +10,19 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# One persistent XLA compilation cache for the session, made by the process that starts it and
+# inherited by both xdist workers and every train.py subprocess: the suite compiles the same
+# small programs (a tiny model's train step, its evaluation) in many tests and processes, and
+# a cached executable is the same program, so results are unchanged. Removed at the end.
+if "PYTEST_XDIST_WORKER" not in os.environ and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    _XLA_CACHE = tempfile.mkdtemp(prefix="jaxdepth-tests-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+else:
+    _XLA_CACHE = None
+
 from pathlib import Path
 
 import jax
@@ -19,6 +32,13 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def pytest_unconfigure(config):
+    if _XLA_CACHE is not None:
+        import shutil
+
+        shutil.rmtree(_XLA_CACHE, ignore_errors=True)
 
 
 @pytest.fixture
