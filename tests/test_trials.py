@@ -30,19 +30,25 @@ from jaxdepth.config import ConfigError, MeshConfig, trial_configs, trial_grid
 
 STEPS = 8  # evaluations at 4 and 8, checkpoints at 4 and 8
 LR_B = 0.03  # the lm recipe's lr is 0.06 (warm-up over 50 steps: every step here is in it)
-LR_TRIALS = f"0.06,{LR_B},1e30"  # the third goes non-finite at step 2 (its lr is 0 at step 1)
+# 8 trials of seed 0 (one a device in the sharding test): the recipe's lr, LR_B, one that goes
+# non-finite at step 2 (its lr is 0 at step 1, as every trial's), and five more
+LRS = (0.06, LR_B, 1e30, 0.01, 0.02, 0.04, 0.05, 0.07)
 RTOL = 1e-5
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compilation_cache(tmp_path_factory):
     """The runs of this module share a persistent compilation cache: a program several runs
-    compile (the solo step of two seeds, the trials' step of a resumed run) compiles once
-    (the previous settings come back afterwards)."""
+    compile (the solo step of two seeds, the trials' step of a resumed run) compiles once.
+    The session's (tests/conftest.py) where there is one, else one for this module (the
+    previous settings come back afterwards)."""
     from jax.experimental.compilation_cache import compilation_cache as cc
 
     names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
     before = {n: getattr(jax.config, n) for n in names}
+    if before[names[0]] and before[names[1]] == 0:
+        yield
+        return
     jax.config.update(names[0], str(tmp_path_factory.mktemp("jit_cache")))
     jax.config.update(names[1], 0)
     cc.reset_cache()
@@ -99,9 +105,13 @@ def seed_trials(lm) -> Path:
     return lm("seeds01", **{"run.seeds": "0,1"})
 
 
+def lr_list(lrs) -> str:
+    return ",".join(map(str, lrs))
+
+
 def lr_trials(lm) -> Path:
-    """Three trials of seed 0: the recipe's lr, LR_B, and one that goes non-finite."""
-    return lm("lr3", **{"trials.lr": LR_TRIALS})
+    """The 8 trials of LRS, on one device."""
+    return lm("lr8", **{"trials.lr": lr_list(LRS)})
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -207,15 +217,20 @@ def test_lr_trials_equal_the_solo_runs_of_each_lr(lm):
     close(losses(trials, 1), losses(solo_b), f"trial 1 (lr {LR_B})")
     same_evals(evals(trials, 1), evals(solo_b))
     assert abs(losses(trials, 0)[-1] - losses(trials, 1)[-1]) > 1e-4
-    for k, lr in ((0, 0.06), (1, LR_B)):  # its own schedule: warm-up to its lr over 50 steps
+    # seven different runs besides the frozen one
+    assert len({float(losses(trials, k)[-1]) for k in range(len(LRS)) if k != 2}) == 7
+    for k, lr in enumerate(LRS):  # its own schedule: warm-up to its lr over 50 steps
         recs = train_records(trials, k)
         close([recs[s]["lr"] for s in (2, 8)], [lr * 1 / 50, lr * 7 / 50], f"lr of trial {k}")
     s = summary(trials)
-    assert "mean" not in s  # the lr varies: mean and CI per lr, over the trials not frozen
+    assert [t["settings"] for t in s["trials"]] == [{"run.seed": 0, "optim.lr": lr} for lr in LRS]
+    # the lr varies: a mean per lr (of one seed here, so no CI), over the trials not frozen
+    assert "mean" not in s
     assert [(g["settings"], g["trials"]) for g in s["groups"]] == [
-        ({"optim.lr": 0.06}, [0]), ({"optim.lr": LR_B}, [1])]
+        ({"optim.lr": lr}, [k]) for k, lr in enumerate(LRS) if k != 2]
     for g in s["groups"]:
         close(g["mean"]["valid_loss"], s["trials"][g["trials"][0]]["valid_loss"])
+        assert g["ci95"] == {}
 
 
 def test_prefix_lm_trials_equal_their_solo_run(runs, tokenizer):
@@ -240,6 +255,7 @@ def test_prefix_lm_trials_equal_their_solo_run(runs, tokenizer):
     assert sorted(evals(trials, 3, "dev_loss")) == [2, 4]
     mine = trials / "trials" / "3"
     assert (mine / "data").is_dir() and not (trials / "trials" / "1" / "data").exists()
+
     def jsonl(path):
         return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -275,9 +291,10 @@ def _long_wikiann(root: Path) -> Path:
 
 
 def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_factory):
-    """Few-shot NER on a frozen backbone (fusion.mode fe, DWAtt, dropout): trials of N = 1
-    and 8 shots, whose own bounds on the word slots a batch uses differ, equal their solo
-    runs (the trials share the larger bound: NERTask.share_shapes)."""
+    """Few-shot NER on a frozen backbone (fusion.mode fe, DWAtt, dropout): of the trials of
+    N = 1 and 8 shots, whose solo runs bound the word slots a batch uses differently, the
+    1-shot one runs at the 8-shot one's larger bound (NERTask.share_shapes) and still equals
+    its solo run: losses, dev and test F1 of each evaluation."""
     from jaxdepth.data.tokenizer import train_tokenizer
     from jaxdepth.tasks import task_for
     from test_ner_job import _sentences
@@ -289,7 +306,7 @@ def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_fac
 
     def args(run, **fields):
         out = {"model.arch": "encoder", "model.vocab_size": 64, "model.d_model": 32,
-               "model.n_layers": 2, "model.d_ff": 64, "model.n_heads": 2,
+               "model.n_layers": 1, "model.d_ff": 64, "model.n_heads": 2,
                "data.seq_len": 128, "data.batch_size": 8, "data.tokenizer": tok,
                "mesh.data": 1, "run.dir": run, "run.steps": 4, "run.eval_every": 2,
                "run.save_every": 4, "run.log_every": 1, "run.progress": "false",
@@ -306,15 +323,17 @@ def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_fac
     assert bounds[0] < bounds[1], bounds
 
     trials = runs("ner-trials", lambda run: args(run, **{"trials.n_shot": "1,8"}))
-    for k, shots in enumerate((1, 8)):
-        one = runs(f"ner-solo{shots}", lambda run: args(run, **{"task.n_shot": shots}))
-        close(losses(trials, k, steps=4), losses(one, steps=4), f"trial {k} ({shots} shots)")
-        for key in ("dev_f1", "test_f1"):
-            same_evals(evals(trials, k, key), evals(one, None, key), key)
-        got = json.loads((trials / "trials" / str(k) / "analysis" / "ner.json").read_text())
-        want = json.loads((one / "analysis" / "ner.json").read_text())
-        assert got["train_sentences"] == want["train_sentences"] == 3 * shots
-        assert got["curve"] == want["curve"]
+    one = runs("ner-solo1", lambda run: args(run, **{"task.n_shot": 1}))
+    close(losses(trials, 0, steps=4), losses(one, steps=4), "trial 0 (1 shot)")
+    for key in ("dev_f1", "test_f1"):
+        same_evals(evals(trials, 0, key), evals(one, None, key), key)
+    assert sorted(evals(one, None, "dev_f1")) == [2, 4]
+    got = [json.loads((trials / "trials" / str(k) / "analysis" / "ner.json").read_text())
+           for k in (0, 1)]
+    want = json.loads((one / "analysis" / "ner.json").read_text())
+    assert got[0]["curve"] == want["curve"] and got[0]["best_dev_f1"] == want["best_dev_f1"]
+    assert [g["train_sentences"] for g in got] == [3, 24]  # N x 3 entity types each
+    assert abs(losses(trials, 1, steps=4)[-1] - losses(trials, 0, steps=4)[-1]) > 1e-3
 
 
 # ----------------------------------------------------------------------------- 3. resume
@@ -403,16 +422,16 @@ def test_an_exported_stopped_trial_resumes_as_its_solo_run(lm, stopped, tmp_path
 def test_a_non_finite_trial_is_frozen_and_the_others_go_on(lm, runs):
     trials = lr_trials(lm)
     s = summary(trials)
-    assert s["done"] and s["n_trials"] == 3 and s["n_frozen"] == 1
-    assert [t["frozen"] for t in s["trials"]] == [False, False, True]
-    assert [g["trials"] for g in s["groups"]] == [[0], [1]]  # the frozen one in no mean
+    assert s["done"] and s["n_trials"] == len(LRS) and s["n_frozen"] == 1
+    assert [t["frozen"] for t in s["trials"]] == [k == 2 for k in range(len(LRS))]
+    assert 2 not in [k for g in s["groups"] for k in g["trials"]]  # the frozen one in no mean
     # the others are their solo runs (test_lr_trials_...); the frozen one is named once
     close(losses(trials, 0), losses(solo(lm, 0)))
-    warnings = [line for line in runs.err["lr3"].splitlines() if line.startswith("warning: ")]
-    assert len(warnings) == 1, runs.err["lr3"][-3000:]
-    assert warnings[0].startswith("warning: trial 2 (run.seed=0, optim.lr=1e+30): ")
-    assert "non-finite parameter norm after the update (inf) at step 2" in warnings[0]
-    assert "frozen at its last finite state, the other trials go on" in warnings[0]
+    warnings = [line for line in runs.err["lr8"].splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1, runs.err["lr8"][-3000:]
+    assert warnings[0].startswith("warning: trial 2 (run.seed=0, optim.lr=1e+30)")
+    for words in ("non-finite parameter norm", "at step 2", "frozen", "other trials go on"):
+        assert words in warnings[0], (words, warnings[0])
     # ... and keeps its last finite state: the same evaluation at 4 and 8
     recs = train_records(trials, 2)
     assert [recs[s]["frozen"] for s in range(1, STEPS + 1)] == [0.0] + [1.0] * (STEPS - 1)
@@ -424,8 +443,8 @@ def test_a_non_finite_trial_is_frozen_and_the_others_go_on(lm, runs):
 
 def test_a_run_whose_every_trial_is_non_finite_fails(tmp_path, tokenizer, train_main, capsys):
     run = tmp_path / "run"
-    code, _, err = call(train_main, lm_args(run, tokenizer, **{
-        "trials.lr": "1e30,2e30,3e30"}), capsys)  # the program of lr_trials: compiled once
+    code, _, err = call(train_main, lm_args(run, tokenizer, **{  # lr_trials' program
+        "trials.lr": lr_list(f"{k}e30" for k in range(1, 9))}), capsys)
     assert code == 1, err[-3000:]
     line = error_line(err)
     assert "every trial is frozen" in line and "non-finite parameter norm" in line
@@ -513,30 +532,18 @@ def test_the_trial_axis_goes_over_data_when_the_trials_divide_it(data, k, axis):
 
 def test_sharded_trials_equal_the_same_trials_on_one_device(lm, tmp_path, tokenizer,
                                                             train_main):
-    """Two steps of 8 trials (2 lrs x 4 seeds) over 8 devices, one trial each, and of the 3
-    lr trials over 2 devices (trial axis replicated, each trial's rows split over data): each
-    trial's losses, and the frozen one's flag, are those of the same trials on one device."""
-    def run(name, data, **fields):
+    """Two steps of the 8 lr trials over 8 devices (one trial each, its lr and frozen flag
+    too), and of the first 3 over 2 devices (trial axis replicated, each trial's rows split
+    over data): each trial's losses and frozen flags are those of lr_trials on one device."""
+    ref = lr_trials(lm)
+    for name, data, k, axis in (("k8-d8", 8, 8, "data"), ("k3-d2", 2, 3, None)):
         path = tmp_path / name
         assert train_main(lm_args(path, tokenizer, **{
-            "mesh.data": data, "run.stop_after": 2, **fields})) == 0
-        return path
-
-    eight = {"run.seeds": "0,1,2,3", "trials.lr": f"0.06,{LR_B}"}
-    ref8 = run("k8-d1", 1, **eight)
-    assert sorted(train_records(ref8, 7)) == [1, 2]
-    for k, other, j in ((0, seed_trials(lm), 0), (1, seed_trials(lm), 1),
-                        (4, lr_trials(lm), 1)):  # (lr, seed) (0.06, 0), (0.06, 1), (LR_B, 0)
-        close(first(ref8, k), first(other, j), f"trial {k} of 8")
-
-    for name, data, fields, ref, k, axis in (("k8-d8", 8, eight, ref8, 8, "data"),
-                                             ("k3-d2", 2, {"trials.lr": LR_TRIALS},
-                                              lr_trials(lm), 3, None)):
-        path = run(name, data, **fields)
+            "mesh.data": data, "run.stop_after": 2, "trials.lr": lr_list(LRS[:k])})) == 0
         assert sorted(train_records(path, k - 1)) == [1, 2]
         for i in range(k):
             close(first(path, i), first(ref, i), f"{name} trial {i}")
             assert [train_records(path, i)[s]["frozen"] for s in (1, 2)] == \
-                [train_records(ref, i)[s]["frozen"] for s in (1, 2)]
-        spec = saved_partition_specs(path, 2)["state.model.embed"]
+                [train_records(ref, i)[s]["frozen"] for s in (1, 2)] == [0.0, float(i == 2)]
+        spec = saved_partition_specs(path, 2)["state.model.embed"] or [None]
         assert spec[0] == axis, spec  # the checkpoint as the step laid it out

@@ -198,9 +198,9 @@ class NERTask(FusionTask):
         cfg = self.cfg
         self.run_dir, self.primary = run_dir, primary
         t = cfg.task
-        train = whole = ner.read_split(t.dir, "train")
+        train = pool = ner.read_split(t.dir, "train")
         if t.n_shot:
-            train = ner.few_shot_sample(whole, t.n_shot, ner.n_classes(self.labels), seed=t.seed)
+            train = ner.few_shot_sample(pool, t.n_shot, ner.n_classes(self.labels), seed=t.seed)
         self.sentences = {"train": train}
         for split in SPLITS:
             sents = ner.read_split(t.dir, split)
@@ -210,7 +210,7 @@ class NERTask(FusionTask):
         # word slots per sentence from the whole training split, not the few-shot sample:
         # runs that differ in their sample alone (trials of task.n_shot / task.seed) have the
         # same shapes and, drawn per slot of [B, P] (models/fused.py), the same dropout masks
-        P = _max_words([whole, *self.sentences.values()], cfg.data.seq_len)
+        P = _max_words([pool, *self.sentences.values()], cfg.data.seq_len)
         self.arrays, dropped = {}, {}
         for split, sents in self.sentences.items():
             self.arrays[split], dropped[split] = ner.encode_sentences(
