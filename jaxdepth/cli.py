@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .config import (RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides, from_preset,
-                     kind_of, presets, recipe_lines)
+from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, apply_overrides,
+                     from_preset, kind_of, presets, recipe_lines)
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -122,6 +122,11 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
         if k in ("preset", "config"):
             continue
         sec, _, name = k.partition(".")
+        if sec == "trials" and name not in TRIAL_FIELDS:
+            can = ", ".join(f"trials.{n} ({f})" for n, (f, _) in TRIAL_FIELDS.items())
+            raise ConfigError(f"{k}: not a trial field: the trials of a run share every array "
+                              f"shape, so only run.seeds, {can} can vary between them",
+                              field=k)
         if sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
             raise ConfigError(f"{k}: unknown field (see --help)")
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)

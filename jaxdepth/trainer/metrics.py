@@ -30,16 +30,20 @@ class MetricsWriter:
         from tensorboardX import SummaryWriter
         self._tb = SummaryWriter(str(run_dir / "tb"))
 
-    def write(self, step: int, **scalars) -> None:
+    def write(self, step: int, trial: int | None = None, **scalars) -> None:
+        """One record; trial: the trial it belongs to in a run with trials (an int in the
+        record, and its TensorBoard tags under trial_<k>/)."""
         if not self.enabled:
             return
-        rec = {"step": step, **{k: float(v) for k, v in scalars.items()}}
+        rec = {"step": step, **({} if trial is None else {"trial": int(trial)}),
+               **{k: float(v) for k, v in scalars.items()}}
         with writing(self._jsonl.name):
             self._jsonl.write(json.dumps(rec) + "\n")
             self._jsonl.flush()
+        prefix = "" if trial is None else f"trial_{trial}/"
         for k, v in rec.items():
-            if k != "step":
-                self._tb.add_scalar(k, v, step)
+            if k not in ("step", "trial"):
+                self._tb.add_scalar(prefix + k, v, step)
 
     def close(self) -> None:
         if self.enabled:
