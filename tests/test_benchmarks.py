@@ -79,6 +79,7 @@ def test_bench_trials_quick_json_consistent(tmp_path):
     disk = json.loads(out.read_text())
     assert disk == json.loads(json.dumps(res))
     assert disk["benchmark"] == "bench_trials" and disk["quick"] and disk["steps"] == 2
+    assert disk["complete"] and disk["wall_s"] > 0
     assert disk["data"].startswith("grammar")
     for key in ("jax", "backend", "device_kind", "cpu_count", "measured_fp32_matmul_flops"):
         assert key in disk, key
@@ -87,7 +88,7 @@ def test_bench_trials_quick_json_consistent(tmp_path):
     (m,) = disk["models"]
     assert m["model"] == "tiny" and m["preset"] == "tiny-L2" and m["n_layers"] == 2
     assert (m["seq_len"], m["batch"], m["devices"]) == (32, 8, 1)
-    assert [r["k"] for r in m["ks"]] == [1, 2]
+    assert [r["k"] for r in m["ks"]] == [1, 2] and m["skipped"] == []
     for r in m["ks"]:
         k = r["k"]
         assert len(r["trial_step_ms_all"]) == 2 and len(r["solo_step_ms_all"]) == 2
@@ -102,7 +103,7 @@ def test_bench_trials_quick_json_consistent(tmp_path):
         assert r["achieved_flops_per_s"] == pytest.approx(r["tokens_per_s"] * m["flops_per_token"])
         assert r["first_loss_trial0"] == pytest.approx(r["first_loss_solo"], rel=1e-5)
         assert math.isfinite(r["first_loss_solo"]) and r["final_losses_finite"]
-        assert r["frozen"] == 0
+        assert r["frozen"] == 0 and r["step_new_bytes"] > 0
 
 
 # ----------------------------------------------------------------------------- torch reference

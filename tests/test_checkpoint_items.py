@@ -15,7 +15,6 @@ import re
 import shutil
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import pytest
 
@@ -24,23 +23,6 @@ from test_faults import argv, call, one_line_error
 
 STEPS = 4  # checkpoints at 2 and 4
 DATA_FILE = "data/process_0-of-1.json"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """The runs of this module share a persistent compilation cache: identical programs
-    compile once (restored afterwards)."""
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-    before = {n: getattr(jax.config, n) for n in names}
-    jax.config.update(names[0], str(tmp_path_factory.mktemp("jit_cache")))
-    jax.config.update(names[1], 0)
-    cc.reset_cache()
-    yield
-    for n, v in before.items():
-        jax.config.update(n, v)
-    cc.reset_cache()
 
 
 def args(run, tokenizer, steps: int = STEPS, **fields) -> list[str]:

@@ -36,28 +36,6 @@ LRS = (0.06, LR_B, 1e30, 0.01, 0.02, 0.04, 0.05, 0.07)
 RTOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """The runs of this module share a persistent compilation cache: a program several runs
-    compile (the solo step of two seeds, the trials' step of a resumed run) compiles once.
-    The session's (tests/conftest.py) where there is one, else one for this module (the
-    previous settings come back afterwards)."""
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-    before = {n: getattr(jax.config, n) for n in names}
-    if before[names[0]] and before[names[1]] == 0:
-        yield
-        return
-    jax.config.update(names[0], str(tmp_path_factory.mktemp("jit_cache")))
-    jax.config.update(names[1], 0)
-    cc.reset_cache()
-    yield
-    for n, v in before.items():
-        jax.config.update(n, v)
-    cc.reset_cache()
-
-
 def lm_args(run, tokenizer, steps: int = STEPS, **fields) -> list[str]:
     """A tiny-L2 run on one device: every step logged, evaluations and checkpoints at 4, 8."""
     more = {"mesh.data": 1, "run.eval_every": 4, "run.save_every": 4,
