@@ -30,12 +30,22 @@ trial's step time", is ``target_k8_tiny_le_3x`` (with its ratio), null when tiny
 not run. Note that train.py runs a one-trial grid (``--run.seeds 0``) as a solo run; K=1 here
 is the vmapped trial step with one trial, i.e. what the trials machinery itself costs.
 
+Memory: each step is checked on its first call as the training loop checks it
+(trainer/memory.py's ``step_check``); a K whose step cannot fit is listed under ``skipped``
+with the reason instead of being run, and XLA's estimate of what each step adds
+(``step_new_bytes``) is recorded. The buffers of one K are released before the next, and the
+JSON is rewritten after every K (``complete``: false until the end), so a run killed part way
+keeps what it measured.
+
     python benchmarks/bench_trials.py                          # tiny and small, K=1..16
     python benchmarks/bench_trials.py --models tiny --ks 1,8 --steps 20 --out t.json
     python benchmarks/bench_trials.py --quick --out q.json     # CI scale: seconds
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import statistics
 import tempfile
 import time
@@ -54,6 +64,7 @@ from jaxdepth.data.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import trials as tr
 from jaxdepth.trainer.flops import measure_matmul_peak, train_flops_per_token
+from jaxdepth.trainer.memory import DoesNotFit, step_check, xla_estimate
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
 from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
@@ -72,6 +83,33 @@ def train_args(preset: str, k: int, args) -> list[str]:
     if args.batch:
         out += ["--data.batch_size", str(args.batch)]
     return out
+
+
+def memory_check(cfg: Config, mesh, record: dict):
+    """The training loop's on_compile (trainer/memory.py: refuse, with DoesNotFit, a step that
+    cannot fit the device or the process's memory), also recording XLA's estimate of the bytes
+    the step adds (temporaries + outputs - donated) in record["step_new_bytes"]."""
+    check = step_check(cfg, mesh)
+    sharing = 1 if mesh.devices.flat[0].platform != "cpu" else mesh.size
+
+    def on_compile(compiled, state, batch):
+        est = xla_estimate(compiled, sharing)
+        record["step_new_bytes"] = None if est is None else est.new
+        if check is not None:
+            check(compiled, state, batch)
+
+    return on_compile
+
+
+def release_memory() -> None:
+    """Hand the heap freed by the previous K's buffers back to the OS (glibc's malloc_trim:
+    common.py's tune_malloc keeps freed heap otherwise), so that the largest K's step does not
+    stack on the high-water mark of the ones before it."""
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
 
 
 class Stepper:
@@ -119,50 +157,70 @@ def host_batches(cfgs: list[Config], tasks: list, n: int, data: str, data_dir: P
                 i.close()
 
 
-def solo_stepper(cfg: Config, mesh, args, data_dir) -> Stepper:
+def solo_stepper(cfg: Config, mesh, args, data_dir, record: dict) -> Stepper:
     """The solo run of cfg (trial 0's config), as the training loop builds it."""
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     task = task_for(cfg)
     _, shardings = state_shardings(cfg, tx, mesh, task)
     state = sharded_init(cfg, tx, mesh, task, shardings)
-    step_fn = make_train_step(cfg, tx, mesh, shardings, task)
+    step_fn = make_train_step(cfg, tx, mesh, shardings, task,
+                              on_compile=memory_check(cfg, mesh, record))
     b_sh = batch_sharding(mesh)
     batches = [{k: jax.device_put(v, b_sh) for k, v in b.items()}
                for b in host_batches([cfg], [task], args.batches, args.data, data_dir, False)]
     return Stepper(step_fn, state, batches)
 
 
-def trials_stepper(cfgs: list[Config], mesh, args, data_dir) -> Stepper:
+def trials_stepper(cfgs: list[Config], mesh, args, data_dir, record: dict) -> Stepper:
     """The K-trial step of cfgs, as the training loop builds it (trainer/loop.py)."""
     tx = make_optimizer(cfgs[0].optim, cfgs[0].run.steps)
     tasks = [task_for(c) for c in cfgs]
     _, shardings = tr.trial_shardings(cfgs, tx, mesh, tasks[0])
     state = tr.trials_init(cfgs, tx, tasks[0], shardings)
-    step_fn = tr.make_trials_step(cfgs, mesh, shardings, tasks[0])
+    step_fn = tr.make_trials_step(cfgs, mesh, shardings, tasks[0],
+                                  on_compile=memory_check(cfgs[0], mesh, record))
     b_sh = tr.batch_sharding(mesh, len(cfgs))
     batches = [{k: jax.device_put(v, b_sh) for k, v in b.items()}
                for b in host_batches(cfgs, tasks, args.batches, args.data, data_dir, True)]
     return Stepper(step_fn, state, batches)
 
 
-def bench_model(name: str, args, data_dir: Path | None) -> dict:
+def bench_model(name: str, args, data_dir: Path | None, report) -> dict:
+    """The record of one model: the solo step, then each K against it. report(record) is
+    called after each K with the record so far (the JSON is rewritten as results come)."""
     preset = MODELS[name]
     base = parse_args(train_args(preset, 1, args))
     solo_cfg = trial_configs(base)[0]  # the solo run of seed 0 that trial 0 equals
     mesh = make_mesh(solo_cfg.mesh)
     B, T = solo_cfg.data.batch_size, solo_cfg.data.seq_len
     fpt = train_flops_per_token(solo_cfg.model, T)
-    solo = solo_stepper(solo_cfg, mesh, args, data_dir)
+    solo_mem: dict = {}
+    solo = solo_stepper(solo_cfg, mesh, args, data_dir, solo_mem)
     solo_compile, solo_first, solo_loss = solo.compile_and_warm(args.warmup)
     print(f"{name} ({preset}, T={T}, B={B}): solo step compiled in "
-          f"{sum(solo_compile.values()):.2f} s",
-          flush=True)
-    rows = []
+          f"{sum(solo_compile.values()):.2f} s", flush=True)
+    rec = {"model": name, "preset": preset, "n_layers": solo_cfg.model.n_layers,
+           "d_model": solo_cfg.model.d_model, "d_ff": solo_cfg.model.d_ff,
+           "vocab_size": solo_cfg.model.vocab_size, "seq_len": T, "batch": B,
+           "optimizer": solo_cfg.optim.name, "devices": mesh.size, "flops_per_token": fpt,
+           "solo_compile_s": sum(solo_compile.values()), "solo_compile_breakdown_s": solo_compile,
+           "solo_first_call_s": solo_first, "solo_step_new_bytes": solo_mem.get("step_new_bytes"),
+           "train_py_args_k8": train_args(preset, 8, args), "ks": [], "skipped": []}
     for k in args.ks:
         cfgs = trial_configs(parse_args(train_args(preset, k, args)))
         assert len(cfgs) == k and [c.run.seed for c in cfgs] == list(range(k))
-        trial = trials_stepper(cfgs, mesh, args, data_dir)
-        t_compile, t_first, t_loss = trial.compile_and_warm(args.warmup)
+        mem: dict = {}
+        trial = trials_stepper(cfgs, mesh, args, data_dir, mem)
+        try:
+            t_compile, t_first, t_loss = trial.compile_and_warm(args.warmup)
+        except DoesNotFit as e:  # the loop would refuse this K too: say so, go on
+            rec["skipped"].append({"k": k, "reason": str(e), "step_new_bytes":
+                                   mem.get("step_new_bytes")})
+            print(f"  K={k:>2}: skipped, does not fit: {str(e).splitlines()[0]}", flush=True)
+            trial = None  # free its states before the next K
+            release_memory()
+            report(rec)
+            continue
         times = interleaved_times({"trial": trial, "solo": solo}, args.steps)
         trial_s, solo_s = statistics.median(times["trial"]), statistics.median(times["solo"])
         losses = np.asarray(trial.metrics["loss"])
@@ -179,23 +237,20 @@ def bench_model(name: str, args, data_dir: Path | None) -> dict:
             "solo_achieved_flops_per_s": fpt * B * T / solo_s,
             "compile_s": sum(t_compile.values()), "compile_breakdown_s": t_compile,
             "first_call_s": t_first,
+            "step_new_bytes": mem.get("step_new_bytes"),  # XLA: temporaries + outputs - donated
             # trial 0 is the solo run of seed 0: same weights, same first batch, same loss
             "first_loss_trial0": t_loss, "first_loss_solo": solo_loss,
             "final_losses_finite": bool(np.all(np.isfinite(losses))),
             "frozen": int(np.sum(np.asarray(trial.state.frozen))),
         }
-        rows.append(row)
+        rec["ks"].append(row)
         print(f"  K={k:>2}: trial {row['trial_step_ms']:8.1f} ms, solo {row['solo_step_ms']:7.1f} "
               f"ms, ratio {row['ratio']:5.2f}, speedup {row['speedup']:4.2f}x "
               f"(compile {row['compile_s']:.1f} s)", flush=True)
-        del trial  # free the K states before the next K
-    return {"model": name, "preset": preset, "n_layers": solo_cfg.model.n_layers,
-            "d_model": solo_cfg.model.d_model, "d_ff": solo_cfg.model.d_ff,
-            "vocab_size": solo_cfg.model.vocab_size, "seq_len": T, "batch": B,
-            "optimizer": solo_cfg.optim.name, "devices": mesh.size,
-            "flops_per_token": fpt, "solo_compile_s": sum(solo_compile.values()),
-            "solo_compile_breakdown_s": solo_compile, "solo_first_call_s": solo_first,
-            "train_py_args_k8": train_args(preset, 8, args), "ks": rows}
+        trial = None  # free the K states (and their step's buffers) before the next K
+        release_memory()
+        report(rec)
+    return rec
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -239,9 +294,29 @@ def main(argv: list[str] | None = None) -> dict:
     matmul = measure_matmul_peak(np.float32, n=256 if q else 1024)
     print(f"{jax.device_count()} x {jax.devices()[0].device_kind}; fp32 matmul "
           f"{matmul / 1e9:,.1f} GFLOP/s; data: {args.data}", flush=True)
+    head = {
+        "benchmark": "bench_trials", **environment(),
+        "data": ("grammar: real batches of the embedded grammar corpus, each trial's own "
+                 "iterator (TrialIterator)" if args.data == "grammar" else
+                 "random: synthesised token batches of the step's shape"),
+        "grammar_docs": args.grammar_docs if args.data == "grammar" else None,
+        "ks_requested": args.ks, "steps": args.steps, "warmup": args.warmup,
+        "batches": args.batches, "quick": q,
+        "timing": ("median over --steps interleaved rounds, each calling the K-trial step and "
+                   "the solo step once (blocked until ready), after one compiling call and "
+                   "--warmup untimed calls; solo_step_ms is measured in the same rounds"),
+        "measured_fp32_matmul_flops": matmul,
+    }
+    models: list[dict] = []
+
+    def report(rec: dict) -> None:  # partial results survive a crash (an OOM kill at K=16)
+        write_json(args.out, {**head, "complete": False, "models": models + [rec],
+                              "wall_s": time.perf_counter() - t0})
+
     with tempfile.TemporaryDirectory(prefix="bench_trials_") as tmp:
         data_dir = Path(tmp) if args.data == "grammar" else None
-        models = [bench_model(m, args, data_dir) for m in args.models]
+        for m in args.models:
+            models.append(bench_model(m, args, data_dir, report))
 
     target = None
     tiny = next((m for m in models if m["model"] == TARGET_MODEL), None)
@@ -258,17 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
                  f"{r['speedup']:7.2f} | {r['trials_per_s']:8.2f}"
                  for m in models for r in m["ks"]])
     out = {
-        "benchmark": "bench_trials", **environment(),
-        "data": ("grammar: real batches of the embedded grammar corpus, each trial's own "
-                 "iterator (TrialIterator)" if args.data == "grammar" else
-                 "random: synthesised token batches of the step's shape"),
-        "grammar_docs": args.grammar_docs if args.data == "grammar" else None,
-        "ks_requested": args.ks, "steps": args.steps, "warmup": args.warmup,
-        "batches": args.batches, "quick": q,
-        "timing": ("median over --steps interleaved rounds, each calling the K-trial step and "
-                   "the solo step once (blocked until ready), after one compiling call and "
-                   "--warmup untimed calls; solo_step_ms is measured in the same rounds"),
-        "measured_fp32_matmul_flops": matmul,
+        **head, "complete": True,
         "target": f"K={TARGET_K} {TARGET_MODEL} trials: trial_step <= {TARGET_RATIO} x solo_step",
         "target_k8_tiny_le_3x": target["met"] if target else None,
         "target_k8_tiny_ratio": target["ratio"] if target else None,
