@@ -193,10 +193,7 @@ class Sweep(PlannedExperiment):
         """Train configs (seed -> its solo config) as trials of one run (or one by one when
         sequential or a single seed), then on_done(seed, summary) for each seed, the trial
         exported to solo_dirs[seed] first."""
-        from ..config import trial_configs
-        from ..tasks import task_for, train
-        from ..trainer.loop import train as train_tasks
-        from ..trainer.trial_export import export_trial
+        from ..tasks import train
 
         seeds = sorted(configs)
         if self.sequential or len(seeds) == 1:
@@ -211,19 +208,10 @@ class Sweep(PlannedExperiment):
             per_seed["data"] = {"tokenizer": self._per_seed(first.data.tokenizer, seeds[0])}
         cfg = apply_overrides(first, {"run": {"dir": str(run_dir),
                                               "seeds": ",".join(map(str, seeds))}, **per_seed})
-        cfgs = trial_configs(cfg)
-        for c, seed in zip(cfgs, seeds):  # each trial is exactly the solo unit it replaces
-            solo = configs[seed]
-            if dataclasses.replace(c, run=dataclasses.replace(c.run, dir=solo.run.dir)) != solo:
-                raise ConfigError(f"{what}: the trial of seed {seed} would differ from its "
-                                  f"solo run; give --sequential")
-        self.units_run += len(seeds)
-        s = _timed(f"{what} seeds {seeds} (trials)", train_tasks, cfg,
-                   [task_for(c) for c in cfgs])
-        for k, seed in enumerate(seeds):
-            export_trial(run_dir, k, task_for, solo_dirs[seed])
-            entry = {**s, **{n: v for n, v in s["trials"][k].items() if n != "trial"}}
-            on_done(seed, entry)
+        summaries = self.train_as_trials(f"{what} seeds {seeds}", cfg,
+                                         [configs[seed] for seed in seeds])
+        for seed, s in zip(seeds, summaries):
+            on_done(seed, s)
 
     def run(self) -> None:
         from ..config import param_count

@@ -20,7 +20,6 @@ step (Fig. 4), as PNG.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -170,34 +169,15 @@ class Experiment(PlannedExperiment):
         """Every (N-shot, trial) unit of one {method, mode} cell as a trial of one program
         (trainer/trials.py): the N-shot value and the trial's seed change which sentences it
         draws, not a shape. Each trial is then exported to its unit's directory."""
-        from ..config import trial_configs
-        from ..tasks import task_for
-        from ..trainer.loop import train
-        from ..trainer.trial_export import export_trial
-
         p = self.plan
         first = self.unit_config(backbone, method, mode, *units[0])
-        run_dir = Path(first.run.dir).parent / "trials"
         cfg = apply_overrides(first, {
-            "run": {"dir": str(run_dir), "seeds": ",".join(map(str, range(p.trials)))},
+            "run": {"dir": str(Path(first.run.dir).parent / "trials"),
+                    "seeds": ",".join(map(str, range(p.trials)))},
             "trials": {"n_shot": ",".join(map(str, p.shots)), "task_seed": "seed"}})
-        cfgs = trial_configs(cfg)
-        for c, (shots, trial) in zip(cfgs, units):  # each trial is exactly its unit's run
-            unit = self.unit_config(backbone, method, mode, shots, trial)
-            if dataclasses.replace(c, run=dataclasses.replace(c.run, dir=unit.run.dir)) != unit:
-                raise ConfigError(f"{method} {mode}: the trial of N={shots} trial {trial} would "
-                                  f"differ from its unit's run; give --sequential")
-        t0 = time.perf_counter()
-        self.units_run += len(units)
-        out = train(cfg, [task_for(c) for c in cfgs])
-        if not out.get("done"):
-            raise RunFailed(f"{method} {mode} (trials) stopped at step {out['step']}; run the "
-                            f"command again")
-        print(f"{method} {mode}: {len(units)} units as trials: "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
-        for k, (shots, trial) in enumerate(units):
-            unit = self.unit_config(backbone, method, mode, shots, trial)
-            export_trial(run_dir, k, task_for, unit.run.dir)
+        configs = [self.unit_config(backbone, method, mode, *u) for u in units]
+        self.train_as_trials(f"{method} {mode}", cfg, configs)
+        for unit, (shots, trial) in zip(configs, units):
             self.append(unit, method, mode, shots, trial)
 
     def append(self, cfg: Config, method: str, mode: str, shots: int, trial: int) -> None:

@@ -42,6 +42,39 @@ class PlannedExperiment:
         self.results = out / "results.jsonl"
         self.units_run = 0  # trained by this process (a rerun of a finished one trains none)
 
+    def train_as_trials(self, what: str, cfg, units: list) -> list[dict]:
+        """Train cfg, a run with trials, whose trial k must be exactly the solo run units[k]
+        (a Config; else a ConfigError saying to give --sequential); export every trial to its
+        unit's run directory (trainer/trial_export.py) and return each trial's summary as its
+        solo run's would read (the run's figures with the trial's entry over them)."""
+        import dataclasses
+        import time
+
+        from ..config import ConfigError, trial_configs
+        from ..errors import RunFailed
+        from ..tasks import task_for
+        from ..trainer.loop import train
+        from ..trainer.trial_export import export_trial
+
+        cfgs = trial_configs(cfg)
+        for k, (c, unit) in enumerate(zip(cfgs, units)):
+            if dataclasses.replace(c, run=dataclasses.replace(c.run, dir=unit.run.dir)) != unit:
+                raise ConfigError(f"{what}: trial {k} would differ from its unit's run "
+                                  f"({unit.run.dir}); give --sequential")
+        self.units_run += len(units)
+        t0 = time.perf_counter()
+        print(f"{what}: {len(units)} units as trials of one program ...", flush=True)
+        s = train(cfg, [task_for(c) for c in cfgs])
+        if not s.get("done"):
+            raise RunFailed(f"{what} stopped at step {s['step']} before the end; run the "
+                            f"command again to resume")
+        print(f"{what}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+        out = []
+        for k, unit in enumerate(units):
+            export_trial(cfg.run.dir, k, task_for, unit.run.dir)
+            out.append({**s, **{n: v for n, v in s["trials"][k].items() if n != "trial"}})
+        return out
+
     @classmethod
     def open(cls, out: Path, plan):
         return cls(out, open_plan(out, cls.PLAN_FILE, plan, cls.PLAN))

@@ -144,11 +144,13 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task, tasks=None):
     if cfgs is None:
         pretrained = task.initial_model(mesh, abstract.model)
         return sharded_init(cfg, tx, mesh, task, shardings, pretrained), shardings, None
-    solo = state_shardings(cfgs[0], tx, mesh, task)[0]
+    # one trial's abstract model: the stacked one without its trial axis
+    model = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                         abstract.state.model)
     if len({c.task.init_from for c in cfgs}) > 1:  # each trial its own (init_from "...{seed}")
-        pretrained = [t.initial_model(mesh, solo.model) for t in tasks]
+        pretrained = [t.initial_model(mesh, model) for t in tasks]
     else:
-        pretrained = task.initial_model(mesh, solo.model)
+        pretrained = task.initial_model(mesh, model)
     return tr.trials_init(cfgs, tx, task, shardings, pretrained), shardings, None
 
 
@@ -218,7 +220,7 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
     state, shardings = restore_or_init(cfgs[0], tx, mesh, mngr, data_iter, task, trials)
     solo_state = state if trials is None else state.state  # its leaves [K, ...] with trials
     model_of = ((lambda k: solo_state.model) if trials is None
-                else (lambda k: tr.select(state.state.model, k)))
+                else (lambda k: tr.select(solo_state.model, k)))
     start = int(np.asarray(solo_state.step).flat[0])
     if primary:
         ckpt.write_config(run_dir, cfg)
@@ -272,23 +274,25 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
         """A solo run stops at a non-finite value; a trial is frozen by the step (its
         update masked: trials.py), reported here once, and the run stops only when every
         trial is frozen."""
-        for k, m in enumerate(rows):
-            why = non_finite(step, m)
-            if trials is not None and m["frozen"] and k not in frozen_seen:
-                frozen_seen.add(k)
-                if len(frozen_seen) < n_trials:
-                    warn(f"trial {k} ({names[k]}): {why or 'non-finite values'}; frozen at its "
-                         f"last finite state, the other trials go on")
-            if trials is not None and len(frozen_seen) < n_trials:
-                continue  # a frozen trial's non-finite value stops only its own updates
-            if why is None and trials is None:
-                continue
+        def stop(why: str) -> None:
             good = mngr.latest_step()
             kept = (f"The last good checkpoint (step {good}) in {checkpoints} is intact."
                     if good is not None else "No checkpoint was saved yet.")
-            if trials is not None:
-                why = f"every trial is frozen (trial {k}, {names[k]}: {why or 'non-finite'})"
             raise NonFiniteLossError(f"{why}; stopping. {kept}")
+
+        if trials is None:
+            why = non_finite(step, rows[0])
+            if why is not None:
+                stop(why)
+            return
+        for k, m in enumerate(rows):
+            if m["frozen"] and k not in frozen_seen:
+                frozen_seen.add(k)
+                why = non_finite(step, m) or "non-finite values"
+                if len(frozen_seen) == n_trials:
+                    stop(f"every trial is frozen (trial {k}, {names[k]}: {why})")
+                warn(f"trial {k} ({names[k]}): {why}; frozen at its last finite state, the "
+                     f"other trials go on")
 
     def watch(step: int, m: dict) -> None:
         """Warn once about a run that is not learning though every value is finite."""
