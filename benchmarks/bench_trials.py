@@ -177,7 +177,7 @@ def trials_stepper(cfgs: list[Config], mesh, args, data_dir, record: dict) -> St
     tasks = [task_for(c) for c in cfgs]
     _, shardings = tr.trial_shardings(cfgs, tx, mesh, tasks[0])
     state = tr.trials_init(cfgs, tx, tasks[0], shardings)
-    step_fn = tr.make_trials_step(cfgs, mesh, shardings, tasks[0],
+    step_fn = tr.make_trials_step(cfgs, mesh, shardings, tasks,
                                   on_compile=memory_check(cfgs[0], mesh, record))
     b_sh = tr.batch_sharding(mesh, len(cfgs))
     batches = [{k: jax.device_put(v, b_sh) for k, v in b.items()}

@@ -310,6 +310,10 @@ class TrialsConfig:
     # trial t samples its sentences and initialises with seed t)
     task_seed: str = ""
     n_shot: str = ""  # task.n_shot (ner: the few-shot sample's size)
+    dropout: str = ""  # model.dropout (the decoder's)
+    act_dropout: str = ""  # act.dropout
+    fusion_dropout: str = ""  # fusion.dropout (on h before the NER head)
+    tau: str = ""  # act.tau (the ponder-cost weight)
 
     def __post_init__(self):
         for name, (_, kind) in TRIAL_FIELDS.items():
@@ -317,13 +321,17 @@ class TrialsConfig:
                 continue
             values = parse_list(getattr(self, name), kind, f"trials.{name}")
             _require(all(v >= 0 for v in values), f"trials.{name}", "values must be >= 0")
+            if name.endswith("dropout"):
+                _require(all(v < 1 for v in values), f"trials.{name}", "rates must be below 1")
 
 
 FOLLOWS_SEED = "seed"  # trials.task_seed: each trial's task.seed is its run.seed
 
 # trials.<name> -> (the setting it varies, its type)
 TRIAL_FIELDS = {"lr": ("optim.lr", float), "weight_decay": ("optim.weight_decay", float),
-                "task_seed": ("task.seed", int), "n_shot": ("task.n_shot", int)}
+                "task_seed": ("task.seed", int), "n_shot": ("task.n_shot", int),
+                "dropout": ("model.dropout", float), "act_dropout": ("act.dropout", float),
+                "fusion_dropout": ("fusion.dropout", float), "tau": ("act.tau", float)}
 
 
 def _act_require(cond: bool, name: str, msg: str) -> None:
@@ -500,6 +508,12 @@ class Config:
         # kind_of below, the one place that dispatches on them.
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
+        # An encoder's rate comes from its checkpoint as often as from model.dropout, so only
+        # the decoder reads model.dropout as a trial setting (models/traced.py).
+        _require(not self.trials.dropout or self.model.arch == "decoder", "trials.dropout",
+                 f"varies the decoder's model.dropout; model.arch={self.model.arch!r} does not "
+                 f"read it per trial" + (" (trials.act_dropout varies act.dropout)"
+                                        if self.model_section == "act" else ""))
         if self.optim.from_recipe:
             try:
                 kind = kind_of(self)[0]

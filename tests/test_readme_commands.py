@@ -147,6 +147,7 @@ EXPECTED: dict[str, tuple | None] = {
     "--preset albert-tiny --act.max_iters 2 --run.steps 1500 --run.dir runs/albert-m2": LAMB,
     "--run.seeds 0,1,2,3,4 --run.dir runs/seeds": ADAFACTOR_LM,
     "--run.seeds 0,1 --trials.lr 0.03,0.1 --run.dir runs/lr": ADAFACTOR_LM,
+    "--preset act-cpu --trials.tau 0,1e-4,5e-4 --run.dir runs/act-tau": LAMB,
     "--model.arch encoder --optim.lr 1e-3 --run.dir runs/bert-mini":
         ("encoder_mlm", "adamw", 1e-3, "linear"),
     # fusion over a frozen backbone (fe): AdamW at 1e-3, linear decay to 0
@@ -182,6 +183,8 @@ NOT_RUN: dict[str, str] = {
     "runs/134M-L12 --run.dir runs/134M-L12-cogs": _PAPER + " (fine-tunes runs/134M-L12)",
     "--run.seeds 0,1,2,3,4 --run.dir runs/seeds": _TRIALS,
     "--run.seeds 0,1 --trials.lr 0.03,0.1 --run.dir runs/lr": _TRIALS,
+    "--preset act-cpu --trials.tau 0,1e-4,5e-4 --run.dir runs/act-tau":
+        _TRIALS.replace("of the default run", "of ACT's ponder weight"),
 }
 
 # Run only with JAXDEPTH_README_ALL=1: CPU-feasible, but past this file's share of CI's time on

@@ -211,6 +211,53 @@ def test_lr_trials_equal_the_solo_runs_of_each_lr(lm):
         assert g["ci95"] == {}
 
 
+def test_dropout_trials_equal_the_solo_runs_of_each_rate(lm):
+    """trials.dropout 0,0.1 (model.dropout as a traced per-trial rate, models/traced.py):
+    the trial at 0.1 draws its solo run's masks, and the one at 0, which now runs through the
+    dropout code with a key, keeps every unit as its solo run does without one."""
+    trials = lm("drop", **{"trials.dropout": "0.0,0.1"})
+    for k, rate in enumerate((0.0, 0.1)):
+        one = solo(lm, **({"model.dropout": rate} if rate else {}))
+        close(losses(trials, k), losses(one), f"trial {k} (dropout {rate})")
+        same_evals(evals(trials, k), evals(one), f"trial {k}")
+    assert abs(losses(trials, 0)[-1] - losses(trials, 1)[-1]) > 1e-4
+
+
+def test_act_trials_of_ponder_weight_and_dropout_equal_their_solo_runs(tmp_path):
+    """ACT pretraining with trials of act.tau and act.dropout (the ponder-weight sweep as
+    one program): each trial's losses, ponder cost and mean iterations per step, and its
+    Table 1 at the evaluation, equal its solo run's."""
+    from jaxdepth.tasks import train
+    from test_encoder_training import _cfg
+
+    def cfg(name, **act):
+        return _cfg(tmp_path / name, act={"halting_bias_init": -1.0, **act},
+                    run={"steps": 6, "eval_every": 6, "save_every": 6}, **(
+                        {"trials": {"act_dropout": "0.0,0.1", "tau": "0.0,0.05"}}
+                        if name == "trials" else {}))
+
+    s = train(cfg("trials"))
+    assert [t["settings"] for t in s["trials"]] == [
+        {"act.dropout": d, "act.tau": t, "run.seed": 0} for d in (0.0, 0.1) for t in (0.0, 0.05)]
+    for k, (rate, tau) in ((3, (0.1, 0.05)),):  # trial 0's rate-0 case: the dropout test
+        one = train(cfg(f"solo{k}", dropout=rate, tau=tau))
+        for key in ("loss", "ponder", "iterations"):
+            got = [r[key] for r in read_metrics(tmp_path / "trials")
+                   if r.get("trial") == k and "ponder" in r]
+            want = [r[key] for r in read_metrics(tmp_path / f"solo{k}") if "ponder" in r]
+            close(got, want, f"trial {k} {key}")
+            assert len(got) == 6
+        assert s["trials"][k]["mean_iterations"] == pytest.approx(one["mean_iterations"],
+                                                                  rel=RTOL)
+    # at step 1 (same weights) trials 0 and 1 differ by the ponder term alone: 0.05 * ponder
+    step1 = {k: next(r for r in read_metrics(tmp_path / "trials")
+                     if r.get("trial") == k and r.get("step") == 1 and "ponder" in r)
+             for k in (0, 1)}
+    assert step1[1]["ponder"] == step1[0]["ponder"]
+    assert step1[1]["loss"] - step1[0]["loss"] == pytest.approx(0.05 * step1[0]["ponder"],
+                                                                rel=1e-4)
+
+
 def test_prefix_lm_trials_equal_their_solo_run(runs, tokenizer):
     """Fine-tuning on the embedded grammar's passivization task with dropout: trial 3 (task
     seed 1, run seed 1) prepares its own splits (trials/3/data) and equals the solo run of
@@ -269,10 +316,11 @@ def _long_wikiann(root: Path) -> Path:
 
 
 def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_factory):
-    """Few-shot NER on a frozen backbone (fusion.mode fe, DWAtt, dropout): of the trials of
-    N = 1 and 8 shots, whose solo runs bound the word slots a batch uses differently, the
-    1-shot one runs at the 8-shot one's larger bound (NERTask.share_shapes) and still equals
-    its solo run: losses, dev and test F1 of each evaluation."""
+    """Few-shot NER on a frozen backbone (fusion.mode fe, DWAtt): of the trials of N = 1 and
+    8 shots, whose solo runs bound the word slots a batch uses differently, and of head
+    dropout 0 and 0.1 (fusion.dropout, traced per trial), the 1-shot one at 0.1 runs at the
+    8-shot one's larger bound (NERTask.share_shapes) and still equals its solo run: losses,
+    dev and test F1 of each evaluation."""
     from jaxdepth.data.tokenizer import train_tokenizer
     from jaxdepth.tasks import task_for
     from test_ner_job import _sentences
@@ -300,18 +348,22 @@ def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_fac
         bounds.append(task.train_active)
     assert bounds[0] < bounds[1], bounds
 
-    trials = runs("ner-trials", lambda run: args(run, **{"trials.n_shot": "1,8"}))
-    one = runs("ner-solo1", lambda run: args(run, **{"task.n_shot": 1}))
-    close(losses(trials, 0, steps=4), losses(one, steps=4), "trial 0 (1 shot)")
+    trials = runs("ner-trials", lambda run: args(run, **{"trials.n_shot": "1,8",
+                                                         "trials.fusion_dropout": "0.0,0.1"}))
+    one = runs("ner-solo1", lambda run: args(run, **{"task.n_shot": 1}))  # dropout 0.1
+    assert [(t["settings"]["task.n_shot"], t["settings"]["fusion.dropout"])
+            for t in summary(trials)["trials"]] == [(1, 0.0), (1, 0.1), (8, 0.0), (8, 0.1)]
+    close(losses(trials, 1, steps=4), losses(one, steps=4), "trial 1 (1 shot, dropout 0.1)")
     for key in ("dev_f1", "test_f1"):
-        same_evals(evals(trials, 0, key), evals(one, None, key), key)
+        same_evals(evals(trials, 1, key), evals(one, None, key), key)
     assert sorted(evals(one, None, "dev_f1")) == [2, 4]
     got = [json.loads((trials / "trials" / str(k) / "analysis" / "ner.json").read_text())
-           for k in (0, 1)]
+           for k in (1, 3)]
     want = json.loads((one / "analysis" / "ner.json").read_text())
     assert got[0]["curve"] == want["curve"] and got[0]["best_dev_f1"] == want["best_dev_f1"]
     assert [g["train_sentences"] for g in got] == [3, 24]  # N x 3 entity types each
-    assert abs(losses(trials, 1, steps=4)[-1] - losses(trials, 0, steps=4)[-1]) > 1e-3
+    last = [losses(trials, k, steps=4)[-1] for k in range(4)]
+    assert abs(last[3] - last[1]) > 1e-3 and abs(last[0] - last[1]) > 1e-5
 
 
 # ----------------------------------------------------------------------------- 3. resume
@@ -458,7 +510,10 @@ def test_trial_grid_varies_the_seed_fastest():
     (["--trials.lr", "1e-3,1e-3"], "trials.lr"),
     (["--trials.lr", "1e-3,fast"], "trials.lr"),
     (["--trials.weight_decay", "0.1,-1"], "trials.weight_decay"),
-], ids=["n_layers", "d_model", "repeated-seed", "repeated-lr", "not-a-number", "negative"])
+    (["--trials.dropout", "0,1.0"], "trials.dropout"),
+    (["--model.arch", "encoder", "--trials.dropout", "0,0.1"], "trials.dropout"),
+], ids=["n_layers", "d_model", "repeated-seed", "repeated-lr", "not-a-number", "negative",
+        "rate-1", "encoder-dropout"])
 def test_what_cannot_vary_is_refused_in_one_line(tmp_path, tokenizer, train_main, capsys,
                                                  argv, field):
     code, _, err = call(train_main, lm_args(tmp_path / "run", tokenizer) + argv, capsys)

@@ -36,6 +36,7 @@ from .heads import MLMHead, gather_positions
 from .layers import Dense, LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
 from .options import with_options
 from .stack import init_stack
+from .traced import setting
 
 
 # The config (ACTConfig, with the presets) lives in jaxdepth/config.py as the `act` section.
@@ -209,7 +210,7 @@ class _Pretrainable(Backbone):
         return self.mlm(gather_positions(h_BTD, positions_BP), self.embed.token_VE)
 
     def sop_logits(self, h_BTD: Array, *, key: Array | None = None) -> Array:
-        return self.sop(h_BTD, self.cfg.dropout, key)
+        return self.sop(h_BTD, setting("act.dropout", self.cfg.dropout), key)
 
     def with_options(self, **changes):
         """Same weights, other run-time options (dropout, tau, eps, halting, max_iters, remat)."""
@@ -253,7 +254,7 @@ class ACTEncoder(_Pretrainable):
 
     @property
     def ponder_weight(self) -> float:
-        return self.cfg.tau if self.cfg.halting == "act" else 0.0
+        return setting("act.tau", self.cfg.tau) if self.cfg.halting == "act" else 0.0
 
     def halting_prob(self, h_hat_BTD: Array) -> Array:
         """p = sigmoid(w_h . h_hat + b_h), float32 [B, T]."""
@@ -263,7 +264,7 @@ class ACTEncoder(_Pretrainable):
 
     def _step_fn(self, mask_BT: Array, key: Array | None) -> StepFn:
         # Dropout keys are folded with the iteration index, so scan and while see the same masks.
-        rate = self.cfg.dropout
+        rate = setting("act.dropout", self.cfg.dropout)
 
         def step(n, h_BTD):
             k = None if key is None else jax.random.fold_in(key, n)
@@ -275,7 +276,8 @@ class ACTEncoder(_Pretrainable):
     def _embed(self, tokens_BT, segments_BT, mask_BT, key):
         segments_BT, mask_BT = default_inputs(tokens_BT, segments_BT, mask_BT)
         k_emb, k_layer = split_or_none(key, 2)
-        return self.embed(tokens_BT, segments_BT, self.cfg.dropout, k_emb), mask_BT, k_layer
+        return (self.embed(tokens_BT, segments_BT, setting("act.dropout", self.cfg.dropout), k_emb),
+                mask_BT, k_layer)
 
     def _fixed(self, h0_BTD, mask_BT, key, return_states) -> ACTOutput:
         """halting="fixed": the shared layer applied exactly M times to every position."""
@@ -328,6 +330,7 @@ class UntiedEncoder(_Pretrainable, Encoder):
     sop: SOPHead
     cfg: ACTConfig = eqx.field(static=True)
     _extra_shape_fields = ("max_iters",)  # its depth: M stacked layers
+    dropout_setting = "act.dropout"
 
     def __init__(self, cfg: ACTConfig, *, key: Array):
         ke, kl, km, ks = jax.random.split(key, 4)

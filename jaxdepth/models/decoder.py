@@ -15,6 +15,7 @@ from .backbone import Backbone
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
 from .options import with_options
 from .stack import init_stack, run_stack
+from .traced import may_drop, setting
 
 
 def cast_floating(tree, dtype):
@@ -78,12 +79,13 @@ class DecoderLM(Backbone):
                     all_layers: bool, segment_ids_BT: Array | None = None
                     ) -> tuple[Array, Array | None]:
         cfg = self.cfg
-        train = key is not None and cfg.dropout > 0.0
+        rate = setting("model.dropout", cfg.dropout)
+        train = key is not None and may_drop(rate)
         # A scan of one or two layers only adds loop overhead (stacked residuals, dynamic
         # slices); unrolling it keeps compile time flat where depth is what we vary.
         unroll = cfg.scan_unroll or (cfg.n_layers if cfg.n_layers <= 2 else 1)
         return run_stack(cast_floating(self.blocks, self.compute_dtype), x_BTD,
-                         lambda block, x, k: block(x, bias_NTT, cfg.dropout, k, cfg.attention,
+                         lambda block, x, k: block(x, bias_NTT, rate, k, cfg.attention,
                                                    segment_ids_BT),
                          keys=jax.random.split(key, cfg.n_layers) if train else None,
                          scan=cfg.scan_layers, remat=cfg.remat, unroll=unroll,
@@ -99,11 +101,12 @@ class DecoderLM(Backbone):
         cfg = self.cfg
         k_emb, k_layers, k_out = (None,) * 3 if key is None else jax.random.split(key, 3)
         x_BTD = self.embed.astype(self.compute_dtype)[tokens_BT]
-        x_BTD = dropout(x_BTD, cfg.dropout, k_emb)
+        rate = setting("model.dropout", cfg.dropout)
+        x_BTD = dropout(x_BTD, rate, k_emb)
         pos_T = jnp.arange(tokens_BT.shape[1])
         bias_NTT = self.rel_bias(pos_T, pos_T).astype(self.compute_dtype)
         x_BTD, layers = self._run_layers(x_BTD, bias_NTT, k_layers, all_layers, segment_ids_BT)
-        x_BTD = dropout(self.final_norm(x_BTD), cfg.dropout, k_out)
+        x_BTD = dropout(self.final_norm(x_BTD), rate, k_out)
         return x_BTD, layers
 
     def logits(self, x_BTD: Array) -> Array:

@@ -34,6 +34,7 @@ from .fusion import Concat, DWAtt, added_params, fusion_trainable
 from .heads import MLMHead, gather_positions
 from .layers import Dense, PostLNLayer, dropout, split_or_none
 from .stack import folded_keys, init_stack, run_stack
+from .traced import may_drop, setting
 
 
 class ExtraLayers(eqx.Module):
@@ -190,9 +191,10 @@ class FusedModel(eqx.Module):
         """Logits [K, C] (float32) of K words from their layer states [L, K, D] alone
         (Base, Concat, DWAtt); dropout (with a key) needs each word's slot id."""
         h_KD = z_LKD[-1] if self.fusion is None else self.fusion(z_LKD[:, None])[0]
-        if key is not None and self.rate > 0.0:
+        rate = setting("fusion.dropout", self.rate)
+        if key is not None and may_drop(rate):
             keys_K = jax.vmap(lambda s: jax.random.fold_in(key, s))(slots_K)
-            h_KD = jax.vmap(lambda k, h: dropout(h, self.rate, k))(keys_K, h_KD)
+            h_KD = jax.vmap(lambda k, h: dropout(h, rate, k))(keys_K, h_KD)
         return self.head(h_KD).astype(jnp.float32)
 
     def logits_from_states(self, states, mask_BT: Array, positions_BP: Array, *,
@@ -220,7 +222,7 @@ class FusedModel(eqx.Module):
         return self._packed_logits(jnp.moveaxis(words_KLD, 1, 0), slots_K, B, P, k_drop)
 
     def _classify(self, h: Array, key: Array | None) -> Array:
-        return self.head(dropout(h, self.rate, key)).astype(jnp.float32)
+        return self.head(dropout(h, setting("fusion.dropout", self.rate), key)).astype(jnp.float32)
 
     def masked_logits(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                       positions_BP: Array, *, key: Array | None = None) -> Array:

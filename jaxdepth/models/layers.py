@@ -15,17 +15,20 @@ import numpy as np
 from jaxtyping import Array
 
 from ..config import ACTIVATIONS, ModelConfig
+from .traced import Keep, may_drop
 
 _NEG_INF = float(np.finfo(np.float32).min)
 kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
 
-def dropout(x: Array, rate: float, key: Array | None) -> Array:
-    """Inverted dropout; identity when key is None (inference) or rate is 0."""
-    if key is None or rate == 0.0:
+def dropout(x: Array, rate: float | Keep, key: Array | None) -> Array:
+    """Inverted dropout; identity when key is None (inference) or rate is 0. `rate` may be a
+    trial's traced rate (models/traced.py)."""
+    if key is None or not may_drop(rate):
         return x
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+    p = rate.p if isinstance(rate, Keep) else 1.0 - rate
+    keep = jax.random.bernoulli(key, p, x.shape)
+    return jnp.where(keep, x / jnp.asarray(p, x.dtype), jnp.zeros((), x.dtype))
 
 
 def split_or_none(key: Array | None, n: int) -> list:

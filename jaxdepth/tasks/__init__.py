@@ -10,7 +10,7 @@ is the one place that decides which.
 """
 from __future__ import annotations
 
-from ..config import Config
+from ..config import Config, trial_configs
 from . import encoder_pretrain, lm, mlm, ner, prefix_lm, probe  # noqa: F401  (they register)
 from .registry import kind_of, load_model, task_for
 
@@ -18,6 +18,8 @@ __all__ = ["kind_of", "load_model", "task_for", "train"]
 
 
 def train(cfg: Config) -> dict:
-    """Run (or resume) the training cfg describes; returns its summary."""
+    """Run (or resume) the training cfg describes, with one task per trial if it has trials;
+    returns its summary."""
     from ..trainer.loop import train as run
-    return run(cfg, task_for(cfg))
+    tasks = [task_for(c) for c in trial_configs(cfg)]
+    return run(cfg, tasks if len(tasks) > 1 else tasks[0])

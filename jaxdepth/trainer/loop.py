@@ -231,7 +231,7 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
                                   on_compile=step_check(cfg, mesh))
         b_sharding = batch_sharding(mesh)
     else:
-        step_fn = tr.make_trials_step(cfgs, mesh, shardings, task,
+        step_fn = tr.make_trials_step(cfgs, mesh, shardings, tasks,
                                       on_compile=step_check(cfg, mesh))
         b_sharding = tr.batch_sharding(mesh, n_trials)
     eval_sharding = batch_sharding(mesh)

@@ -62,7 +62,7 @@ def sharded_init(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, task
     return init(given)
 
 
-def make_update(cfg: Config, task: Task, micro_sharding=None):
+def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | None = None):
     """update(state, batch, tx) -> (new state, metrics): one optimizer step over a global
     batch, split into cfg.optim.accum_steps micro-batches, not yet jitted (the solo step
     below jits it; trainer/trials.py vmaps it over trials first).
@@ -71,10 +71,12 @@ def make_update(cfg: Config, task: Task, micro_sharding=None):
     objective; shares add up to the batch value, so the update does not depend on how the
     batch is split. If its totals have a "divisor", the objective returns sums instead and the
     summed gradient and metrics (except "tokens") are divided by it once. micro_sharding, if
-    given, places the micro-batches."""
+    given, places the micro-batches. dropout: whether to draw dropout keys (default: whether
+    the task's model has dropout)."""
     accum = cfg.optim.accum_steps
     objective_fn, total_fn = task.objective()
-    trainable, use_dropout = task.trainable, task.uses_dropout
+    trainable = task.trainable
+    use_dropout = task.uses_dropout if dropout is None else dropout
     # Differentiates its first argument only: the arrays left in `static` (a frozen backbone)
     # enter the objective as constants, so no gradient is computed for them at all.
     grad_fn = eqx.filter_value_and_grad(

@@ -5,8 +5,9 @@ the solo run its own config describes (config.trial_configs). Their train states
 on a leading trial axis (``TrialState``), initialised by one ``filter_vmap`` over the seeds,
 and the solo step's update (step.make_update) is vmapped over that axis and jitted once. What
 varies between trials goes in as arrays: the seed (the key of the init and of dropout), the
-optimizer settings that vary (``hparams``: the learning-rate schedule and weight decay are
-built inside the vmapped step from them), and each trial's batches (each trial has its own
+settings that vary (``hparams``: the learning-rate schedule and weight decay are built
+inside the vmapped step from them; dropout rates and ACT's ponder weight reach the model
+through models/traced.py), and each trial's batches (each trial has its own
 Task and so its own data iterator: ``TrialIterator``). A trial whose loss, gradient or updated
 parameters turn non-finite is frozen: its update is masked from then on and the others go on.
 
@@ -27,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 from ..config import Config, TRIAL_FIELDS
+from ..models.traced import DROPOUT_SETTINGS, SCALAR_SETTINGS, Keep, trial_values
 from .optim import make_optimizer
 from .step import TrainState, init_state, make_update, state_shardings, with_compile_check
 from .task import Task
@@ -37,7 +39,9 @@ OPTIM_HPARAMS = {"optim.lr": "lr", "optim.weight_decay": "weight_decay"}
 
 class TrialState(eqx.Module):
     state: TrainState  # every leaf with a leading trial axis [K, ...]
-    hparams: dict  # make_optimizer keyword -> float32[K]: the optimizer settings that vary
+    # float32[K] per varying setting: make_optimizer's keyword for an optimizer setting, the
+    # setting's name for one a model reads (a dropout rate as its keep probability 1 - rate)
+    hparams: dict
     frozen: Array  # bool[K]: trials stopped by a non-finite value; their updates are masked
 
 
@@ -81,12 +85,17 @@ def label(cfg: Config, fields: list[str]) -> str:
 
 
 def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
-    """make_optimizer keyword -> float32[K], for the optimizer settings that vary."""
+    """float32[K] per varying setting the step reads (TrialState.hparams). A dropout rate is
+    carried as 1 - rate, computed in float64 as a solo run's Python float is."""
     out = {}
     for f in varying(cfgs):
+        values = np.asarray([_value(c, f) for c in cfgs], np.float64)
         if f in OPTIM_HPARAMS:
-            name = f.split(".")[1]
-            out[OPTIM_HPARAMS[f]] = np.asarray([getattr(c.optim, name) for c in cfgs], np.float32)
+            out[OPTIM_HPARAMS[f]] = values.astype(np.float32)
+        elif f in DROPOUT_SETTINGS:
+            out[f] = (1.0 - values).astype(np.float32)
+        elif f in SCALAR_SETTINGS:
+            out[f] = values.astype(np.float32)
     return out
 
 
@@ -147,20 +156,28 @@ def trials_init(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) 
     return init(seeds, given, hp)
 
 
-def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, task: Task, on_compile=None):
+def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task],
+                     on_compile=None):
     """run(trial_state, stacked batch) -> (trial_state, metrics of [K] arrays, with "frozen").
 
     One jitted program: the solo update vmapped over the trials, each with its own optimizer
     settings; a trial that is frozen, or whose loss, gradient norm or updated parameters are
-    not finite, keeps its state (and is frozen from then on). The state is donated."""
-    cfg = cfgs[0]
+    not finite, keeps its state (and is frozen from then on). The state is donated. The
+    objective is trial 0's task's; dropout keys are drawn when any trial's model has dropout
+    (a trial at rate 0 then keeps every unit, as its solo run does without a key)."""
+    cfg, task = cfgs[0], tasks[0]
     axis = trial_axis(mesh, len(cfgs))
     # within a trial, its rows over the data axis unless the trials took it
-    update = make_update(cfg, task, None if axis else NamedSharding(mesh, P(None, "data")))
+    update = make_update(cfg, task, None if axis else NamedSharding(mesh, P(None, "data")),
+                         dropout=any(t.uses_dropout for t in tasks))
 
     def one(state: TrainState, batch, hp: dict, frozen):
-        tx = make_optimizer(cfg.optim, cfg.run.steps, **hp)
-        new, m = update(state, batch, tx)
+        tx = make_optimizer(cfg.optim, cfg.run.steps,
+                            **{n: v for n, v in hp.items() if n in OPTIM_HPARAMS.values()})
+        model_values = {n: Keep(v) if n in DROPOUT_SETTINGS else v
+                        for n, v in hp.items() if n not in OPTIM_HPARAMS.values()}
+        with trial_values(model_values):
+            new, m = update(state, batch, tx)
         bad = ~(jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"])
                 & jnp.isfinite(m["param_norm"]))
         stop = frozen | bad
