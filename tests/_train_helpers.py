@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from conftest import FAST_COMPILE
 from jaxdepth.config import Config, MeshConfig
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.optim import make_optimizer
@@ -52,7 +53,7 @@ def base_args(run_dir, tokenizer, steps: int, **fields) -> list[str]:
 
 def subprocess_env(devices: int = 1, cache_dir=None) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if cache_dir is not None:  # identical programs compiled by several subprocesses: compile once
