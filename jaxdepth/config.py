@@ -5,6 +5,8 @@ Validation happens at construction, so an impossible config never reaches the tr
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
 import json
@@ -334,6 +336,61 @@ TRIAL_FIELDS = {"lr": ("optim.lr", float), "weight_decay": ("optim.weight_decay"
                 "fusion_dropout": ("fusion.dropout", float), "tau": ("act.tau", float)}
 
 
+
+# ---------------------------------------------------------------- settings traced per trial
+# Settings a model reads at run time that the trials of one compiled step may vary.
+#
+# A model's dropout rate and ACT's ponder weight are fields of its static config: one number
+# per compiled program. Trials (trainer/trials.py) vary them inside one program, so their step
+# sets each varying setting's per-trial value while it traces the update (`trial_values`), and
+# a model reads such a setting through `setting`: the trial's traced value inside that trace,
+# its own config's float everywhere else (solo runs, evaluation, decoding). A context rather
+# than an argument, because the value has to reach every layer's dropout through every task's
+# objective and model call, and those signatures should not carry the trials' plumbing.
+#
+# A traced dropout rate travels as its keep probability (`Keep`), computed on the host in
+# float64 as a solo run's Python `1.0 - rate` is, so that a trial draws the solo run's masks
+# bit for bit.
+
+# Settings (config "section.field") a model reads through `setting`.
+DROPOUT_SETTINGS = ("model.dropout", "act.dropout", "fusion.dropout")
+SCALAR_SETTINGS = ("act.tau",)
+
+_VALUES: contextvars.ContextVar[dict] = contextvars.ContextVar("trial_values", default={})
+
+
+class Keep:
+    """A dropout rate traced per trial, held as its keep probability 1 - rate."""
+
+    __slots__ = ("p",)
+
+    def __init__(self, p):  # a traced float32 scalar
+        self.p = p
+
+
+@contextlib.contextmanager
+def trial_values(values: dict):
+    """Within the block, `setting(name, ...)` gives values[name] (a traced array, or a Keep
+    for a dropout rate)."""
+    token = _VALUES.set(values)
+    try:
+        yield
+    finally:
+        _VALUES.reset(token)
+
+
+def setting(name: str | None, value: float):
+    """The value of setting `name` for the trace in progress: a trial's traced value inside a
+    trial step that varies it, else `value` (the model's config)."""
+    return value if name is None else _VALUES.get().get(name, value)
+
+
+def may_drop(rate) -> bool:
+    """Whether dropout at `rate` can change anything: a traced rate can (it is 0 in some
+    trials only), a float when it is above 0."""
+    return isinstance(rate, Keep) or rate > 0.0
+
+
 def _act_require(cond: bool, name: str, msg: str) -> None:
     _require(cond, f"act.{name}", msg)
 
@@ -509,7 +566,7 @@ class Config:
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
         # An encoder's rate comes from its checkpoint as often as from model.dropout, so only
-        # the decoder reads model.dropout as a trial setting (models/traced.py).
+        # the decoder reads model.dropout as a trial setting (config.setting).
         _require(not self.trials.dropout or self.model.arch == "decoder", "trials.dropout",
                  f"varies the decoder's model.dropout; model.arch={self.model.arch!r} does not "
                  f"read it per trial" + (" (trials.act_dropout varies act.dropout)"

@@ -212,7 +212,7 @@ def test_lr_trials_equal_the_solo_runs_of_each_lr(lm):
 
 
 def test_dropout_trials_equal_the_solo_runs_of_each_rate(lm):
-    """trials.dropout 0,0.1 (model.dropout as a traced per-trial rate, models/traced.py):
+    """trials.dropout 0,0.1 (model.dropout as a traced per-trial rate, config.setting):
     the trial at 0.1 draws its solo run's masks, and the one at 0, which now runs through the
     dropout code with a key, keeps every unit as its solo run does without one."""
     trials = lm("drop", **{"trials.dropout": "0.0,0.1"})

@@ -29,14 +29,13 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..config import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
-from ..config import ACTConfig
+from ..config import ACTConfig, setting
 from .backbone import Backbone
 from .encoder import Encoder, default_inputs
 from .heads import MLMHead, gather_positions
 from .layers import Dense, LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
 from .options import with_options
 from .stack import init_stack
-from .traced import setting
 
 
 # The config (ACTConfig, with the presets) lives in jaxdepth/config.py as the `act` section.

@@ -7,8 +7,8 @@ import equinox as eqx
 import jax
 from jaxtyping import Array
 
+from ..config import setting
 from .layers import Dense, dropout, split_or_none
-from .traced import setting
 
 
 class EncoderClassifier(eqx.Module):

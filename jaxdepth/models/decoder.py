@@ -10,12 +10,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import ModelConfig
+from ..config import ModelConfig, may_drop, setting
 from .backbone import Backbone
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
 from .options import with_options
 from .stack import init_stack, run_stack
-from .traced import may_drop, setting
 
 
 def cast_floating(tree, dtype):

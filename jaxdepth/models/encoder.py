@@ -28,12 +28,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import EncoderConfig
+from ..config import EncoderConfig, setting
 from .backbone import Backbone
 from .layers import LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
 from .options import with_options
 from .stack import folded_keys, init_stack, run_stack
-from .traced import setting
 
 
 def default_inputs(tokens_BT: Array, segments_BT: Array | None,
@@ -104,7 +103,7 @@ class Encoder(Backbone):
     embed: eqx.Module  # BertEmbeddings here; act.ALBERTEmbeddings in UntiedEncoder
     layers: PostLNLayer  # every leaf has a leading layer axis L
     cfg: EncoderConfig = eqx.field(static=True)
-    # The setting trials may vary its dropout rate by (models/traced.py): none for a BERT,
+    # The setting trials may vary its dropout rate by (config.setting): none for a BERT,
     # whose config is its checkpoint's (or the model section's) and not one trial field.
     dropout_setting = None
 

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
+from ..config import may_drop, setting
 from .backbone import Backbone
 from .encoder import BertEmbeddings
 from .encoder_mlm import bert_mlm_head
@@ -34,7 +35,6 @@ from .fusion import Concat, DWAtt, added_params, fusion_trainable
 from .heads import MLMHead, gather_positions
 from .layers import Dense, PostLNLayer, dropout, split_or_none
 from .stack import folded_keys, init_stack, run_stack
-from .traced import may_drop, setting
 
 
 class ExtraLayers(eqx.Module):

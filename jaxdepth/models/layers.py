@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from ..config import ACTIVATIONS, ModelConfig
-from .traced import Keep, may_drop
+from ..config import ACTIVATIONS, Keep, ModelConfig, may_drop
 
 _NEG_INF = float(np.finfo(np.float32).min)
 kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
@@ -23,7 +22,7 @@ kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
 def dropout(x: Array, rate: float | Keep, key: Array | None) -> Array:
     """Inverted dropout; identity when key is None (inference) or rate is 0. `rate` may be a
-    trial's traced rate (models/traced.py)."""
+    trial's traced rate (config.setting)."""
     if key is None or not may_drop(rate):
         return x
     p = rate.p if isinstance(rate, Keep) else 1.0 - rate

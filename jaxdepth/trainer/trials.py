@@ -7,7 +7,7 @@ and the solo step's update (step.make_update) is vmapped over that axis and jitt
 varies between trials goes in as arrays: the seed (the key of the init and of dropout), the
 settings that vary (``hparams``: the learning-rate schedule and weight decay are built
 inside the vmapped step from them; dropout rates and ACT's ponder weight reach the model
-through models/traced.py), and each trial's batches (each trial has its own
+through config.setting), and each trial's batches (each trial has its own
 Task and so its own data iterator: ``TrialIterator``). A trial whose loss, gradient or updated
 parameters turn non-finite is frozen: its update is masked from then on and the others go on.
 
@@ -27,8 +27,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
-from ..config import Config, TRIAL_FIELDS
-from ..models.traced import DROPOUT_SETTINGS, SCALAR_SETTINGS, Keep, trial_values
+from ..config import (DROPOUT_SETTINGS, SCALAR_SETTINGS, TRIAL_FIELDS, Config, Keep,
+                      trial_values)
 from .optim import make_optimizer
 from .step import TrainState, init_state, make_update, state_shardings, with_compile_check
 from .task import Task
