@@ -204,12 +204,14 @@ class _Pretrainable(Backbone):
     """Heads, run-time options and the Backbone methods shared by ACTEncoder and UntiedEncoder
     (no fields of its own)."""
 
+    dropout_setting = "act.dropout"
+
     def mlm_logits(self, h_BTD: Array, positions_BP: Array) -> Array:
         """Float32 logits [B, P, V] at the given positions."""
         return self.mlm(gather_positions(h_BTD, positions_BP), self.embed.token_VE)
 
     def sop_logits(self, h_BTD: Array, *, key: Array | None = None) -> Array:
-        return self.sop(h_BTD, setting("act.dropout", self.cfg.dropout), key)
+        return self.sop(h_BTD, self.dropout_rate, key)
 
     def with_options(self, **changes):
         """Same weights, other run-time options (dropout, tau, eps, halting, max_iters, remat)."""
@@ -263,7 +265,7 @@ class ACTEncoder(_Pretrainable):
 
     def _step_fn(self, mask_BT: Array, key: Array | None) -> StepFn:
         # Dropout keys are folded with the iteration index, so scan and while see the same masks.
-        rate = setting("act.dropout", self.cfg.dropout)
+        rate = self.dropout_rate
 
         def step(n, h_BTD):
             k = None if key is None else jax.random.fold_in(key, n)
@@ -275,8 +277,7 @@ class ACTEncoder(_Pretrainable):
     def _embed(self, tokens_BT, segments_BT, mask_BT, key):
         segments_BT, mask_BT = default_inputs(tokens_BT, segments_BT, mask_BT)
         k_emb, k_layer = split_or_none(key, 2)
-        return (self.embed(tokens_BT, segments_BT, setting("act.dropout", self.cfg.dropout), k_emb),
-                mask_BT, k_layer)
+        return self.embed(tokens_BT, segments_BT, self.dropout_rate, k_emb), mask_BT, k_layer
 
     def _fixed(self, h0_BTD, mask_BT, key, return_states) -> ACTOutput:
         """halting="fixed": the shared layer applied exactly M times to every position."""
@@ -329,7 +330,6 @@ class UntiedEncoder(_Pretrainable, Encoder):
     sop: SOPHead
     cfg: ACTConfig = eqx.field(static=True)
     _extra_shape_fields = ("max_iters",)  # its depth: M stacked layers
-    dropout_setting = "act.dropout"
 
     def __init__(self, cfg: ACTConfig, *, key: Array):
         ke, kl, km, ks = jax.random.split(key, 4)

@@ -19,7 +19,7 @@ from typing import Any
 import equinox as eqx
 from jaxtyping import Array
 
-from ..config import ConfigError
+from ..config import ConfigError, setting
 from .layers import PostLNLayer
 
 
@@ -29,6 +29,10 @@ class Backbone(eqx.Module):
     says otherwise."""
 
     cfg: eqx.AbstractVar[Any]
+    # The setting whose per-trial value replaces cfg.dropout inside a trial step
+    # (config.setting); None where the rate is not a trial setting (a BERT's config is its
+    # checkpoint's as often as the model section's).
+    dropout_setting = None
 
     @property
     def n_layer_states(self) -> int:
@@ -42,8 +46,9 @@ class Backbone(eqx.Module):
 
     @property
     def dropout_rate(self) -> float:
-        """Its hidden dropout rate, which Base+n's fresh layers train with too."""
-        return self.cfg.dropout
+        """Its hidden dropout rate (a trial's traced one inside a trial step), which Base+n's
+        fresh layers train with too."""
+        return setting(self.dropout_setting, self.cfg.dropout)
 
     @abc.abstractmethod
     def layer_states(self, tokens_BT: Array, segments_BT: Array | None = None,

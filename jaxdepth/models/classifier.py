@@ -7,7 +7,6 @@ import equinox as eqx
 import jax
 from jaxtyping import Array
 
-from ..config import setting
 from .layers import Dense, dropout, split_or_none
 
 
@@ -33,5 +32,5 @@ class EncoderClassifier(eqx.Module):
         forward = getattr(self.encoder, "forward_while" if inference else "forward_scan")
         out = forward(tokens_BT, segments_BT, mask_BT, key=k_enc)
         h = out.h_BTD if self.token_level else out.h_BTD[:, 0]
-        h = dropout(h, setting("act.dropout", self.cfg.dropout), k_drop)
+        h = dropout(h, self.encoder.dropout_rate, k_drop)
         return self.head(h).astype(jax.numpy.float32), out

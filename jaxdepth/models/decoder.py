@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import ModelConfig, may_drop, setting
+from ..config import ModelConfig, may_drop
 from .backbone import Backbone
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
 from .options import with_options
@@ -39,6 +39,7 @@ class DecoderLM(Backbone):
     final_norm: RMSNorm
     lm_head: Array  # [D, V], untied from the embedding
     cfg: ModelConfig = eqx.field(static=True)
+    dropout_setting = "model.dropout"
 
     def __init__(self, cfg: ModelConfig, *, key: Array):
         ke, kb, kr, kh = jax.random.split(key, 4)
@@ -78,7 +79,7 @@ class DecoderLM(Backbone):
                     all_layers: bool, segment_ids_BT: Array | None = None
                     ) -> tuple[Array, Array | None]:
         cfg = self.cfg
-        rate = setting("model.dropout", cfg.dropout)
+        rate = self.dropout_rate
         train = key is not None and may_drop(rate)
         # A scan of one or two layers only adds loop overhead (stacked residuals, dynamic
         # slices); unrolling it keeps compile time flat where depth is what we vary.
@@ -100,7 +101,7 @@ class DecoderLM(Backbone):
         cfg = self.cfg
         k_emb, k_layers, k_out = (None,) * 3 if key is None else jax.random.split(key, 3)
         x_BTD = self.embed.astype(self.compute_dtype)[tokens_BT]
-        rate = setting("model.dropout", cfg.dropout)
+        rate = self.dropout_rate
         x_BTD = dropout(x_BTD, rate, k_emb)
         pos_T = jnp.arange(tokens_BT.shape[1])
         bias_NTT = self.rel_bias(pos_T, pos_T).astype(self.compute_dtype)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import EncoderConfig, setting
+from ..config import EncoderConfig
 from .backbone import Backbone
 from .layers import LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
 from .options import with_options
@@ -103,9 +103,6 @@ class Encoder(Backbone):
     embed: eqx.Module  # BertEmbeddings here; act.ALBERTEmbeddings in UntiedEncoder
     layers: PostLNLayer  # every leaf has a leading layer axis L
     cfg: EncoderConfig = eqx.field(static=True)
-    # The setting trials may vary its dropout rate by (config.setting): none for a BERT,
-    # whose config is its checkpoint's (or the model section's) and not one trial field.
-    dropout_setting = None
 
     def __init__(self, cfg: EncoderConfig, *, key: Array):
         kw, kp, kt, kl = jax.random.split(key, 4)
@@ -127,7 +124,7 @@ class Encoder(Backbone):
         """(h_BTD, states_LBTD or None): the last layer's output and, if asked, every layer's.
         Dropout is active iff a key is given."""
         segments_BT, mask_BT = default_inputs(tokens_BT, segments_BT, mask_BT)
-        rate = setting(self.dropout_setting, self.cfg.dropout)
+        rate = self.dropout_rate
         k_emb, k_layers = split_or_none(key, 2)
         h0_BTD = self.embed(tokens_BT, segments_BT, rate, k_emb)
         return run_stack(self.layers, h0_BTD, lambda layer, h, k: layer(h, mask_BT, rate, k),

@@ -191,7 +191,7 @@ class FusedModel(eqx.Module):
         """Logits [K, C] (float32) of K words from their layer states [L, K, D] alone
         (Base, Concat, DWAtt); dropout (with a key) needs each word's slot id."""
         h_KD = z_LKD[-1] if self.fusion is None else self.fusion(z_LKD[:, None])[0]
-        rate = setting("fusion.dropout", self.rate)
+        rate = self.head_rate
         if key is not None and may_drop(rate):
             keys_K = jax.vmap(lambda s: jax.random.fold_in(key, s))(slots_K)
             h_KD = jax.vmap(lambda k, h: dropout(h, rate, k))(keys_K, h_KD)
@@ -221,8 +221,13 @@ class FusedModel(eqx.Module):
         B, P = positions_BP.shape
         return self._packed_logits(jnp.moveaxis(words_KLD, 1, 0), slots_K, B, P, k_drop)
 
+    @property
+    def head_rate(self):
+        """The dropout rate before the head (a trial's traced one inside a trial step)."""
+        return setting("fusion.dropout", self.rate)
+
     def _classify(self, h: Array, key: Array | None) -> Array:
-        return self.head(dropout(h, setting("fusion.dropout", self.rate), key)).astype(jnp.float32)
+        return self.head(dropout(h, self.head_rate, key)).astype(jnp.float32)
 
     def masked_logits(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                       positions_BP: Array, *, key: Array | None = None) -> Array:
