@@ -52,6 +52,33 @@ def pytest_unconfigure(config):
         shutil.rmtree(_XLA_CACHE, ignore_errors=True)
 
 
+_REAL_DEVICES = {name: getattr(jax, name)
+                 for name in ("devices", "local_devices", "device_count", "local_device_count")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_device():
+    """The process has 8 fake CPU devices for the sharding tests, which say so with
+    `@pytest.mark.fake_devices`; everything else, module fixtures included, sees one device, as
+    a user's CPU does (and as train.py subprocesses do). A run whose default mesh spans all 8
+    costs about a third more CPU on 2 cores (collectives between fake devices, 8-way SPMD
+    compiles) and tests nothing the sharding tests do not."""
+    first = _REAL_DEVICES["devices"]()[:1]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jax, "devices", lambda backend=None: list(first))
+        mp.setattr(jax, "local_devices", lambda *a, **k: list(first))
+        mp.setattr(jax, "device_count", lambda backend=None: 1)
+        mp.setattr(jax, "local_device_count", lambda backend=None: 1)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fake_devices(request, monkeypatch):
+    if request.node.get_closest_marker("fake_devices") is not None:
+        for name, fn in _REAL_DEVICES.items():
+            monkeypatch.setattr(jax, name, fn)
+
+
 @pytest.fixture
 def getkey():
     """Fresh, deterministic keys: getkey() returns a new key each call."""

@@ -86,6 +86,7 @@ def test_objective_equals_the_model_loss(batch):
     np.testing.assert_allclose(float(value), mlm + sop + m.ponder_weight * ponder, rtol=1e-5)
 
 
+@pytest.mark.fake_devices
 @pytest.mark.parametrize("arch", ["act", "albert", "bert"])
 def test_accumulation_and_sharding_leave_the_update_alone(batch, arch):
     # No warmup: the first step's learning rate must be non-zero for the weights to compare.

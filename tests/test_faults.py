@@ -178,6 +178,7 @@ def test_eval_on_a_run_without_a_checkpoint(tmp_path, eval_main, capsys):
     one_line_error(err, code, f"no complete checkpoint in {tmp_path / 'checkpoints'}")
 
 
+@pytest.mark.fake_devices
 def test_a_flipped_bit_anywhere_is_caught_by_the_fingerprints():
     from jaxdepth.trainer.fingerprint import fingerprints, mismatches
 
@@ -508,6 +509,7 @@ def test_fine_tuning_accepts_n_heads_spelled_out(finished):
         load_pretrained(fine_tuning(2), mesh)
 
 
+@pytest.mark.fake_devices
 def test_silent_fallbacks_now_warn(monkeypatch, capsys):
     from jaxdepth.models.decoder import DecoderLM
     from jaxdepth.trainer import sharding

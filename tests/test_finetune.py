@@ -186,11 +186,11 @@ def test_real_cogs_fine_tunes_and_scores_a_slice_of_gen(tmp_path, shared_data):
     cfg = apply_overrides(_cfg(run), {
         "model": {"vocab_size": 512}, "data": {"seq_len": 160},
         "task": {"name": "cogs", "dir": str(shared_data / "cogs"), "eval_splits": "gen",
-                 "eval_max": 24, "truncate": True},
+                 "eval_max": 8, "truncate": True},
         "run": {"steps": 4, "eval_every": 4, "save_every": 4}})
     s = train(cfg)
     rows = [json.loads(line) for line in (run / "predictions" / "gen.jsonl").read_text().splitlines()]
-    assert len(rows) == 24 and s["train_examples"] == 24155
+    assert len(rows) == 8 and s["train_examples"] == 24155
     gen = {e.source: e for e in __import__("jaxdepth.data.tasks", fromlist=["x"]).read_cogs(
         shared_data / "cogs", "gen")}
     for r in rows:  # each row is a real gen line with its published type and target

@@ -21,6 +21,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from _train_helpers import base_args, committed_steps, step_losses
 from jaxdepth.cli import parse_args
@@ -123,6 +124,7 @@ def _logged_and_saved(run_dir) -> tuple[list[int], list[int]]:
     return sorted(step_losses(run_dir)), committed_steps(run_dir)
 
 
+@pytest.mark.fake_devices
 def test_decoder_lm_run_and_its_resumption_trace_the_step_once_each(tmp_path, tokenizer,
                                                                     monkeypatch):
     # 8 steps, evaluated and checkpointed every 2, stopped after 4 and resumed: each invocation

@@ -75,6 +75,7 @@ def single_device_run(tmp_path_factory, tokenizer):
     return run, _losses(run, SHARD_STEPS), load_state(run)[1]
 
 
+@pytest.mark.fake_devices
 @pytest.mark.parametrize("fsdp", [False, True], ids=["dp4xtp2", "fsdp4xtp2"])
 def test_sharded_equals_single_device(tmp_path, tokenizer, single_device_run, fsdp):
     from jaxdepth.tasks import train
@@ -407,6 +408,7 @@ def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path)
         eval_py.evaluate(straight_run, step=3)
 
 
+@pytest.mark.fake_devices
 def test_adafactor_sharded_equals_single_device(tmp_path, tokenizer):
     """Adafactor (t5x recipe: rsqrt schedule, factored second moments whose row/column
     statistics do not have their parameter's shape) on an FSDP x TP mesh = one device.

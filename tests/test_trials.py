@@ -538,6 +538,7 @@ def test_one_seed_is_the_solo_run(lm):
 
 @pytest.mark.parametrize("data, k, axis", [
     (8, 8, "data"), (2, 2, "data"), (2, 4, "data"), (2, 3, None), (8, 2, None), (1, 2, None)])
+@pytest.mark.fake_devices
 def test_the_trial_axis_goes_over_data_when_the_trials_divide_it(data, k, axis):
     from jaxdepth.tasks import task_for
     from jaxdepth.trainer import trials as tr
@@ -562,6 +563,7 @@ def test_the_trial_axis_goes_over_data_when_the_trials_divide_it(data, k, axis):
     assert tuple(tr.batch_sharding(mesh, k).spec) == (("data",) if axis else (None, "data"))
 
 
+@pytest.mark.fake_devices
 def test_sharded_trials_equal_the_same_trials_on_one_device(lm, tmp_path, tokenizer,
                                                             train_main):
     """Two steps of the 8 lr trials over 8 devices (one trial each, its lr and frozen flag
