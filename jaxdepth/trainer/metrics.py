@@ -7,6 +7,23 @@ from pathlib import Path
 from ..errors import writing
 
 
+def _summary_writer():
+    """tensorboardX's SummaryWriter, imported without torch. tensorboardX imports torch when it
+    is installed, only to accept torch tensors (we write Python floats); that import is 3-4 s
+    of every run's start-up on a CPU machine, more than a small run's compilation."""
+    import sys
+
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsWriter:
     """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard.
 
@@ -27,8 +44,7 @@ class MetricsWriter:
         self._jsonl = open(path, "a")
         if torn:  # a run killed mid-write left half a record: end it so the next one stays whole
             self._jsonl.write("\n")
-        from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(str(run_dir / "tb"))
+        self._tb = _summary_writer()(str(run_dir / "tb"))
 
     def write(self, step: int, trial: int | None = None, **scalars) -> None:
         """One record; trial: the trial it belongs to in a run with trials (an int in the
