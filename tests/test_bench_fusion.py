@@ -76,19 +76,42 @@ def test_ratios_are_recomputed_from_times(result):
         c["ft_minus_fe"][m]["within_target"] for m in METHODS)
 
 
+def _tiny_hf_bert(directory, ner_dir):
+    """A random 1-layer BERT (d 32) in Hugging Face layout whose WordPiece vocabulary is the
+    words of the NER files: a backbone for --grid without the experiment's pretraining (a
+    process of its own, a third of this test's time when it pretrained)."""
+    from test_encoder_hf import random_arrays
+    from test_ner_job import _write_wordpiece
+
+    from jaxdepth.data.ner import read_wikiann
+    from jaxdepth.models.hf_import import save_hf_checkpoint
+
+    words = sorted({w for split in ("train", "dev", "test")
+                    for s in read_wikiann(ner_dir / split) for w in s.tokens})
+    V, D, L, F, P = len(_write_wordpiece(directory, words)), 32, 1, 64, 128
+    save_hf_checkpoint(directory, random_arrays("bert", heads=False, sizes=(V, D, L, F, P)),
+                       {"model_type": "bert", "vocab_size": V, "hidden_size": D,
+                        "num_attention_heads": 2, "num_hidden_layers": L,
+                        "intermediate_size": F, "max_position_embeddings": P,
+                        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
+                        "hidden_dropout_prob": 0.1, "pad_token_id": 0})
+    return directory
+
+
 def test_grid_mode_times_both_ways_and_compares_every_unit(tmp_path, shared_data):
     """--grid on a one-unit grid (DWAtt, whose cached path packs the words in use) over a
-    tiny pretrained encoder (the shared WikiAnn): the cached and uncached grids give the same
-    results, and the reported speedup is the ratio of the reported wall times. (That the
+    tiny Hugging Face encoder and the shared WikiAnn: the cached and uncached grids give the
+    same results, and the reported speedup is the ratio of the reported wall times. (That the
     cache leaves every method's numbers alone is tests/test_state_cache.py's.)"""
     ner = shared_data / "wikiann" / "en"
     out = tmp_path / "grid.json"
+    bert = _tiny_hf_bert(tmp_path / "bert", ner)
     res = bench_fusion.main([
         "--grid", "--ner-dir", str(ner), "--workdir", str(tmp_path / "work"), "--out", str(out),
-        "--grid-extra", "--methods dwatt --shots 8 --trials 1 --pretrain run.steps=4 "
-        "model.n_layers=1 model.d_model=32 model.d_ff=64 model.vocab_size=600 "
+        "--backbone", str(bert), "--grid-extra", "--methods dwatt --shots 8 --trials 1 "
         "--finetune run.steps=4 run.eval_every=2 task.eval_max=20"])
     disk = json.loads(out.read_text())
+    assert disk["backbone"] == str(bert)
     assert disk["cached"]["units"] == disk["uncached"]["units"] == 1
     assert sorted(disk["cached"]["results"]) == ["dwatt N=8 trial=0"]
     assert disk["same_results_every_unit"] is True

@@ -26,7 +26,7 @@ DATA_FILE = "data/process_0-of-1.json"
 
 
 def args(run, tokenizer, steps: int = STEPS, **fields) -> list[str]:
-    return argv(run, tokenizer, steps, **{"run.save_every": 2, "run.grammar_samples": 0, **fields})
+    return argv(run, tokenizer, steps, **{"run.save_every": 2, **fields})
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,8 @@ def argv(run, tokenizer, steps: int = STEPS, **fields) -> list[str]:
     """A tiny-L2 run on one device, a checkpoint every 5 steps, every step logged."""
     args = {"run.dir": run, "run.steps": steps, "run.save_every": 5, "run.log_every": 1,
             "run.eval_every": 1000, "run.progress": "false", "run.samples": 0,
-            "data.grammar_docs": GRAMMAR_DOCS, "data.seq_len": 32, "data.batch_size": 8,
-            "data.tokenizer": tokenizer, "mesh.data": 1}
+            "run.grammar_samples": 0, "data.grammar_docs": GRAMMAR_DOCS, "data.seq_len": 32,
+            "data.batch_size": 8, "data.tokenizer": tokenizer, "mesh.data": 1}
     args.update(fields)
     out = ["--preset", "tiny-L2"]
     for k, v in args.items():

@@ -178,7 +178,8 @@ def test_train_py_refuses_an_added_shard_and_restarts_the_stream_when_asked(tmp_
 
     def argv(steps, **fields):
         args = {"run.dir": tmp_path / "run", "run.steps": steps, "run.save_every": 2,
-                "run.progress": "false", "run.samples": 0, "run.eval_every": 1000,
+                "run.progress": "false", "run.samples": 0, "run.grammar_samples": 0,
+                "run.eval_every": 1000,
                 "data.streaming": "true", "data.streams": 2, "data.corpus": f"{tmp_path}/f*.jsonl",
                 "data.valid": valid, "data.tokenizer": tok, "model.vocab_size": 256,
                 "data.seq_len": 16, "data.batch_size": 4, "mesh.data": 1, **fields}
@@ -262,7 +263,8 @@ def test_too_few_windows_is_a_config_error(tmp_path, tok, capsys, fields, messag
     docs = grammar.corpus_texts(40, seed=2)
     corpus.write_text("\n\n".join(docs))
     args = {"run.dir": tmp_path / "run", "run.steps": 2, "run.progress": "false",
-            "run.samples": 0, "data.corpus": corpus, "data.tokenizer": tok,
+            "run.samples": 0, "run.grammar_samples": 0, "data.corpus": corpus,
+            "data.tokenizer": tok,
             "model.vocab_size": 256, "data.seq_len": 32, "data.batch_size": 8, "mesh.data": 1,
             "data.valid_fraction": 0.05, **fields}
     argv = ["--preset", "tiny-L2"] + [str(a) for k, v in args.items() for a in (f"--{k}", v)]
@@ -351,7 +353,8 @@ def test_a_worker_error_ends_train_py_with_one_line(tmp_path, tok):
     bad, expected = _bad_shard(tmp_path, "missing_text")
     valid = jsonl(tmp_path / "valid.jsonl", grammar.corpus_texts(10, seed=8))
     args = {"run.dir": tmp_path / "run", "run.steps": 50, "run.progress": "false",
-            "run.samples": 0, "run.eval_every": 1000, "data.streaming": "true",
+            "run.samples": 0, "run.grammar_samples": 0, "run.eval_every": 1000,
+            "data.streaming": "true",
             "data.workers": 2, "data.streams": 2, "data.corpus": f"{tmp_path}/a.jsonl,{bad}",
             "data.valid": valid, "data.tokenizer": tok, "model.vocab_size": 256,
             "data.seq_len": 32, "data.batch_size": 8, "mesh.data": 1}
