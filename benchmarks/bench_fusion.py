@@ -47,8 +47,8 @@ from functools import partial
 from pathlib import Path
 
 # first: puts the checkout on sys.path and tunes malloc before anything allocates
-from common import (arg_parser, environment, interleaved_times, print_table as _print_rows,
-                    timed, write_json)
+from common import (arg_parser, environment, fewshot_backbone, fewshot_units, interleaved_times,
+                    print_table as _print_rows, timed, two_ways, write_json)
 
 import equinox as eqx
 import jax
@@ -272,22 +272,11 @@ def unit_benchmark(args) -> dict:
     return res
 
 
-def _grid_units(results: Path) -> dict:
-    """(method, N, trial) -> (best dev F1, test F1 there, best step) of a grid's units."""
-    out = {}
-    for line in results.read_text().splitlines():
-        r = json.loads(line)
-        out[f"{r['method']} N={r['n_shot']} trial={r['seed']}"] = (
-            r["best_dev_f1"], r["test_f1"], r["best_step"])
-    return out
-
-
 def grid_benchmark(args) -> dict:
     """Wall time of `fusion_fewshot all --preset miniature --modes fe` with the backbone's
     states cached and without (each in a fresh process, as a user runs it); every unit's
     best dev F1, test F1 and best step must agree."""
     import shlex
-    import subprocess
     import sys
 
     if not args.ner_dir:
@@ -296,26 +285,15 @@ def grid_benchmark(args) -> dict:
     work = Path(args.workdir or tmp.name)
     base = [sys.executable, "-m", "jaxdepth.experiments.fusion_fewshot", "all", "--ner-dir",
             args.ner_dir, "--preset", "miniature", "--modes", "fe", *shlex.split(args.grid_extra)]
-    backbone = args.backbone
-    if not backbone:  # the miniature pretraining (and one FT unit), untimed
-        subprocess.run(base + ["--out", str(work / "pretrain_only"), "--methods", "base",
-                               "--shots", "8", "--modes", "ft", "--trials", "1"], check=True,
-                       stdout=subprocess.DEVNULL)
-        backbone = str(work / "pretrain_only" / "pretrain")
-    runs = {}
-    for name in ("cached", "uncached"):
-        cmd = base + ["--out", str(work / name), "--backbone", backbone]
-        if name == "uncached":  # one --finetune list (argparse keeps the last one given)
-            cmd = (cmd[:cmd.index("--finetune") + 1] + ["fusion.cache=false"] +
-                   cmd[cmd.index("--finetune") + 1:]) if "--finetune" in cmd else \
-                cmd + ["--finetune", "fusion.cache=false"]
-        out = work / name
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        wall = time.perf_counter() - t0
-        units = _grid_units(out / "results.jsonl")
-        runs[name] = {"wall_s": wall, "units": len(units), "results": units}
-        print(f"  {name}: {wall:.1f} s for {len(units)} units", flush=True)
+    backbone = args.backbone or fewshot_backbone(base, work)
+    # the uncached way repeats --grid-extra's --finetune list with the cache off (argparse
+    # keeps the last list given)
+    given = base[base.index("--finetune") + 1:] if "--finetune" in base else []
+    given = given[:next((i for i, a in enumerate(given) if a.startswith("--")), len(given))]
+    runs = two_ways(base, {"cached": ["--backbone", backbone],
+                           "uncached": ["--backbone", backbone,
+                                        "--finetune", "fusion.cache=false", *given]},
+                    work, lambda out: fewshot_units(out / "results.jsonl"))
     speedup = runs["uncached"]["wall_s"] / runs["cached"]["wall_s"]
     same = runs["uncached"]["results"] == runs["cached"]["results"]
     res = {"benchmark": "bench_fusion --grid", "ner_dir": args.ner_dir, "backbone": backbone,

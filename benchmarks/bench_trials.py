@@ -37,8 +37,27 @@ with the reason instead of being run, and XLA's estimate of what each step adds
 JSON is rewritten after every K (``complete``: false until the end), so a run killed part way
 keeps what it measured.
 
-    python benchmarks/bench_trials.py                          # tiny and small, K=1..16
-    python benchmarks/bench_trials.py --models tiny --ks 1,8 --steps 20 --out t.json
+Experiments (``--parts``, default ``steps,grid,slice``): each runs one experiment command
+twice in fresh processes, ``--sequential`` (one program per unit, as before trials) and then
+with trials (the default), and reports both wall times, ``speedup`` = sequential / trials and
+``drift``: the units only one way has, how many shared units differ, and each result field's
+largest absolute difference (common.py's ``two_ways`` and ``drift``).
+
+- ``grid``: the FE half of the miniature few-shot grid, ``fusion_fewshot all --preset
+  miniature --modes fe --ner-dir DIR`` on one pretrained backbone (``--backbone``, or the
+  experiment's miniature pretraining once, untimed); target: trials >= 5x faster.
+- ``slice``: a 4-seed, depth-2 passivization slice of the miniature depth sweep,
+  ``depth_sweep run --preset miniature --depths 2 --seeds 0,1,2,3 --tasks passivization
+  --scratch none`` (pretraining and fine-tuning; results: validation perplexity and loss,
+  dev loss, in-distribution and generalization accuracy).
+
+``--grid-extra`` / ``--slice-extra`` append arguments to either command (a smaller plan for a
+smoke run); ``--workdir`` keeps the experiment directories.
+
+    python benchmarks/bench_trials.py --ner-dir data/wikiann/en    # all three parts
+    python benchmarks/bench_trials.py --parts slice                # the sweep slice only
+    python benchmarks/bench_trials.py --parts steps            # tiny and small, K=1..16
+    python benchmarks/bench_trials.py --parts steps --models tiny --ks 1,8 --steps 20
     python benchmarks/bench_trials.py --quick --out q.json     # CI scale: seconds
 """
 from __future__ import annotations
@@ -46,14 +65,18 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import json
+import shlex
+import sys
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 # first: puts the checkout on sys.path and tunes malloc before anything allocates
-from common import (CompileEvents, arg_parser, environment, interleaved_times, print_table,
-                    random_lm_batch, timed, write_json)
+from common import (CompileEvents, arg_parser, drift, environment, fewshot_backbone,
+                    fewshot_units, interleaved_times, print_table, random_lm_batch, timed,
+                    two_ways, write_json)
 
 import jax
 import numpy as np
@@ -253,6 +276,61 @@ def bench_model(name: str, args, data_dir: Path | None, report) -> dict:
     return rec
 
 
+GRID_TARGET = 5.0  # the FE grid: sequential wall / trials wall >= this
+PARTS = ("steps", "grid", "slice")
+WAYS = {"sequential": ["--sequential"], "trials": []}
+
+
+def sweep_units(out: Path) -> dict:
+    """{"pretrain L<d> s<seed>": {valid_ppl, valid_loss}, "finetune <task> L<d> s<seed>
+    <init>": {dev_loss, id_accuracy, gen_accuracy, lexical, structural}} of a sweep directory."""
+    units = {}
+    for line in (out / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "pretrain":
+            units[f"pretrain L{r['depth']} s{r['seed']}"] = {
+                k: r[k] for k in ("valid_ppl", "valid_loss")}
+        elif r["kind"] == "finetune":
+            units[f"finetune {r['task']} L{r['depth']} s{r['seed']} {r['init']}"] = {
+                k: r.get(k) for k in ("dev_loss", "id_accuracy", "gen_accuracy", "lexical",
+                                      "structural")}
+    return units
+
+
+def experiment(name: str, base: list[str], work: Path, units, target: float | None) -> dict:
+    """One experiment command both ways (sequential first), compared."""
+    print(f"{name}: {' '.join(base[1:])}", flush=True)
+    runs = two_ways(base, WAYS, work / name, units)
+    speedup = runs["sequential"]["wall_s"] / runs["trials"]["wall_s"]
+    d = drift(runs["sequential"]["results"], runs["trials"]["results"])
+    print(f"{name}: sequential {runs['sequential']['wall_s']:.1f} s, trials "
+          f"{runs['trials']['wall_s']:.1f} s: {speedup:.2f}x; {d['units_that_differ']} of "
+          f"{d['units_compared']} units differ, largest differences "
+          f"{d['largest_abs_difference']}", flush=True)
+    return {"command": " ".join(base[1:]), "order": "sequential first, then trials", **runs,
+            "speedup": speedup, "drift": d,
+            **({} if target is None else {"target_speedup": target,
+                                          "within_target": bool(speedup >= target)})}
+
+
+def experiments(args, work: Path) -> dict:
+    py = [sys.executable, "-m"]
+    out = {}
+    if "grid" in args.parts:
+        base = [*py, "jaxdepth.experiments.fusion_fewshot", "all", "--ner-dir", args.ner_dir,
+                "--preset", "miniature", "--modes", "fe", *shlex.split(args.grid_extra)]
+        backbone = args.backbone or fewshot_backbone(base, work / "grid")
+        out["grid"] = experiment("grid", base + ["--backbone", backbone], work,
+                                 lambda d: fewshot_units(d / "results.jsonl"), GRID_TARGET)
+        out["grid"]["backbone"] = backbone
+    if "slice" in args.parts:
+        base = [*py, "jaxdepth.experiments.depth_sweep", "run", "--preset", "miniature",
+                "--depths", "2", "--seeds", "0,1,2,3", "--tasks", "passivization",
+                "--scratch", "none", *shlex.split(args.slice_extra)]
+        out["slice"] = experiment("slice", base, work, sweep_units, None)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = arg_parser(__doc__)
     p.add_argument("--ks", default=None, help="numbers of trials K (default 1,2,4,8,16; "
@@ -272,10 +350,27 @@ def main(argv: list[str] | None = None) -> dict:
                    help="data.grammar_docs of the prepared corpus (default 20000; --quick: 300)")
     p.add_argument("--mesh-data", type=int, default=-1,
                    help="mesh.data (-1: every device, as train.py)")
-    p.add_argument("--quick", action="store_true", help="CI-scale smoke run (seconds)")
+    p.add_argument("--quick", action="store_true", help="CI-scale smoke run of the step part "
+                   "(seconds)")
+    p.add_argument("--parts", default=None, help=f"comma-separated, of {', '.join(PARTS)} "
+                   "(default all three; --quick: steps)")
+    p.add_argument("--ner-dir", default="", help="WikiAnn or CoNLL-2003 directory (the grid part)")
+    p.add_argument("--backbone", default="", help="a pretrained run or HF directory for the grid "
+                   "part; empty: the experiment's miniature pretraining, once, untimed")
+    p.add_argument("--grid-extra", default="", help="more fusion_fewshot arguments (grid part)")
+    p.add_argument("--slice-extra", default="", help="more depth_sweep arguments (slice part)")
+    p.add_argument("--workdir", default="", help="where the experiments run (kept); default: a "
+                   "temporary directory")
     p.add_argument("--out", default="bench_trials.json")
     args = p.parse_args(argv)
     q = args.quick
+    args.parts = [x.strip() for x in (args.parts or ("steps" if q else ",".join(PARTS))).split(",")
+                  if x.strip()]
+    if not args.parts or set(args.parts) - set(PARTS):
+        raise SystemExit(f"--parts: {','.join(args.parts) or 'none'}; known: {', '.join(PARTS)}")
+    if "grid" in args.parts and not args.ner_dir:
+        raise SystemExit("the grid part needs --ner-dir (a WikiAnn or CoNLL-2003 directory); "
+                         "--parts steps,slice leaves it out")
     args.ks = [int(k) for k in (args.ks or ("1,2" if q else "1,2,4,8,16")).split(",") if k.strip()]
     args.models = [m.strip() for m in (args.models or ("tiny" if q else "tiny,small")).split(",")
                    if m.strip()]
@@ -291,9 +386,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--ks, --steps and --batches must be >= 1, --warmup >= 0")
 
     t0 = time.perf_counter()
-    matmul = measure_matmul_peak(np.float32, n=256 if q else 1024)
-    print(f"{jax.device_count()} x {jax.devices()[0].device_kind}; fp32 matmul "
-          f"{matmul / 1e9:,.1f} GFLOP/s; data: {args.data}", flush=True)
+    matmul = None  # the step part's scale for achieved FLOP/s
+    if "steps" in args.parts:
+        matmul = measure_matmul_peak(np.float32, n=256 if q else 1024)
+        print(f"{jax.device_count()} x {jax.devices()[0].device_kind}; fp32 matmul "
+              f"{matmul / 1e9:,.1f} GFLOP/s; data: {args.data}", flush=True)
     head = {
         "benchmark": "bench_trials", **environment(),
         "data": ("grammar: real batches of the embedded grammar corpus, each trial's own "
@@ -301,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "random: synthesised token batches of the step's shape"),
         "grammar_docs": args.grammar_docs if args.data == "grammar" else None,
         "ks_requested": args.ks, "steps": args.steps, "warmup": args.warmup,
-        "batches": args.batches, "quick": q,
+        "batches": args.batches, "quick": q, "parts": args.parts,
         "timing": ("median over --steps interleaved rounds, each calling the K-trial step and "
                    "the solo step once (blocked until ready), after one compiling call and "
                    "--warmup untimed calls; solo_step_ms is measured in the same rounds"),
@@ -315,8 +412,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="bench_trials_") as tmp:
         data_dir = Path(tmp) if args.data == "grammar" else None
-        for m in args.models:
+        for m in args.models if "steps" in args.parts else []:
             models.append(bench_model(m, args, data_dir, report))
+        work = Path(args.workdir) if args.workdir else Path(tmp) / "experiments"
+        exps = experiments(args, work)
 
     target = None
     tiny = next((m for m in models if m["model"] == TARGET_MODEL), None)
@@ -327,18 +426,19 @@ def main(argv: list[str] | None = None) -> dict:
                   "limit": TARGET_RATIO, "ratio_vs_k1_trial_step":
                   row8["trial_step_ms"] / k1["trial_step_ms"] if k1 else None}
     print()
-    print_table("model  preset    T    B   K | trial ms |  solo ms | trial/solo | speedup | trials/s",
-                [f"{m['model']:<6} {m['preset']:<8} {m['seq_len']:>3} {m['batch']:>4} {r['k']:>3} | "
-                 f"{r['trial_step_ms']:8.1f} | {r['solo_step_ms']:8.1f} | {r['ratio']:10.2f} | "
-                 f"{r['speedup']:7.2f} | {r['trials_per_s']:8.2f}"
-                 for m in models for r in m["ks"]])
+    if models:
+        print_table("model  preset    T    B   K | trial ms |  solo ms | trial/solo | speedup | trials/s",
+                    [f"{m['model']:<6} {m['preset']:<8} {m['seq_len']:>3} {m['batch']:>4} "
+                     f"{r['k']:>3} | {r['trial_step_ms']:8.1f} | {r['solo_step_ms']:8.1f} | "
+                     f"{r['ratio']:10.2f} | {r['speedup']:7.2f} | {r['trials_per_s']:8.2f}"
+                     for m in models for r in m["ks"]])
     out = {
         **head, "complete": True,
         "target": f"K={TARGET_K} {TARGET_MODEL} trials: trial_step <= {TARGET_RATIO} x solo_step",
         "target_k8_tiny_le_3x": target["met"] if target else None,
         "target_k8_tiny_ratio": target["ratio"] if target else None,
         "target_k8_tiny_ratio_vs_k1_trial_step": target["ratio_vs_k1_trial_step"] if target else None,
-        "models": models,
+        "models": models, **exps,
     }
     out["wall_s"] = time.perf_counter() - t0
     if target:

@@ -179,3 +179,61 @@ class TrainStep:
     def __call__(self):
         self.state, self.metrics = self.step_fn(self.state, self.batch)
         return self.state, self.metrics
+
+
+# ----------------------------------------------------------------------------- experiments
+
+def fewshot_units(results: Path) -> dict:
+    """{"method N=n trial=t": {best_dev_f1, test_f1, best_step}} of a few-shot grid's rows."""
+    out = {}
+    for line in Path(results).read_text().splitlines():
+        r = json.loads(line)
+        out[f"{r['method']} N={r['n_shot']} trial={r['seed']}"] = {
+            k: r[k] for k in ("best_dev_f1", "test_f1", "best_step")}
+    return out
+
+
+def fewshot_backbone(base: list[str], work: Path) -> str:
+    """The pretrained encoder of `base` (a fusion_fewshot command line without --out): its
+    miniature pretraining and one FT unit, in a process of its own, untimed."""
+    import subprocess
+
+    subprocess.run(base + ["--out", str(work / "pretrain_only"), "--methods", "base",
+                           "--shots", "8", "--modes", "ft", "--trials", "1"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return str(work / "pretrain_only" / "pretrain")
+
+
+def two_ways(base: list[str], ways: dict[str, list[str]], work: Path, units) -> dict:
+    """Wall time of one experiment command run each way (each in a fresh process, as a user
+    runs it, in the order given, into work/<way>), and each way's units: {way: {"wall_s",
+    "units", "results"}}. `ways` maps a name to the arguments it adds to `base`; `units` reads
+    an experiment directory's results into {unit: values}."""
+    import subprocess
+
+    runs = {}
+    for name, extra in ways.items():
+        out = work / name
+        t0 = time.perf_counter()
+        subprocess.run(base + ["--out", str(out), *extra], check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+        got = units(out)
+        runs[name] = {"wall_s": wall, "units": len(got), "results": got}
+        print(f"  {name}: {wall:.1f} s for {len(got)} units", flush=True)
+    return runs
+
+
+def drift(a: dict, b: dict) -> dict:
+    """How far two ways' results ({unit: {field: number or None}}) are apart: the units only
+    one of them has, how many shared units differ at all, and each field's largest absolute
+    difference over the shared units."""
+    shared = sorted(set(a) & set(b))
+    largest: dict[str, float] = {}
+    for u in shared:
+        for field in set(a[u]) & set(b[u]):
+            x, y = a[u][field], b[u][field]
+            if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+                largest[field] = max(largest.get(field, 0.0), abs(float(x) - float(y)))
+    return {"only_in_one": sorted(set(a) ^ set(b)), "units_compared": len(shared),
+            "units_that_differ": sum(a[u] != b[u] for u in shared),
+            "largest_abs_difference": dict(sorted(largest.items()))}

@@ -106,6 +106,71 @@ def test_bench_trials_quick_json_consistent(tmp_path):
         assert r["frozen"] == 0 and r["step_new_bytes"] > 0
 
 
+def test_drift_by_hand():
+    from common import drift
+
+    a = {"u1": {"f1": 0.5, "step": 4}, "u2": {"f1": 0.25, "step": 2, "acc": None},
+         "only_a": {"f1": 1.0}}
+    b = {"u1": {"f1": 0.5, "step": 4}, "u2": {"f1": 0.125, "step": 6, "acc": 0.5},
+         "only_b": {"f1": 0.0}}
+    assert drift(a, b) == {"only_in_one": ["only_a", "only_b"], "units_compared": 2,
+                           "units_that_differ": 1,
+                           "largest_abs_difference": {"f1": 0.125, "step": 4.0}}
+
+
+def test_sweep_units_read_a_sweep_directory(tmp_path):
+    rows = [{"kind": "pretrain", "depth": 2, "seed": 1, "valid_ppl": 8.5, "valid_loss": 2.14,
+             "step": 400},
+            {"kind": "finetune", "task": "passivization", "depth": 2, "seed": 1,
+             "init": "final", "dev_loss": 0.02, "id_accuracy": 0.93, "gen_accuracy": 0.31,
+             "lexical": 0.59, "structural": 0.04, "by_type": {}},
+            {"kind": "equal_loss", "task": "passivization", "depth": 2, "seed": 1}]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench_trials.sweep_units(tmp_path) == {
+        "pretrain L2 s1": {"valid_ppl": 8.5, "valid_loss": 2.14},
+        "finetune passivization L2 s1 final": {"dev_loss": 0.02, "id_accuracy": 0.93,
+                                               "gen_accuracy": 0.31, "lexical": 0.59,
+                                               "structural": 0.04}}
+
+
+def test_bench_trials_runs_each_experiment_both_ways(tmp_path, monkeypatch):
+    """The grid and slice parts: the commands each way runs (the experiment's own command,
+    with --sequential and without), and the record's speedup and drift computed from what
+    the two runs gave (the runs themselves are replaced: each is minutes of training)."""
+    calls = []
+    walls = {"grid": {"sequential": 100.0, "trials": 16.0},
+             "slice": {"sequential": 60.0, "trials": 75.0}}
+    results = {"sequential": {"u": {"f1": 0.5}}, "trials": {"u": {"f1": 0.5 + 2 ** -20}}}
+
+    def two_ways(base, ways, work, units):
+        part = "grid" if "fusion_fewshot" in " ".join(base) else "slice"
+        calls.append((part, base, ways))
+        return {w: {"wall_s": walls[part][w], "units": 1, "results": results[w]} for w in ways}
+
+    monkeypatch.setattr(bench_trials, "two_ways", two_ways)
+    monkeypatch.setattr(bench_trials, "fewshot_backbone", lambda base, work: "BACKBONE")
+    out = tmp_path / "e.json"
+    res = bench_trials.main(["--parts", "grid,slice", "--ner-dir", "NER", "--slice-extra",
+                             "--seeds 0,1", "--workdir", str(tmp_path / "w"), "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    assert res["models"] == [] and res["parts"] == ["grid", "slice"]
+    (_, grid, gw), (_, sl, sw) = calls
+    assert gw == sw == {"sequential": ["--sequential"], "trials": []}
+    assert grid[1:] == ["-m", "jaxdepth.experiments.fusion_fewshot", "all", "--ner-dir", "NER",
+                        "--preset", "miniature", "--modes", "fe", "--backbone", "BACKBONE"]
+    assert sl[1:] == ["-m", "jaxdepth.experiments.depth_sweep", "run", "--preset", "miniature",
+                      "--depths", "2", "--seeds", "0,1,2,3", "--tasks", "passivization",
+                      "--scratch", "none", "--seeds", "0,1"]
+    assert res["grid"]["speedup"] == pytest.approx(100 / 16) and res["grid"]["within_target"]
+    assert res["grid"]["target_speedup"] == 5.0 and res["grid"]["backbone"] == "BACKBONE"
+    assert res["slice"]["speedup"] == pytest.approx(60 / 75) and "within_target" not in res["slice"]
+    assert res["slice"]["drift"] == {"only_in_one": [], "units_compared": 1,
+                                     "units_that_differ": 1,
+                                     "largest_abs_difference": {"f1": 2 ** -20}}
+    with pytest.raises(SystemExit, match="needs --ner-dir"):
+        bench_trials.main(["--parts", "grid", "--out", str(out)])
+
+
 # ----------------------------------------------------------------------------- torch reference
 
 def _torch():
