@@ -37,11 +37,11 @@ with the reason instead of being run, and XLA's estimate of what each step adds
 JSON is rewritten after every K (``complete``: false until the end), so a run killed part way
 keeps what it measured.
 
-Experiments (``--parts``, default ``steps,grid,slice``): each runs one experiment command
-twice in fresh processes, ``--sequential`` (one program per unit, as before trials) and then
-with trials (the default), and reports both wall times, ``speedup`` = sequential / trials and
-``drift``: the units only one way has, how many shared units differ, and each result field's
-largest absolute difference (common.py's ``two_ways`` and ``drift``).
+Experiments (``--parts``; by default all three parts, the grid only with ``--ner-dir``): each
+runs one experiment command twice in fresh processes, ``--sequential`` (one program per unit,
+as before trials) and then with trials (the default), and reports both wall times, ``speedup``
+= sequential / trials and ``drift``: the units only one way has, how many shared units differ,
+and each result field's largest absolute difference (common.py's ``two_ways`` and ``drift``).
 
 - ``grid``: the FE half of the miniature few-shot grid, ``fusion_fewshot all --preset
   miniature --modes fe --ner-dir DIR`` on one pretrained backbone (``--backbone``, or the
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quick", action="store_true", help="CI-scale smoke run of the step part "
                    "(seconds)")
     p.add_argument("--parts", default=None, help=f"comma-separated, of {', '.join(PARTS)} "
-                   "(default all three; --quick: steps)")
+                   "(default: all three with --ner-dir, else steps,slice; --quick: steps)")
     p.add_argument("--ner-dir", default="", help="WikiAnn or CoNLL-2003 directory (the grid part)")
     p.add_argument("--backbone", default="", help="a pretrained run or HF directory for the grid "
                    "part; empty: the experiment's miniature pretraining, once, untimed")
@@ -364,8 +364,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="bench_trials.json")
     args = p.parse_args(argv)
     q = args.quick
-    args.parts = [x.strip() for x in (args.parts or ("steps" if q else ",".join(PARTS))).split(",")
-                  if x.strip()]
+    default = "steps" if q else ("steps,grid,slice" if args.ner_dir else "steps,slice")
+    args.parts = [x.strip() for x in (args.parts or default).split(",") if x.strip()]
     if not args.parts or set(args.parts) - set(PARTS):
         raise SystemExit(f"--parts: {','.join(args.parts) or 'none'}; known: {', '.join(PARTS)}")
     if "grid" in args.parts and not args.ner_dir:
