@@ -47,8 +47,9 @@ from functools import partial
 from pathlib import Path
 
 # first: puts the checkout on sys.path and tunes malloc before anything allocates
-from common import (arg_parser, environment, fewshot_backbone, fewshot_units, interleaved_times,
-                    print_table as _print_rows, timed, two_ways, write_json)
+from common import (arg_parser, drift, environment, fewshot_backbone, fewshot_grid_command,
+                    fewshot_units, interleaved_times, last_list, print_table as _print_rows,
+                    timed, two_ways, write_json)
 
 import equinox as eqx
 import jax
@@ -276,30 +277,25 @@ def grid_benchmark(args) -> dict:
     """Wall time of `fusion_fewshot all --preset miniature --modes fe` with the backbone's
     states cached and without (each in a fresh process, as a user runs it); every unit's
     best dev F1, test F1 and best step must agree."""
-    import shlex
-    import sys
-
     if not args.ner_dir:
         raise SystemExit("--grid needs --ner-dir (a WikiAnn or CoNLL-2003 directory)")
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench_fusion_grid_")
     work = Path(args.workdir or tmp.name)
-    base = [sys.executable, "-m", "jaxdepth.experiments.fusion_fewshot", "all", "--ner-dir",
-            args.ner_dir, "--preset", "miniature", "--modes", "fe", *shlex.split(args.grid_extra)]
+    base = fewshot_grid_command(args.ner_dir, args.grid_extra)
     backbone = args.backbone or fewshot_backbone(base, work)
-    # the uncached way repeats --grid-extra's --finetune list with the cache off (argparse
-    # keeps the last list given)
-    given = base[base.index("--finetune") + 1:] if "--finetune" in base else []
-    given = given[:next((i for i, a in enumerate(given) if a.startswith("--")), len(given))]
+    # the uncached way repeats --grid-extra's --finetune list with the cache off
     runs = two_ways(base, {"cached": ["--backbone", backbone],
-                           "uncached": ["--backbone", backbone,
-                                        "--finetune", "fusion.cache=false", *given]},
+                           "uncached": ["--backbone", backbone, "--finetune", "fusion.cache=false",
+                                        *last_list(base, "--finetune")]},
                     work, lambda out: fewshot_units(out / "results.jsonl"))
     speedup = runs["uncached"]["wall_s"] / runs["cached"]["wall_s"]
     same = runs["uncached"]["results"] == runs["cached"]["results"]
+    apart = drift(runs["cached"]["results"], runs["uncached"]["results"])
     res = {"benchmark": "bench_fusion --grid", "ner_dir": args.ner_dir, "backbone": backbone,
            "command": " ".join(base[1:]), "order": "cached first, then uncached", **runs,
            "speedup": speedup, "target": GRID_TARGET,
            "within_target": bool(speedup >= GRID_TARGET), "same_results_every_unit": bool(same),
+           "drift": apart,
            **environment()}
     print(f"FE half of the miniature grid: uncached {runs['uncached']['wall_s']:.1f} s, cached "
           f"{runs['cached']['wall_s']:.1f} s: {speedup:.2f}x (target >= {GRID_TARGET}: "

@@ -67,16 +67,16 @@ import ctypes.util
 import gc
 import json
 import shlex
-import sys
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 # first: puts the checkout on sys.path and tunes malloc before anything allocates
 from common import (CompileEvents, arg_parser, drift, environment, fewshot_backbone,
-                    fewshot_units, interleaved_times, print_table, random_lm_batch, timed,
-                    two_ways, write_json)
+                    fewshot_grid_command, fewshot_units, interleaved_times, print_table,
+                    random_lm_batch, timed, two_ways, write_json)
 
 import jax
 import numpy as np
@@ -313,21 +313,23 @@ def experiment(name: str, base: list[str], work: Path, units, target: float | No
                                           "within_target": bool(speedup >= target)})}
 
 
-def experiments(args, work: Path) -> dict:
-    py = [sys.executable, "-m"]
+def experiments(args, work: Path, report) -> dict:
+    """The grid and slice parts asked for; report(out) after each, so a part that fails later
+    does not lose one that finished."""
     out = {}
     if "grid" in args.parts:
-        base = [*py, "jaxdepth.experiments.fusion_fewshot", "all", "--ner-dir", args.ner_dir,
-                "--preset", "miniature", "--modes", "fe", *shlex.split(args.grid_extra)]
+        base = fewshot_grid_command(args.ner_dir, args.grid_extra)
         backbone = args.backbone or fewshot_backbone(base, work / "grid")
         out["grid"] = experiment("grid", base + ["--backbone", backbone], work,
                                  lambda d: fewshot_units(d / "results.jsonl"), GRID_TARGET)
         out["grid"]["backbone"] = backbone
+        report(out)
     if "slice" in args.parts:
-        base = [*py, "jaxdepth.experiments.depth_sweep", "run", "--preset", "miniature",
-                "--depths", "2", "--seeds", "0,1,2,3", "--tasks", "passivization",
+        base = [sys.executable, "-m", "jaxdepth.experiments.depth_sweep", "run", "--preset",
+                "miniature", "--depths", "2", "--seeds", "0,1,2,3", "--tasks", "passivization",
                 "--scratch", "none", *shlex.split(args.slice_extra)]
         out["slice"] = experiment("slice", base, work, sweep_units, None)
+        report(out)
     return out
 
 
@@ -415,7 +417,9 @@ def main(argv: list[str] | None = None) -> dict:
         for m in args.models if "steps" in args.parts else []:
             models.append(bench_model(m, args, data_dir, report))
         work = Path(args.workdir) if args.workdir else Path(tmp) / "experiments"
-        exps = experiments(args, work)
+        exps = experiments(args, work, lambda done: write_json(args.out, {
+            **head, "complete": False, "models": models, **done,
+            "wall_s": time.perf_counter() - t0}))
 
     target = None
     tiny = next((m for m in models if m["model"] == TARGET_MODEL), None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -193,6 +194,27 @@ def fewshot_units(results: Path) -> dict:
     return out
 
 
+def fewshot_grid_command(ner_dir: str, extra: str = "") -> list[str]:
+    """The FE half of the miniature few-shot grid, as a command line (without --out); extra:
+    more fusion_fewshot arguments, as one shell-quoted string."""
+    import shlex
+
+    return [sys.executable, "-m", "jaxdepth.experiments.fusion_fewshot", "all", "--ner-dir",
+            ner_dir, "--preset", "miniature", "--modes", "fe", *shlex.split(extra)]
+
+
+def last_list(argv: list[str], flag: str) -> list[str]:
+    """The items of the last `flag` list in argv (argparse nargs='*' keeps the last one):
+    `--flag a b` or `--flag=a b`, up to the next option."""
+    starts = [i for i, a in enumerate(argv) if a == flag or a.startswith(flag + "=")]
+    if not starts:
+        return []
+    i = starts[-1]
+    first = [argv[i].split("=", 1)[1]] if "=" in argv[i] else []
+    rest = argv[i + 1:]
+    return first + rest[:next((j for j, a in enumerate(rest) if a.startswith("--")), len(rest))]
+
+
 def fewshot_backbone(base: list[str], work: Path) -> str:
     """The pretrained encoder of `base` (a fusion_fewshot command line without --out): its
     miniature pretraining and one FT unit, in a process of its own, untimed."""
@@ -225,15 +247,25 @@ def two_ways(base: list[str], ways: dict[str, list[str]], work: Path, units) -> 
 
 def drift(a: dict, b: dict) -> dict:
     """How far two ways' results ({unit: {field: number or None}}) are apart: the units only
-    one of them has, how many shared units differ at all, and each field's largest absolute
-    difference over the shared units."""
+    one of them has, how many shared units differ at all, each field's largest absolute
+    difference over the shared units, and the fields that could not be compared somewhere
+    (a number on one side only, or a NaN)."""
     shared = sorted(set(a) & set(b))
     largest: dict[str, float] = {}
+    incomparable: set[str] = set()
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
     for u in shared:
-        for field in set(a[u]) & set(b[u]):
-            x, y = a[u][field], b[u][field]
-            if isinstance(x, (int, float)) and isinstance(y, (int, float)):
-                largest[field] = max(largest.get(field, 0.0), abs(float(x) - float(y)))
+        for field in set(a[u]) | set(b[u]):
+            x, y = a[u].get(field), b[u].get(field)
+            if number(x) and number(y):
+                d = abs(float(x) - float(y))
+                if math.isnan(d):
+                    incomparable.add(field)
+                else:
+                    largest[field] = max(largest.get(field, 0.0), d)
+            elif number(x) or number(y):
+                incomparable.add(field)
     return {"only_in_one": sorted(set(a) ^ set(b)), "units_compared": len(shared),
             "units_that_differ": sum(a[u] != b[u] for u in shared),
-            "largest_abs_difference": dict(sorted(largest.items()))}
+            "largest_abs_difference": dict(sorted(largest.items())),
+            "fields_not_compared": sorted(incomparable)}

@@ -175,7 +175,7 @@ def test_attention_is_a_run_time_option(model, tmp_path):
 # ----------------------------------------------------------------------------- bf16 end to end
 
 def test_bf16_train_step_keeps_float32_params_optimizer_state_and_loss():
-    """One real train step (as train.py builds it, on the 8 test devices) with bf16 compute and
+    """One real train step (as train.py builds it, on one device) with bf16 compute and
     the dot_product attention: the loss is float32 and close to the float32 model's, and the
     parameters and AdamW moments stay float32 after the update."""
     def one_step(model_cfg):

@@ -109,7 +109,7 @@ def test_grid_mode_times_both_ways_and_compares_every_unit(tmp_path, shared_data
     res = bench_fusion.main([
         "--grid", "--ner-dir", str(ner), "--workdir", str(tmp_path / "work"), "--out", str(out),
         "--backbone", str(bert), "--grid-extra", "--methods dwatt --shots 8 --trials 1 "
-        "--finetune run.steps=4 run.eval_every=2 task.eval_max=20"])
+        "--finetune run.steps=4 run.eval_every=2 task.eval_max=20 mesh.data=1"])
     disk = json.loads(out.read_text())
     assert disk["backbone"] == str(bert)
     assert disk["cached"]["units"] == disk["uncached"]["units"] == 1
@@ -123,3 +123,5 @@ def test_grid_mode_times_both_ways_and_compares_every_unit(tmp_path, shared_data
              for n in ("cached", "uncached")}
     assert plans["uncached"]["fusion.cache"] is False and "fusion.cache" not in plans["cached"]
     assert plans["cached"]["run.steps"] == plans["uncached"]["run.steps"] == 4
+    assert plans["uncached"]["mesh.data"] == 1  # the rest of the --finetune list, repeated
+    assert disk["drift"]["units_that_differ"] == 0

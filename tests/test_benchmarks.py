@@ -3,6 +3,7 @@ PyTorch reference model of bench_vs_torch (same loss, gradients and AdamW step a
 identical weights)."""
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -109,13 +110,33 @@ def test_bench_trials_quick_json_consistent(tmp_path):
 def test_drift_by_hand():
     from common import drift
 
-    a = {"u1": {"f1": 0.5, "step": 4}, "u2": {"f1": 0.25, "step": 2, "acc": None},
-         "only_a": {"f1": 1.0}}
-    b = {"u1": {"f1": 0.5, "step": 4}, "u2": {"f1": 0.125, "step": 6, "acc": 0.5},
-         "only_b": {"f1": 0.0}}
+    a = {"u1": {"f1": 0.5, "step": 4, "loss": float("nan")},
+         "u2": {"f1": 0.25, "step": 2, "acc": None}, "only_a": {"f1": 1.0}}
+    b = {"u1": {"f1": 0.5, "step": 4, "loss": 1.0},
+         "u2": {"f1": 0.125, "step": 6, "acc": 0.5}, "only_b": {"f1": 0.0}}
     assert drift(a, b) == {"only_in_one": ["only_a", "only_b"], "units_compared": 2,
-                           "units_that_differ": 1,
-                           "largest_abs_difference": {"f1": 0.125, "step": 4.0}}
+                           "units_that_differ": 2,
+                           "largest_abs_difference": {"f1": 0.125, "step": 4.0},
+                           "fields_not_compared": ["acc", "loss"]}
+
+
+def test_last_list_and_the_backbone_command(tmp_path, monkeypatch):
+    """The uncached grid repeats the last --finetune list (argparse keeps the last one), in
+    either spelling; the untimed pretraining is the experiment's own command, one FT unit."""
+    import common
+
+    argv = ["x", "--finetune", "a=1", "b=2", "--methods", "dwatt", "--finetune=c=3", "d=4"]
+    assert common.last_list(argv, "--finetune") == ["c=3", "d=4"]
+    assert common.last_list(argv[:5], "--finetune") == ["a=1", "b=2"]
+    assert common.last_list(["x"], "--finetune") == []
+    ran = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    base = common.fewshot_grid_command("NER", "--shots 8 --trials 1")
+    assert base[1:] == ["-m", "jaxdepth.experiments.fusion_fewshot", "all", "--ner-dir", "NER",
+                        "--preset", "miniature", "--modes", "fe", "--shots", "8", "--trials", "1"]
+    assert common.fewshot_backbone(base, tmp_path) == str(tmp_path / "pretrain_only" / "pretrain")
+    assert ran == [base + ["--out", str(tmp_path / "pretrain_only"), "--methods", "base",
+                           "--shots", "8", "--modes", "ft", "--trials", "1"]]
 
 
 def test_sweep_units_read_a_sweep_directory(tmp_path):
@@ -166,7 +187,8 @@ def test_bench_trials_runs_each_experiment_both_ways(tmp_path, monkeypatch):
     assert res["slice"]["speedup"] == pytest.approx(60 / 75) and "within_target" not in res["slice"]
     assert res["slice"]["drift"] == {"only_in_one": [], "units_compared": 1,
                                      "units_that_differ": 1,
-                                     "largest_abs_difference": {"f1": 2 ** -20}}
+                                     "largest_abs_difference": {"f1": 2 ** -20},
+                                     "fields_not_compared": []}
     with pytest.raises(SystemExit, match="needs --ner-dir"):
         bench_trials.main(["--parts", "grid", "--out", str(out)])
 

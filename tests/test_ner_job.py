@@ -353,6 +353,7 @@ def test_ner_run_reports_best_dev_and_test_at_best(ner_run, wikiann_dir):
     assert report["best_dev_f1"] > 0.3, evals
 
 
+@pytest.mark.fake_devices  # eval.py's mesh: data-parallel over gcd(batch, 8 devices)
 def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir, capsys):
     from jaxdepth.data.subwords import SentencePieceWords
     from jaxdepth.data.tokenizer import Tokenizer

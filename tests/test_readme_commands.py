@@ -221,8 +221,8 @@ FULL_ONLY: dict[str, str] = {
         "runs/bert-mini runs the NER pipeline",
 }
 
-# Appended to every command that runs: they only make it shorter. mesh.data 1: the suite's 8
-# fake CPU devices (conftest.py) are not the user's machine; one device is what a CPU gives.
+# Appended to every command that runs: they only make it shorter. mesh.data 1: one device, as
+# a user's CPU gives (what the tests see anyway, conftest.py; kept for a run with -p no:...).
 # data.batch_size 8: a step of 32 sequences costs seconds on a loaded 2-core machine.
 # data.grammar_docs 2000, not fewer: the tokenizer of runs/default must keep the semantic
 # parsing task's longest training example within data.seq_len 128, as the default run's does

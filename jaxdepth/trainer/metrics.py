@@ -10,17 +10,22 @@ from ..errors import writing
 def _summary_writer():
     """tensorboardX's SummaryWriter, imported without torch. tensorboardX imports torch when it
     is installed, only to accept torch tensors (we write Python floats); that import is 3-4 s
-    of every run's start-up on a CPU machine, more than a small run's compilation."""
+    of every run's start-up on a CPU machine, more than a small run's compilation. While the
+    block is in place (this import only, on the main thread before training starts) an
+    `import torch` elsewhere would fail too."""
     import sys
 
-    if "tensorboardX" in sys.modules or "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
-        return SummaryWriter
-    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
-        del sys.modules["torch"]
+    if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, as tensorboardX expects
+        try:
+            from tensorboardX import SummaryWriter
+            return SummaryWriter
+        except ValueError:  # a tensorboardX probing with importlib.util.find_spec: import as is
+            for name in [m for m in sys.modules if m.startswith("tensorboardX")]:
+                del sys.modules[name]
+        finally:
+            del sys.modules["torch"]
+    from tensorboardX import SummaryWriter
     return SummaryWriter
 
 
