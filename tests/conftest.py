@@ -22,13 +22,9 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # One persistent XLA compilation cache for the session, made by the process that starts it and
-# used by every train.py (and experiment) subprocess: the suite starts the same small programs
-# (a tiny model's train step, its evaluation) in many processes, and a cached executable is the
-# same program, so results are unchanged. Removed at the end. The test processes themselves
-# (the xdist workers) do not read it (below): a worker once died of a segfault inside XLA's
-# deserialization of a cached executable (jax compilation_cache.get_executable_and_time), after
-# loading hundreds of them into one long-lived process; a worker's own in-memory cache still
-# compiles each program once.
+# inherited by both xdist workers and every train.py subprocess: the suite compiles the same
+# small programs (a tiny model's train step, its evaluation) in many tests and processes, and
+# a cached executable is the same program, so results are unchanged. Removed at the end.
 if "PYTEST_XDIST_WORKER" not in os.environ and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     import tempfile
 
@@ -45,7 +41,6 @@ import pytest
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
-jax.config.update("jax_enable_compilation_cache", False)  # this process only (above)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
