@@ -45,24 +45,6 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-# The files that take longest (worker-seconds at the last measurement, most first). xdist
-# hands whole files to the two workers in collection order (`--no-loadscope-reorder` in
-# pyproject.toml; its default order is by number of tests), so starting these first keeps
-# either worker from being left with a long file at the end while the other idles. A stale
-# list only costs balance, never a result.
-LONGEST_FIRST = ("test_trials.py", "test_training.py", "test_encoder_training.py",
-                 "test_interrupts.py", "test_readme_commands.py", "test_streaming_training.py",
-                 "test_finetune.py", "test_ner_job.py", "test_fused.py", "test_bench_fusion.py",
-                 "test_depth_sweep.py", "test_benchmarks.py", "test_faults.py",
-                 "test_state_cache.py", "test_resume_data.py", "test_decoder.py",
-                 "test_bench_data.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file
-
-
 def pytest_unconfigure(config):
     if _XLA_CACHE is not None:
         import shutil
