@@ -80,7 +80,7 @@ def _tiny_hf_bert(directory, ner_dir):
     """A random 1-layer BERT (d 32) in Hugging Face layout whose WordPiece vocabulary is the
     words of the NER files: a backbone for --grid without the experiment's pretraining (a
     process of its own, a third of this test's time when it pretrained)."""
-    from test_encoder_hf import random_arrays
+    from test_encoder_hf import hf_config, random_arrays
     from test_ner_job import _write_wordpiece
 
     from jaxdepth.data.ner import read_wikiann
@@ -88,13 +88,9 @@ def _tiny_hf_bert(directory, ner_dir):
 
     words = sorted({w for split in ("train", "dev", "test")
                     for s in read_wikiann(ner_dir / split) for w in s.tokens})
-    V, D, L, F, P = len(_write_wordpiece(directory, words)), 32, 1, 64, 128
-    save_hf_checkpoint(directory, random_arrays("bert", heads=False, sizes=(V, D, L, F, P)),
-                       {"model_type": "bert", "vocab_size": V, "hidden_size": D,
-                        "num_attention_heads": 2, "num_hidden_layers": L,
-                        "intermediate_size": F, "max_position_embeddings": P,
-                        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
-                        "hidden_dropout_prob": 0.1, "pad_token_id": 0})
+    sizes = (len(_write_wordpiece(directory, words)), 32, 1, 64, 128)  # V, D, L, F, P
+    save_hf_checkpoint(directory, random_arrays("bert", heads=False, sizes=sizes),
+                       hf_config("bert", sizes, heads=2))
     return directory
 
 

@@ -22,8 +22,13 @@ from jaxdepth.models.hf_import import (
 V, D, N, L, F, P = 50, 32, 2, 3, 64, 40
 
 
-def hf_config(model_type="bert"):
-    cfg = {"model_type": model_type, "vocab_size": V, "hidden_size": D, "num_attention_heads": N,
+def hf_config(model_type="bert", sizes=None, heads=None):
+    """An HF config.json of a BERT/RoBERTa; sizes = (V, D, L, F, P) and heads, default the
+    module's (random_arrays' sizes)."""
+    V, D, L, F, P = sizes or (globals()["V"], globals()["D"], globals()["L"], globals()["F"],
+                              globals()["P"])
+    cfg = {"model_type": model_type, "vocab_size": V, "hidden_size": D,
+           "num_attention_heads": heads or N,
            "num_hidden_layers": L, "intermediate_size": F, "max_position_embeddings": P,
            "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
            "hidden_dropout_prob": 0.1, "pad_token_id": 0}

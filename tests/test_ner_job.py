@@ -565,12 +565,8 @@ def test_ner_on_a_hugging_face_backbone(wikiann_dir, tmp_path):
         wikiann_dir / "dev") + read_wikiann(wikiann_dir / "test") for w in s.tokens} - {"UNESCO"})
     vocab = _write_wordpiece(hf, words, extra=["UN", "##ES", "##CO"])  # UNESCO: 3 pieces
     V, D, L, F, P = len(vocab) + 3, 32, 2, 64, 40
-    save_hf_checkpoint(hf, _bert_arrays(V, D, L, F, P),
-                       {"model_type": "bert", "vocab_size": V, "hidden_size": D,
-                        "num_attention_heads": 2, "num_hidden_layers": L, "intermediate_size": F,
-                        "max_position_embeddings": P, "type_vocab_size": 2,
-                        "layer_norm_eps": 1e-12, "hidden_act": "gelu",
-                        "hidden_dropout_prob": 0.1, "pad_token_id": 0})
+    from test_encoder_hf import hf_config
+    save_hf_checkpoint(hf, _bert_arrays(V, D, L, F, P), hf_config("bert", (V, D, L, F, P), 2))
 
     run = tmp_path / "ner_hf"
     summary = train(_ner_cfg(run, wikiann_dir, task={"init_from": str(hf)},

@@ -15,17 +15,14 @@ def _summary_writer():
     `import torch` elsewhere would fail too."""
     import sys
 
-    if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+    blocked = "tensorboardX" not in sys.modules and "torch" not in sys.modules
+    if blocked:
         sys.modules["torch"] = None  # `import torch` raises ImportError, as tensorboardX expects
-        try:
-            from tensorboardX import SummaryWriter
-            return SummaryWriter
-        except ValueError:  # a tensorboardX probing with importlib.util.find_spec: import as is
-            for name in [m for m in sys.modules if m.startswith("tensorboardX")]:
-                del sys.modules[name]
-        finally:
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if blocked:
             del sys.modules["torch"]
-    from tensorboardX import SummaryWriter
     return SummaryWriter
 
 
