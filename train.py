@@ -6,9 +6,6 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from jaxdepth.runtime import tune_malloc
-
-    tune_malloc()  # before jax allocates anything
     from jaxdepth.errors import run_main
 
     return run_main(lambda: _train(argv), debug="--debug" in argv)
@@ -79,4 +76,7 @@ def print_summary(s: dict, task) -> None:
 
 
 if __name__ == "__main__":
+    from jaxdepth.runtime import tune_malloc
+
+    tune_malloc()  # the process is ours: before jax allocates anything
     sys.exit(main(sys.argv[1:]))

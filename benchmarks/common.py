@@ -2,9 +2,10 @@
 timing, the record of the machine, tables, JSON output and the real LM train step.
 
 A benchmark imports this module before anything that allocates (jax, numpy arrays): importing
-it puts the checkout on ``sys.path`` (the scripts run uninstalled) and applies
-``jaxdepth.runtime.tune_malloc()`` as ``train.py`` does, so that every contestant runs with the
-same allocator settings.
+it puts the checkout on ``sys.path`` (the scripts run uninstalled) and, when the process is a
+benchmark script, applies ``jaxdepth.runtime.tune_malloc()`` as ``train.py`` does, so that every
+contestant runs with the same allocator settings (a test that imports a benchmark as a module
+leaves its process's allocator alone).
 """
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from typing import Callable, Iterable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 from jaxdepth.runtime import tune_malloc  # noqa: E402
 
-MALLOC_TUNED = tune_malloc()  # before any large allocation; applies to every contestant alike
+_MAIN = getattr(sys.modules["__main__"], "__file__", None) or ""
+# before any large allocation; applies to every contestant alike
+MALLOC_TUNED = Path(_MAIN).resolve().parent == Path(__file__).resolve().parent and tune_malloc()
 
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402

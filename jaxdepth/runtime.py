@@ -3,7 +3,13 @@
 XLA:CPU allocates its large temporaries with malloc. glibc serves big requests with fresh
 mmap()s and returns freed memory to the OS, so every step page-faults its buffers in again
 (measured: ~650k minor faults and ~1 s of kernel time per 41M-class step on 2 cores). Keeping
-freed memory in the heap removes that cost. Call this before the first large allocation.
+freed memory in the heap removes that cost.
+
+The settings are the whole process's, so only a process's own entry point applies them, before
+the first large allocation (``python train.py``, ``python -m jaxdepth.experiments.depth_sweep``,
+a benchmark script); calling ``train.main`` from a notebook or a test worker leaves that
+process's allocator as it is (changed mid-life under threads that already hold arenas, it was
+suspected in the test workers' crashes).
 """
 from __future__ import annotations
 

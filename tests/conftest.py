@@ -42,6 +42,11 @@ import pytest
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
+# torch loads its native libraries and an OpenMP pool into a process for good, and a test worker
+# lives for the whole suite, compiling hundreds of XLA programs: test_vs_torch.py runs only in
+# the fresh interpreter that test_benchmarks.py starts for it.
+collect_ignore = [] if os.environ.get("JAXDEPTH_TORCH_PROCESS") else ["test_vs_torch.py"]
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 

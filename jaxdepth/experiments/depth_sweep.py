@@ -429,8 +429,6 @@ def plan_from_args(args) -> Plan | None:
 
 
 def main(argv=None) -> int:
-    from ..runtime import tune_malloc
-    tune_malloc()
     args = parse(sys.argv[1:] if argv is None else argv)
     return run_main(lambda: _run(args), debug=args.debug)  # a user's error: one line, exit 2
 
@@ -463,4 +461,7 @@ def _run(args) -> int:
 
 
 if __name__ == "__main__":
+    from ..runtime import tune_malloc
+
+    tune_malloc()  # the process is ours (see runtime.tune_malloc)
     sys.exit(main())
