@@ -276,4 +276,7 @@ def _run(args) -> int:
 
 
 if __name__ == "__main__":
+    from ..runtime import tune_malloc
+
+    tune_malloc()  # the process is ours, as train.py's and depth_sweep's (runtime.tune_malloc)
     sys.exit(main())
