@@ -224,6 +224,14 @@ def _save(tmp_path, arrays, cfg=None):
     return tmp_path
 
 
+@pytest.mark.parametrize("cut", [4, 200])  # inside the length prefix; inside the weights
+def test_a_truncated_weights_file_names_it(tmp_path, cut):
+    st = _save(tmp_path, random_arrays()) / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:cut])
+    with pytest.raises(ValueError, match=r"model\.safetensors: not a readable safetensors file"):
+        load_hf_encoder(tmp_path)
+
+
 def test_missing_tensor(tmp_path):
     a = random_arrays()
     del a["encoder.layer.1.attention.self.key.bias"]

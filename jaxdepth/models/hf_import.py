@@ -1,10 +1,6 @@
 """Load Hugging Face BERT/RoBERTa checkpoints (``config.json`` + ``model.safetensors``) into
-``models.encoder.Encoder``, without torch, transformers or the ``safetensors`` package.
-
-The safetensors format: 8 bytes little-endian u64 N, then N bytes of JSON mapping each tensor
-name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative to the end of the
-header; an optional ``"__metadata__"`` entry holds strings), then the raw little-endian bytes.
-F32/F16/BF16 (and F64, integer types) are decoded with NumPy; BF16 via uint16 -> uint32 << 16.
+``models.encoder.Encoder``, without torch or transformers: the weights are read with the
+``safetensors`` package's NumPy API (BF16 through ``ml_dtypes``, which jax depends on).
 
 Tensor names (an optional ``bert.`` / ``roberta.`` prefix is stripped)::
 
@@ -31,14 +27,16 @@ from __future__ import annotations
 import json
 import logging
 import re
-import struct
 from pathlib import Path
 from typing import Mapping
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 from ..config import EncoderConfig
 from .encoder import Encoder
@@ -49,96 +47,39 @@ SAFETENSORS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 SUPPORTED_MODEL_TYPES = ("bert", "roberta")
 
-_NP_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8", "I32": "<i4",
-              "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
-
-
 # ------------------------------------------------------------------------------ safetensors I/O
 
-def bf16_bits_to_f32(bits_u16: np.ndarray) -> np.ndarray:
-    return (bits_u16.astype(np.uint32) << 16).view(np.float32)
-
-
-def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round to nearest even (NaNs stay NaN)."""
-    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
-    nan = np.isnan(np.asarray(x, np.float32))
-    return np.where(nan, np.uint16(0x7FC0), rounded).astype(np.uint16)
-
-
-def read_safetensors_header(path: str | Path) -> tuple[dict, int]:
-    """(header without __metadata__, byte offset where the data starts)."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        header = json.loads(f.read(n).decode("utf-8"))
-    header.pop("__metadata__", None)
-    return header, 8 + n
+_HALF = ("float16", "bfloat16")
 
 
 def read_safetensors(path: str | Path, names=None) -> dict[str, np.ndarray]:
-    """Decode tensors (all, or only ``names``) to NumPy; F16/BF16 come back as float32."""
-    header, start = read_safetensors_header(path)
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    out = {}
-    for name, info in header.items():
-        if names is not None and name not in names:
-            continue
-        dtype, shape = info["dtype"], tuple(info["shape"])
-        begin, end = info["data_offsets"]
-        buf = data[start + begin:start + end]
-        if dtype == "BF16":
-            arr = bf16_bits_to_f32(np.frombuffer(buf, "<u2"))
-        elif dtype in _NP_DTYPES:
-            arr = np.frombuffer(buf, _NP_DTYPES[dtype])
-            if dtype == "F16":
-                arr = arr.astype(np.float32)
-        else:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
-        if arr.size != int(np.prod(shape)):
-            raise ValueError(f"{path}: tensor {name!r} holds {arr.size} values, shape {shape}")
-        out[name] = np.array(arr.reshape(shape))  # copy out of the memmap
-    return out
+    """Decode tensors (all, or only ``names``) to NumPy; F16/BF16 come back as float32 (exact:
+    every half-precision value is a float32)."""
+    try:
+        with safe_open(str(path), framework="np") as f:
+            keys = [k for k in f.keys() if names is None or k in names]
+            out = {k: f.get_tensor(k) for k in keys}
+    except SafetensorError as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+    return {k: v.astype(np.float32) if v.dtype.name in _HALF else v for k, v in out.items()}
 
 
 def write_safetensors(path: str | Path, arrays: Mapping[str, np.ndarray],
                       dtype: str | None = None, metadata: Mapping[str, str] | None = None) -> None:
-    """Write ``arrays``; ``dtype`` ("F32", "F16", "BF16") converts floating arrays on the way."""
-    if dtype not in (None, "F32", "F16", "BF16"):
+    """Write ``arrays``; ``dtype`` ("F32", "F16", "BF16") converts floating arrays on the way
+    (BF16 rounds to nearest even, as XLA converts)."""
+    to = {None: None, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
+    if dtype not in to:
         raise ValueError(f"dtype must be None, 'F32', 'F16' or 'BF16', got {dtype!r}")
-    header, chunks, offset = {}, [], 0
-    inverse = {np.dtype(v): k for k, v in _NP_DTYPES.items()}
-    for name in sorted(arrays):
-        a = np.asarray(arrays[name])
-        if a.dtype.name == "bfloat16":  # an ml_dtypes array
-            tag, raw = "BF16", a.view(np.uint16).astype("<u2").tobytes()
-        elif np.issubdtype(a.dtype, np.floating) and dtype == "BF16":
-            tag, raw = "BF16", f32_to_bf16_bits(a).astype("<u2").tobytes()
-        elif np.issubdtype(a.dtype, np.floating) and dtype in ("F16", "F32"):
-            tag, raw = dtype, a.astype(_NP_DTYPES[dtype]).tobytes()
-        else:
-            a = a.astype(a.dtype.newbyteorder("<")) if a.dtype.byteorder == ">" else a
-            key = np.dtype(a.dtype.str.replace("=", "<").replace("|", ""))
-            tag = inverse.get(np.dtype(a.dtype)) or inverse.get(key)
-            if tag is None:
-                raise ValueError(f"tensor {name!r}: dtype {a.dtype} cannot be written")
-            raw = np.ascontiguousarray(a).tobytes()
-        header[name] = {"dtype": tag, "shape": list(a.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    head += b" " * (-len(head) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)))
-        f.write(head)
-        for c in chunks:
-            f.write(c)
+    out = {}
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        if to[dtype] is not None and (np.issubdtype(a.dtype, np.floating)
+                                      or a.dtype.name == "bfloat16"):
+            a = a.astype(to[dtype])
+        out[name] = a
+    meta = {str(k): str(v) for k, v in (metadata or {}).items()} or None
+    save_file(out, str(path), metadata=meta)
 
 
 def save_hf_checkpoint(directory: str | Path, arrays: Mapping[str, np.ndarray], config: Mapping,
