@@ -711,7 +711,7 @@ def kind_of(cfg: Config) -> tuple[str, dict]:
 RECIPES: dict[str, dict] = {
     # The default run: Adafactor's parameter-relative updates suit the t5x initialisation
     # (N(0, 1) embeddings next to 1/sqrt(fan-in) kernels); it learns the grammar's syntax
-    # where AdamW at 1e-2 does not (README).
+    # where AdamW at 1e-2 does not (docs/training.md).
     "lm": dict(name="adafactor", lr=6e-2, schedule="cosine", warmup_steps=50, min_lr_ratio=0.1,
                weight_decay=0.0, b1=0.9, b2=0.99, eps=1e-8, clip_norm=1.0),
     # t5x fine-tuning (Petty et al.): Adafactor at a constant 1e-3, no warmup, no clipping.
@@ -970,7 +970,7 @@ ACT_PRETRAINING = {"name": "lamb", "lr": 1.76e-3, "schedule": "linear", "min_lr_
 
 
 def cogs_cpu() -> dict[str, dict]:
-    """COGS at CPU scale (README, "COGS on two CPU cores"): the small class's 4-layer member
+    """COGS at CPU scale (docs/depth.md, "COGS on two CPU cores"): the small class's 4-layer member
     trained from scratch within an hour on 2 cores. Measured choices: 4 heads (one or two
     wide heads learn to copy slowly), a BPE tokenizer (sequences 1.7x shorter than unigram's
     at this vocabulary), packed rows (several examples per step at no padding cost), and
@@ -1004,7 +1004,7 @@ def presets() -> dict[str, dict]:
             out[f"{arch}-{size}"] = {
                 "model": {"arch": arch}, "act": dict(act),
                 "optim": {**ACT_PRETRAINING, "warmup_steps": 3125 if size == "base" else 100}}
-    # ACT with halting that differs by token at CPU scale (README, "Halting that differs by
+    # ACT with halting that differs by token at CPU scale (docs/act.md, "Halting that differs by
     # token"): act-tiny where every token starts at M iterations (b_h = -2, p ~ 0.12) and a
     # small ponder weight pulls them down unevenly; with b_h = 0 every token locks at N = 2.
     tiny = out["act-tiny"]

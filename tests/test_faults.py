@@ -1,6 +1,6 @@
 """Faults and bad input against train.py and eval.py: each case is a clean recovery, or one
 line naming the file (and line) with exit code 2 (jaxdepth/errors.py), and no checkpoint is
-lost. The README's "What happens when…" table lists the same cases.
+lost. The "What happens when…" table of docs/faults.md lists the same cases.
 
 Runs are tiny (tiny-L2, 32-token windows, batches of 8, one device) and in-process where the
 case allows; a subprocess only where the case needs a process of its own: a lock held by
@@ -342,7 +342,7 @@ def test_task_files_are_named_in_errors(tmp_path, train_main, capsys, split, con
 
 
 def test_an_empty_directory_given_as_the_corpus(tmp_path, train_main, capsys):
-    """A directory stands for the files in it (README, Data); one without any is named."""
+    """A directory stands for the files in it (docs/data.md); one without any is named."""
     empty = tmp_path / "corpus"
     empty.mkdir()
     code, _, err = call(train_main, argv(tmp_path / "run", "", **{"data.corpus": empty}),

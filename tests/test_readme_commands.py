@@ -446,12 +446,15 @@ def runs(module_runs, request):
 # ----------------------------------------------------------------------------- tests
 
 def test_commands_are_found():
-    """The extractor cannot rot silently: the README has its commands, each file is read."""
+    """The extractor cannot rot silently: the documents have their commands (the README its
+    quickstart; the docs pages the rest), each file is read."""
     by_file = {}
     for c in COMMANDS:
         by_file.setdefault(c.where.split(":")[0], []).append(c)
-    assert len(COMMANDS) > 0
-    assert len(by_file.get("README.md", [])) >= 20, sorted(by_file)
+    assert len(COMMANDS) >= 30, len(COMMANDS)
+    assert "" in {c.key for c in by_file.get("README.md", [])}, sorted(by_file)
+    for page in ("docs/training.md", "docs/data.md", "docs/act.md", "docs/fusion.md"):
+        assert by_file.get(page), sorted(by_file)
     # a continued command is read whole, comments and "..." dropped
     keys = {c.key for c in COMMANDS}
     assert "--preset act-cpu --run.dir runs/act-cpu" in keys

@@ -99,7 +99,7 @@ def test_start_up_names_what_came_from_the_recipe():
 
 
 def test_experiments_pin_their_whole_recipe():
-    """The experiments' recipes are what their README tables were measured with, whatever the
+    """The experiments' recipes are what their documented tables were measured with, whatever the
     kinds' recipes become."""
     from jaxdepth.experiments import fusion_fewshot as ff
     from jaxdepth.experiments.depth_sweep import MINIATURE, PAPER_FINETUNE

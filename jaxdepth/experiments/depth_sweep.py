@@ -82,8 +82,8 @@ class Plan:
 
 
 # The miniature sweep: the CPU-scale "tiny" family on the embedded grammar, 3 depths x 2 seeds x
-# 2 tasks plus a from-scratch control, under 45 minutes on 2 CPU cores (README). Measured
-# choices (README, "The miniature sweep"): 4 attention heads of 16 (one head of 64 never learns
+# 2 tasks plus a from-scratch control, under 45 minutes on 2 CPU cores (docs/depth.md). Measured
+# choices (docs/depth.md, "The miniature sweep"): 4 attention heads of 16 (one head of 64 never learns
 # to copy the nouns of semantic parsing), 20,000 training examples packed several to a row
 # (2,000 are memorised), and Adafactor's parameter-relative steps, which suit the t5x init
 # (AdamW at 3e-3 reached 1% exact match where Adafactor reached 88%, same steps). The

@@ -32,7 +32,7 @@ from .depth_sweep import _nested, _overrides
 from .plan_file import PlannedExperiment
 
 # Few-shot fine-tuning as docs/design.md §4: AdamW, linear decay to 0, lr 5e-5, batch 16.
-# Every optimizer field is pinned (β2 0.99, ε 1e-8, clipping 1.0: the values the README's
+# Every optimizer field is pinned (β2 0.99, ε 1e-8, clipping 1.0: the values docs/fusion.md's
 # tables were measured with), so the experiment does not follow the ner kind's recipe.
 PINNED_ADAM = {"optim.b1": 0.9, "optim.b2": 0.99, "optim.eps": 1e-8, "optim.clip_norm": 1.0}
 PAPER_FINETUNE = {"optim.name": "adamw", "optim.lr": 5e-5, "optim.schedule": "linear",
