@@ -65,7 +65,7 @@ def evaluate(run, step: int | None = None, data: str = "", batch: int = 0, split
 
 
 def _evaluate(args) -> dict:
-    from jaxdepth.config import Config
+    from jaxdepth.config import Config, trial_configs
     from jaxdepth.tasks import task_for
     from jaxdepth.tasks.checkpoints import saved_config
 
@@ -75,7 +75,10 @@ def _evaluate(args) -> dict:
 
         run = export_trial(run, args.trial, task_for)
         args = argparse.Namespace(**{**vars(args), "run": str(run)})
-    return task_for(Config.from_dict(saved_config(run))).evaluate_checkpoint(run, args)
+    cfg = Config.from_dict(saved_config(run))
+    if len(trial_configs(cfg)) == 1:  # a solo run: its {seed} paths resolved, as it trained
+        cfg = trial_configs(cfg)[0]
+    return task_for(cfg).evaluate_checkpoint(run, args)
 
 
 def main(argv) -> int:

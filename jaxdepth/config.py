@@ -1025,8 +1025,9 @@ def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:
     return Config.from_dict(d)
 
 
-# In task.init_from or data.tokenizer of a run with trials: replaced by each trial's
-# run.seed, so that trial k starts from the pretraining run of its own seed (runs/pre-s{seed}).
+# In task.init_from or data.tokenizer: replaced by each trial's run.seed (a solo run's own), so
+# that trial k starts from the pretraining run of its own seed (runs/pre-s{seed}), and a trial's
+# config run solo is that trial.
 SEED_FIELD = "{seed}"
 
 
@@ -1051,7 +1052,8 @@ def trial_grid(cfg: Config) -> list[dict]:
 
 def trial_configs(cfg: Config) -> list[Config]:
     """One Config per trial of cfg (trial_grid): cfg with that trial's settings, as the solo
-    run it equals. [cfg] for a run without trials; a one-trial grid is that solo run."""
+    run it equals. [cfg] for a run without trials ({seed} replaced by its run.seed); a
+    one-trial grid is that solo run."""
     overrides = []
     for trial in trial_grid(cfg) or [{}]:
         o: dict[str, dict] = {"run": {"seeds": ""}, "trials": {n: "" for n in TRIAL_FIELDS}}
@@ -1064,8 +1066,9 @@ def trial_configs(cfg: Config) -> list[Config]:
             if SEED_FIELD in value:  # each trial starts from the run of its own seed
                 o.setdefault(sec, {})[name] = value.replace(SEED_FIELD, seed)
         overrides.append(o)
-    if len(overrides) == 1 and not trial_grid(cfg):
-        return [cfg]
+    if len(overrides) == 1 and not trial_grid(cfg):  # a solo run: {seed} is its run.seed
+        seeded = {sec: v for sec, v in overrides[0].items() if sec in ("task", "data")}
+        return [apply_overrides(cfg, seeded) if seeded else cfg]
     return [apply_overrides(cfg, o) for o in overrides]
 
 

@@ -500,6 +500,13 @@ def test_trial_grid_varies_the_seed_fastest():
     assert trial_grid(parse_args(["--trials.task_seed", "3,5", "--run.seed", "7"])) == [
         {"task.seed": 3, "run.seed": 7}, {"task.seed": 5, "run.seed": 7}]
     assert trial_grid(parse_args([])) == [] and trial_configs(parse_args([])) == [parse_args([])]
+    # {seed}: each trial's run.seed, and a solo run's own (so a trial's config runs solo)
+    seeded = ["--task.init_from", "runs/pre-s{seed}", "--data.tokenizer", "t{seed}.model"]
+    got = [(c.task.init_from, c.data.tokenizer)
+           for c in trial_configs(parse_args(seeded + ["--run.seeds", "3,4"]))]
+    assert got == [("runs/pre-s3", "t3.model"), ("runs/pre-s4", "t4.model")]
+    (solo,) = trial_configs(parse_args(seeded + ["--run.seed", "5"]))
+    assert (solo.task.init_from, solo.data.tokenizer) == ("runs/pre-s5", "t5.model")
 
 
 @pytest.mark.parametrize("argv, field", [
