@@ -1,9 +1,13 @@
 """NER data (readers, IOB1 -> IOB2, sub-token alignment, few-shot) and span F1, on hand examples."""
+import random
 from pathlib import Path
 
 import pytest
+from seqeval.metrics.sequence_labeling import get_entities
+from seqeval.scheme import IOB2
+from seqeval.metrics import f1_score
 
-from jaxdepth.analysis.seqeval import f1, spans
+from jaxdepth.analysis.entity_f1 import f1
 from jaxdepth.data.ner import (LABELS, Sentence, align_first_subtoken, encode_tags, entity_types,
                                few_shot_sample, iob1_to_iob2, label_set, read_conll2003,
                                read_wikiann)
@@ -33,15 +37,25 @@ def test_iob1_to_iob2_rejects_bad_tags():
 
 # --- span F1 ---------------------------------------------------------------------------------
 
-def test_spans():
-    assert spans(["B-PER", "I-PER", "O", "B-LOC"]) == {("PER", 0, 2), ("LOC", 3, 4)}
-    # Adjacent B- of the same type: two spans.
-    assert spans(["B-LOC", "B-LOC", "I-LOC"]) == {("LOC", 0, 1), ("LOC", 1, 3)}
-    # I- after O starts a span (seqeval default, conlleval).
-    assert spans(["O", "I-ORG", "I-ORG"]) == {("ORG", 1, 3)}
-    # I- of another type starts a new span and ends the old one.
-    assert spans(["B-PER", "I-LOC", "O"]) == {("PER", 0, 1), ("LOC", 1, 2)}
-    assert spans(["O", "O"]) == set()
+def _random_iob1(rng: random.Random, n: int) -> list[str]:
+    return [rng.choice(["O", "O", "I-PER", "I-LOC", "B-LOC", "I-ORG", "B-PER"]) for _ in range(n)]
+
+
+def test_iob1_converted_to_iob2_keeps_the_spans_seqeval_reads():
+    """Our IOB1 -> IOB2 conversion (CoNLL-2003) gives well-formed IOB2 with the entities that
+    seqeval's default (conlleval) decoding finds in the IOB1 input, and its strict IOB2 mode
+    scores the converted tags as the default mode does."""
+    rng = random.Random(0)
+    seqs = [_random_iob1(rng, rng.randint(1, 12)) for _ in range(300)]
+    for iob1 in seqs:
+        iob2 = iob1_to_iob2(iob1)
+        assert get_entities(iob2) == get_entities(iob1), (iob1, iob2)
+        assert not any(t.startswith("I-") and (i == 0 or iob2[i - 1][2:] != t[2:])
+                       for i, t in enumerate(iob2)), iob2  # every entity opens with B-
+    gold = [iob1_to_iob2(s) for s in seqs]
+    pred = [iob1_to_iob2(_random_iob1(rng, len(s))) for s in seqs]
+    want = f1_score(gold, pred, mode="strict", scheme=IOB2)
+    assert f1(gold, pred)["f1"] == pytest.approx(want, rel=1e-12) and 0 < want < 1
 
 
 def test_f1_half_right():
@@ -71,8 +85,8 @@ def test_f1_errors():
         f1([["O"], ["O"]], [["O"]])
     with pytest.raises(ValueError, match="sequence 0"):
         f1([["O", "O"]], [["O"]])
-    with pytest.raises(ValueError, match="'PER'"):
-        spans(["PER"])
+    with pytest.raises(ValueError, match="predicted sequence 0, tag 1: invalid IOB2 tag 'PER'"):
+        f1([["O", "B-PER"]], [["O", "PER"]])
 
 
 # --- sub-tokens ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.analysis import seqeval
+from jaxdepth.analysis import entity_f1
 from jaxdepth.config import Config, ConfigError
 from jaxdepth.data import ner
 from jaxdepth.data.ner import (CONLL_LABELS, LABELS, Sentence, decode_tags, detect_format,
@@ -163,7 +163,7 @@ def test_encode_sentences_drops_the_tail_and_decode_fills_o():
     assert tags == [["B-PER", "O", "B-LOC"], ["B-ORG", "I-ORG", "O", "O", "O"]]
     # the dropped B-PER of s2 is a missed gold entity: 2 of 3 gold spans found, all predicted right
     gold = [list(s1.tags), list(s2.tags)]
-    assert seqeval.f1(gold, tags) == {"precision": 1.0, "recall": pytest.approx(0.75),
+    assert entity_f1.f1(gold, tags) == {"precision": 1.0, "recall": pytest.approx(0.75),
                                       "f1": pytest.approx(6 / 7)}
 
     # seq_len 5: [CLS] John play ##ing = 4 pieces, "Paris" + [SEP] would make 6
@@ -386,7 +386,7 @@ def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir,
                        [len(s.tokens) for s in test], LABELS)
     assert all(len(p) == len(s.tokens) for p, s in zip(pred, test))
     assert pred == predict_tags(model, arrays, [len(s.tokens) for s in test], LABELS, batch=8)
-    got = seqeval.f1([list(s.tags) for s in test], pred)
+    got = entity_f1.f1([list(s.tags) for s in test], pred)
     final = _read_jsonl(run / "evals.jsonl")[-1]
     assert final["step"] == 30
     for k in ("precision", "recall", "f1"):

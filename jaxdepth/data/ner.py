@@ -3,7 +3,7 @@
 Sources and file formats: docs/datasets.md §7 (WikiAnn) and §8 (CoNLL-2003).
 
 Sentences are returned with IOB2 tags whatever the file's scheme, so the span scorer
-(``jaxdepth.analysis.seqeval``) and the label set only ever see IOB2. Every malformed line
+(``jaxdepth.analysis.entity_f1``) and the label set only ever see IOB2. Every malformed line
 raises ValueError naming ``file:line``.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..analysis import seqeval
+from ..analysis import entity_f1
 from ..config import Config, ConfigError
 from ..data import ner
 from ..data.pipeline import ExampleBatchSource, sample_ids
@@ -322,7 +322,7 @@ class NERTask(FusionTask):
         sents = self.sentences[split]
         pred = predict_tags(model, self.arrays[split], [len(s.tokens) for s in sents],
                             self.labels, self.eval_batch, self.eval_active)
-        return seqeval.f1([list(s.tags) for s in sents], pred)
+        return entity_f1.f1([list(s.tags) for s in sents], pred)
 
     def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
         res = {}
@@ -373,7 +373,7 @@ class NERTask(FusionTask):
             sents = reader.sentences[split]
             pred = predict_tags(model, reader.arrays[split], [len(x.tokens) for x in sents],
                                 reader.labels, cfg.task.eval_batch or cfg.data.batch_size)
-            res[split] = seqeval.f1([list(x.tags) for x in sents], pred)
+            res[split] = entity_f1.f1([list(x.tags) for x in sents], pred)
             tagged[split] = [{"tokens": list(x.tokens), "gold": list(x.tags), "prediction": p}
                              for x, p in zip(sents, pred)]
         with writing_result(res, directory):  # computed first: printed even if not written
