@@ -82,15 +82,15 @@ class ModelConfig:
     # a model that agrees on them. Every other field is a run-time option.
     SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "d_model", "n_layers", "d_ff", "n_heads",
                                         "rel_buckets", "rel_max_distance")
-    vocab_size: int = 512
-    d_model: int = 128
-    n_layers: int = 4
-    d_ff: int = 512
+    vocab_size: int = 512  # tokenizer pieces = embedding rows (a trained tokenizer gets this size)
+    d_model: int = 128  # width of the residual stream
+    n_layers: int = 4  # depth (a depth family trades it for d_ff at equal size: Eq. 1)
+    d_ff: int = 512  # hidden width of each gated-GELU feed-forward block
     n_heads: int = 0  # 0 -> d_model // 64 (at least 1); d_attn = d_model either way
-    rel_buckets: int = 32
-    rel_max_distance: int = 128
-    dropout: float = 0.0
-    z_loss: float = 0.0
+    rel_buckets: int = 32  # T5 relative-position buckets (shared by all layers)
+    rel_max_distance: int = 128  # distance beyond which relative positions share a bucket
+    dropout: float = 0.0  # dropout rate in every layer (decoder / encoder); 0 off
+    z_loss: float = 0.0  # weight of the z-loss log(Z)^2 on the output logits; 0 off
     compute_dtype: str = "float32"  # parameters stay float32; "bfloat16" computes in bf16
     remat: str = "none"  # none | full | dots (save matmul outputs, recompute the rest)
     scan_layers: bool = True  # False runs a Python loop over layers (tests, debugging)
@@ -151,7 +151,7 @@ class DataConfig:
     # re-tokenizes it (data/streaming.py, data/prepare.py). Every resume given it restarts.
     restart_stream: bool = False
     tokenizer_sample: int = 50_000  # streaming: documents the tokenizer is trained on
-    valid_fraction: float = 0.05
+    valid_fraction: float = 0.05  # documents held out for validation when data.valid is empty
     valid_seed: int = 1234  # which documents valid_fraction holds out (any corpus)
     grammar_docs: int = 20000  # enough that the default run's 400 steps see each about twice
     grammar_seed: int = 1234  # the embedded grammar's documents
@@ -159,7 +159,7 @@ class DataConfig:
     # The SentencePiece algorithm of a trained tokenizer. unigram is T5's; at a few hundred
     # pieces bpe keeps frequent words and symbols whole (COGS: 56 pieces per example, not 97).
     tokenizer_type: str = "unigram"
-    seq_len: int = 128
+    seq_len: int = 128  # tokens per training sequence (window, packed row or encoder input)
     batch_size: int = 32  # global batch, in sequences, per optimizer step
     mask_rate: float = 0.15  # encoders (MLM): share of tokens to predict
     max_predictions: int = 20  # encoders (MLM): cap per sequence (ALBERT's)
@@ -197,12 +197,12 @@ class OptimConfig:
     name: str = None  # adamw | adafactor | lamb
     lr: float = None  # adafactor: relative to each parameter's RMS
     schedule: str = None  # constant | linear | cosine | rsqrt (t5x: lr / sqrt(max(step, warmup)))
-    warmup_steps: int = None
+    warmup_steps: int = None  # steps of linear warmup from 0 to lr
     min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr
-    weight_decay: float = None
-    b1: float = None
-    b2: float = None
-    eps: float = None
+    weight_decay: float = None  # decoupled (AdamW/LAMB), never on norm scales and biases
+    b1: float = None  # adamw / lamb: first-moment decay
+    b2: float = None  # adamw / lamb: second-moment decay
+    eps: float = None  # adamw / lamb: added to the root of the second moment
     clip_norm: float = None  # 0 disables global-norm clipping
     accum_steps: int = 1  # micro-batches per optimizer step
     # The RECIPE_FIELDS that were left unset, filled from a recipe (Config refills them from
@@ -248,8 +248,8 @@ class MeshConfig:
     model: int = 1  # tensor parallelism over heads / MLP / vocab
     fsdp: bool = False  # also shard parameters and optimizer state over the data axis
     coordinator: str = ""  # host:port of process 0; set for multi-process runs
-    num_processes: int = 1
-    process_id: int = 0
+    num_processes: int = 1  # processes (hosts) of a multi-process run
+    process_id: int = 0  # this process's index, 0 .. num_processes - 1
 
     def __post_init__(self):
         _require(self.data == -1 or self.data > 0, "mesh.data", "must be -1 or positive")
@@ -262,18 +262,18 @@ class MeshConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    dir: str = "runs/default"
-    seed: int = 0
-    steps: int = 400
-    log_every: int = 10
-    eval_every: int = 100
+    dir: str = "runs/default"  # the run directory: data, checkpoints, metrics, summary.json
+    seed: int = 0  # initialisation, data order and dropout
+    steps: int = 400  # optimizer steps in all; raising it on a finished run resumes it
+    log_every: int = 10  # steps between metrics.jsonl / TensorBoard records
+    eval_every: int = 100  # steps between evaluations (and one at the end)
     eval_batches: int = 0  # 0: the whole validation set
-    save_every: int = 100
+    save_every: int = 100  # steps between checkpoints (and one at the end)
     keep: int = 3  # checkpoints retained (the latest ones)
     samples: int = 3  # continuations sampled from the model, printed at the end
-    sample_tokens: int = 24
+    sample_tokens: int = 24  # tokens of each sampled continuation
     grammar_samples: int = 64  # embedded grammar: sampled continuations scored by its recognizer
-    progress: bool = True
+    progress: bool = True  # a progress bar on the terminal
     stop_after: int = 0  # >0: exit after this many steps in this invocation (tests, preemption drills)
     # comma-separated run.seed values trained side by side as trials of one compiled program
     # (trainer/trials.py); empty: one run of run.seed
@@ -402,20 +402,21 @@ class ACTConfig:
     vocabulary included."""
     SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "embed_dim", "d_model", "n_heads", "d_ff",
                                         "max_len", "n_segments")
-    vocab_size: int = 512
+    vocab_size: int = 512  # tokenizer pieces = embedding rows
     embed_dim: int = 128  # E, ALBERT's factorised embedding size
-    d_model: int = 128
-    n_heads: int = 2
+    d_model: int = 128  # width of the (shared) layer
+    n_heads: int = 2  # attention heads of the layer
     d_ff: int = 0  # 0 -> 4 * d_model
-    max_len: int = 128
-    n_segments: int = 2
+    max_len: int = 128  # positions of the learned position embedding
+    n_segments: int = 2  # segment (token type) embeddings: sentences A and B
     max_iters: int = 6  # M: the cap on iterations (ACT), or the depth (fixed, untied)
     tau: float = 1e-3  # ponder-cost weight
-    eps: float = 0.01
-    dropout: float = 0.0
+    eps: float = 0.01  # a token halts once its cumulative halting probability passes 1 - eps
+    dropout: float = 0.0  # dropout rate in the layer and embeddings; 0 off
     halting: str = "act"  # "act" | "fixed": exactly M iterations, no halting (weight-tied ALBERT)
-    halting_bias_init: float = 0.0  # b_h at init: < 0 starts every token at M (act-cpu); tests
-    # and benchmarks also move it to force depths
+    # b_h at init: < 0 starts every token at M (act-cpu); tests and benchmarks also move it
+    # to force depths
+    halting_bias_init: float = 0.0
     remat: bool = False  # recompute the shared layer on the backward pass instead of storing it
 
     def __post_init__(self):
@@ -471,8 +472,8 @@ class TaskConfig:
     passivization); with `dir` set it is read in its published format from there (cogs,
     cogs_vf, geoquery, passivization).
     """
-    name: str = ""
-    dir: str = ""
+    name: str = ""  # the task trained on (see the class docstring); empty: LM pretraining
+    dir: str = ""  # directory of a published task's files; empty: the embedded grammar's task
     init_from: str = ""  # run directory of a pretrained model; empty: fresh weights
     init_step: int = 0  # checkpoint of init_from to start from; 0: its latest
     n_train: int = 2000  # embedded grammar: training examples
@@ -523,7 +524,7 @@ class FusionConfig:
     # states from a cache (in memory, or memory-mapped under <run>/cache when larger than
     # cache_mib; 0: always); false reruns it every step (same results to float rounding).
     cache: bool = True
-    cache_mib: int = 2048
+    cache_mib: int = 2048  # the state cache stays in memory up to this size (MiB)
 
     def __post_init__(self):
         _require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")

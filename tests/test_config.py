@@ -1,4 +1,5 @@
 """Config: Eq. 1 depth families (Table 1 of Petty et al.), parameter counts, validation, CLI."""
+import dataclasses
 import json
 import re
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
@@ -10,7 +11,7 @@ import pytest
 
 from jaxdepth.cli import parse_args
 from jaxdepth.config import (
-    SIZE_CLASSES, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig,
+    SECTIONS, SIZE_CLASSES, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig,
     apply_overrides, depth_family, depth_family_dff, from_preset, param_count)
 from jaxdepth.models.decoder import DecoderLM
 
@@ -264,6 +265,35 @@ def test_cli_help(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--model.n_layers" in out and "--optim.lr" in out and "tiny-L3" in out
+    # every field says what it means, under its name: the comment beside or above it
+    lines = out.split("\n")
+    for sec, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.init:
+                at = next(i for i, line in enumerate(lines)
+                          if line.startswith(f"  --{sec}.{f.name} "))
+                assert lines[at + 1].startswith("      ") and lines[at + 1].strip(), f"{sec}.{f.name}"
+    at = lines.index(next(line for line in lines if line.startswith("  --act.halting_bias_init")))
+    assert lines[at + 1].split() == ["b_h", "at", "init:", "<", "0", "starts", "every", "token",
+                                     "at", "M", "(act-cpu);", "tests", "and", "benchmarks", "also",
+                                     "move", "it", "to"]
+    assert "      streaming: loader processes per host; 0 = a thread of the trainer" in lines
+
+
+def test_field_docs_reads_the_comment_beside_and_above_each_field():
+    from jaxdepth.cli import field_docs
+
+    @dataclasses.dataclass(frozen=True)
+    class Sample:
+        a: int = 1  # beside a
+        # above b, line one
+        # line two
+        b: str = "x#not a comment"
+        c: float = 0.0
+        d: bool = False  # beside d
+
+    assert field_docs(Sample) == {"a": "beside a", "b": "above b, line one line two", "c": "",
+                                  "d": "beside d"}
 
 
 def test_resume_check_treats_fields_added_later_as_their_defaults(tmp_path):
