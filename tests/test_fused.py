@@ -26,7 +26,8 @@ from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.config import EncoderConfig
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.encoder_mlm import EncoderMLM
-from jaxdepth.models.fused import ExtraLayers, FusedModel, fusion_param_count
+from jaxdepth.models.fused import FusedModel, fusion_param_count
+from jaxdepth.models.fusions.base_n import ExtraLayers
 from jaxdepth.models.fusion import KEY_DIM, DWAtt, fusion_trainable
 from jaxdepth.models.heads import gather_positions
 from jaxdepth.tasks import task_for

@@ -652,8 +652,10 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
 
 
 def test_unknown_fusion_method(wikiann_dir, tmp_path):
-    with pytest.raises(ConfigError, match="fusion.method.*'bogus'"):
-        _ner_cfg(tmp_path / "run", wikiann_dir, fusion={"method": "bogus"})
+    from jaxdepth.tasks import task_for
+    with pytest.raises(ConfigError, match="^fusion.method: must be one of base, base[+]n, concat, "
+                                          "dwatt.*, got 'bogus'"):
+        task_for(_ner_cfg(tmp_path / "run", wikiann_dir, fusion={"method": "bogus"}))
     with pytest.raises(ConfigError, match="fusion.mode"):
         _ner_cfg(tmp_path / "run", wikiann_dir, fusion={"mode": "frozen"})
     with pytest.raises(ConfigError, match="task.dir"):

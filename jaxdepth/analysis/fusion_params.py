@@ -14,16 +14,18 @@ import sys
 import equinox as eqx
 import jax
 
-from ..config import FUSION_METHODS, Config, apply_overrides
+from ..config import Config, apply_overrides
 
 
 def param_table(backbone, n_extra: int = 1) -> list[dict]:
-    from ..models.fused import fusion_param_count
+    from ..models.fusions import fusion_method, fusion_methods
     total = sum(int(x.size) for x in jax.tree.leaves(backbone) if hasattr(x, "shape"))
-    return [{"method": m if m != "base+n" else f"base+{n_extra}",
-             "added": fusion_param_count(m, backbone, n_extra),
-             "share": fusion_param_count(m, backbone, n_extra) / total,
-             "backbone": total} for m in FUSION_METHODS]
+    rows = []
+    for m in map(fusion_method, fusion_methods()):
+        added = m.param_count(backbone, n_extra)
+        rows.append({"method": m.label(n_extra), "added": added, "share": added / total,
+                     "backbone": total})
+    return rows
 
 
 def markdown(rows: list[dict]) -> str:

@@ -16,9 +16,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ..models.fusions import fusion_methods  # noqa: E402
 from .report import _csv, _fmt, _markdown, aggregate  # noqa: E402
 
-METHOD_ORDER = ("base", "base+n", "concat", "dwatt")
+METHOD_ORDER = fusion_methods()
 MODE_NAMES = {"fe": "feature extraction (FE)", "ft": "fine-tuning (FT)"}
 
 

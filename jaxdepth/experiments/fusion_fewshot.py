@@ -26,7 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import FUSION_METHODS, Config, ConfigError, apply_overrides
+from ..config import Config, ConfigError, apply_overrides
+from ..models.fusions import fusion_methods
 from ..errors import RunFailed, run_main
 from .depth_sweep import _nested, _overrides
 from .plan_file import PlannedExperiment
@@ -66,7 +67,7 @@ PRESETS = {
 class Plan:
     ner_dir: str
     backbone: str = ""  # HF directory or run; empty: pretrain one from `pretrain`
-    methods: tuple[str, ...] = FUSION_METHODS
+    methods: tuple[str, ...] = fusion_methods()  # every method of models/fusions/
     modes: tuple[str, ...] = ("fe", "ft")
     shots: tuple[int, ...] = (8, 16, 32, 64, 128)
     trials: int = 5
@@ -75,9 +76,9 @@ class Plan:
     pretrain: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        bad = [m for m in self.methods if m not in FUSION_METHODS]
+        bad = [m for m in self.methods if m not in fusion_methods()]
         if bad:
-            raise ConfigError(f"methods: unknown {bad}; known: {list(FUSION_METHODS)}")
+            raise ConfigError(f"methods: unknown {bad}; known: {list(fusion_methods())}")
         if not set(self.modes) <= {"fe", "ft"} or not self.modes:
             raise ConfigError(f"modes: must be fe and/or ft, got {list(self.modes)}")
         if not self.shots or min(self.shots) < 1:
@@ -225,7 +226,7 @@ def parse(argv):
     p.add_argument("--backbone", default="", help="HF BERT/RoBERTa directory or a run of this "
                    "project; empty: pretrain a small encoder on the NER sentences")
     p.add_argument("--preset", choices=sorted(PRESETS), default="paper")
-    p.add_argument("--methods", nargs="+", choices=FUSION_METHODS)
+    p.add_argument("--methods", nargs="+", choices=fusion_methods())
     p.add_argument("--modes", nargs="+", choices=["fe", "ft"])
     p.add_argument("--shots", nargs="+", type=int)
     p.add_argument("--trials", type=int)
@@ -245,7 +246,7 @@ def plan_from_args(args) -> Plan | None:
         return None
     pre = PRESETS[args.preset]
     return Plan(ner_dir=args.ner_dir, backbone=args.backbone,
-                methods=tuple(args.methods or FUSION_METHODS),
+                methods=tuple(args.methods or fusion_methods()),
                 modes=tuple(args.modes or ("fe", "ft")),
                 shots=tuple(args.shots or pre["shots"]), trials=args.trials or pre["trials"],
                 extra_layers=args.extra_layers,

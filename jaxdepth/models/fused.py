@@ -1,18 +1,15 @@
 """A backbone, a layer-fusion module and a task head: the model of the fusion tasks
 (docs/design.md §4). The backbone is any ``Backbone`` (models/backbone.py).
 
-``h`` is computed from the backbone's layer outputs ``z_LBTD`` by the method of ``fusion.method``:
-
-- ``base``: ``h = z_L`` (only the head is added);
-- ``base+n``: ``n`` freshly initialised post-LN layers (``backbone.post_ln_layer``) run on
-  ``z_L``;
-- ``concat`` / ``dwatt``: the modules of models/fusion.py over all L outputs.
+``h`` is computed from the backbone's layer outputs ``z_LBTD`` by the method of ``fusion.method``,
+a class of models/fusions/ (Base, Base+n, Concat, DWAtt, ...), which this model asks what it
+adds and how it fuses, and whether it needs the whole sentence (``WHOLE_SEQUENCE``).
 
 Heads: token classification (NER: dropout then a linear map over ``h``) or BERT's MLM head tied
 to the backbone's word embeddings. The head only needs ``h`` where a label or a masked token
 is, so ``positions_BP`` (first sub-tokens, masked slots) are gathered *before* DWAtt / Concat,
-which then cost P rather than T positions per sequence; Base+n's layers attend over the whole
-sequence and are gathered after. The result at the gathered positions is identical.
+which then cost P rather than T positions per sequence; a whole-sequence method (Base+n: its layers attend
+over the sentence) is gathered after. The result at the gathered positions is identical.
 
 Modes: ``fe`` runs the backbone without dropout under ``stop_gradient`` and leaves it out of
 ``trainable_spec``, so the train step neither differentiates nor updates it; ``ft`` trains
@@ -31,51 +28,20 @@ from ..config import may_drop, setting
 from .backbone import Backbone
 from .encoder import BertEmbeddings
 from .encoder_mlm import bert_mlm_head
-from .fusion import Concat, DWAtt, added_params, fusion_trainable
+from .fusion import fusion_trainable
+from .fusions import FusionMethod, fusion_method
 from .heads import MLMHead, gather_positions
-from .layers import Dense, PostLNLayer, dropout, split_or_none
-from .stack import folded_keys, init_stack, run_stack
-
-
-class ExtraLayers(eqx.Module):
-    """Base+n: n fresh post-LN layers (one stack, scanned) on top of the backbone."""
-
-    layers: PostLNLayer  # every leaf has a leading axis n
-    n: int = eqx.field(static=True)
-
-    def __init__(self, n: int, make_layer, *, key: Array):
-        """make_layer(key) -> a PostLNLayer; the backbone's ``post_ln_layer``."""
-        self.layers = init_stack(lambda k: make_layer(key=k), n, key=key)
-        self.n = n
-
-    def __call__(self, x_BTD: Array, mask_BT: Array, rate: float = 0.0,
-                 key: Array | None = None) -> Array:
-        h_BTD, _ = run_stack(self.layers, x_BTD, lambda layer, h, k: layer(h, mask_BT, rate, k),
-                             keys=folded_keys(key, self.n))
-        return h_BTD
+from .layers import Dense, dropout, split_or_none
 
 
 def make_fusion(method: str, backbone: Backbone, n_extra: int, *, key: Array):
-    L, d = backbone.n_layer_states, backbone.width
-    if method == "base":
-        return None
-    if method == "dwatt":
-        return DWAtt(L, d, key=key)
-    if method == "concat":
-        return Concat(L, d, key=key)
-    if method == "base+n":
-        return ExtraLayers(n_extra, backbone.post_ln_layer, key=key)
-    raise ValueError(f"unknown fusion method {method!r}")
+    """The module fusion.method ``method`` adds on ``backbone`` (None for Base)."""
+    return fusion_method(method).build(backbone, n_extra, key=key)
 
 
 def fusion_param_count(method: str, backbone: Backbone, n_extra: int = 1) -> int:
     """Trainable parameters the fusion method adds on this backbone (Table 2; head excluded)."""
-    if method in ("dwatt", "concat"):
-        return added_params(method, backbone.n_layer_states, backbone.width)
-    if method == "base":
-        return 0
-    abstract = eqx.filter_eval_shape(make_fusion, method, backbone, n_extra, key=jax.random.key(0))
-    return sum(int(x.size) for x in jax.tree.leaves(abstract))
+    return fusion_method(method).param_count(backbone, n_extra)
 
 
 class FusedModel(eqx.Module):
@@ -99,6 +65,10 @@ class FusedModel(eqx.Module):
         else:
             self.head = Dense(backbone.width, n_labels, key=kh)
         self.method, self.mode, self.rate = method, mode, rate
+
+    @property
+    def kind(self) -> type[FusionMethod]:
+        return fusion_method(self.method)
 
     @property
     def frozen_backbone(self) -> bool:
@@ -125,29 +95,26 @@ class FusedModel(eqx.Module):
         positions_BP ([B, L, P, D]), or Base+n's input z_L at every position ([B, T, D]).
         ``logits_from_states`` continues from here."""
         z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT)
-        if self.method == "base+n":
+        if self.kind.WHOLE_SEQUENCE:
             return z_LBTD[-1]
         return jnp.moveaxis(gather_positions(z_LBTD, positions_BP[None]), 0, 1)
 
     def _fuse(self, z, mask_BT: Array | None, positions_BP: Array | None,
               key: Array | None) -> Array:
-        """h from the backbone's states: z_L [B, T, D] for Base+n (its layers attend over the
-        sentence; gathered after), else z [L, B, P or T, D] already at the wanted positions."""
-        if self.method == "base+n":
-            mask = jnp.ones(z.shape[:2], bool) if mask_BT is None else mask_BT.astype(bool)
+        """h from the backbone's states: z_L [B, T, D] for a whole-sequence method (gathered
+        after), else z [L, B, P or T, D] already at the wanted positions."""
+        if self.kind.WHOLE_SEQUENCE:
             rate = 0.0 if key is None else self.backbone.dropout_rate
-            h_BTD = self.fusion(z, mask, rate, key)
+            h_BTD = self.kind.fuse(self.fusion, z, mask_BT, rate, key)
             return h_BTD if positions_BP is None else gather_positions(h_BTD, positions_BP)
-        if self.fusion is None:
-            return z[-1]
-        return self.fusion(z)
+        return self.kind.fuse(self.fusion, z, mask_BT, 0.0, key)
 
     def features(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                  positions_BP: Array | None = None, *, key: Array | None = None) -> Array:
         """h at positions_BP ([B, P, D]), or at every position ([B, T, D]) when it is None."""
         k_bb, k_fu = split_or_none(key, 2)
         z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT, key=k_bb)
-        if self.method == "base+n":
+        if self.kind.WHOLE_SEQUENCE:
             return self._fuse(z_LBTD[-1], mask_BT, positions_BP, k_fu)
         if positions_BP is not None:
             z_LBTD = gather_positions(z_LBTD, positions_BP[None])
@@ -157,11 +124,11 @@ class FusedModel(eqx.Module):
                  positions_BP: Array | None = None, *, key: Array | None = None,
                  n_active: int = 0) -> Array:
         """Token-classification logits (float32) at positions_BP (or every position).
-        n_active > 0 bounds the word slots in use (positions > 0) in the batch: Base, Concat
-        and DWAtt then run at those only (_packed_logits), and the logits of the other slots
+        n_active > 0 bounds the word slots in use (positions > 0) in the batch: a word-by-word
+        method then runs at those only (_packed_logits), and the logits of the other slots
         are 0."""
         k_feat, k_drop = split_or_none(key, 2)
-        if n_active and positions_BP is not None and self.method != "base+n":
+        if n_active and positions_BP is not None and not self.kind.WHOLE_SEQUENCE:
             k_bb, _ = split_or_none(k_feat, 2)
             z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT, key=k_bb)
             z_LBPD = gather_positions(z_LBTD, positions_BP[None])
@@ -188,9 +155,9 @@ class FusedModel(eqx.Module):
 
     def word_logits(self, z_LKD: Array, slots_K: Array | None = None,
                     key: Array | None = None) -> Array:
-        """Logits [K, C] (float32) of K words from their layer states [L, K, D] alone
-        (Base, Concat, DWAtt); dropout (with a key) needs each word's slot id."""
-        h_KD = z_LKD[-1] if self.fusion is None else self.fusion(z_LKD[:, None])[0]
+        """Logits [K, C] (float32) of K words from their layer states [L, K, D] alone (a
+        word-by-word method); dropout (with a key) needs each word's slot id."""
+        h_KD = self.kind.fuse(self.fusion, z_LKD[:, None], None, 0.0, None)[0]
         rate = self.head_rate
         if key is not None and may_drop(rate):
             keys_K = jax.vmap(lambda s: jax.random.fold_in(key, s))(slots_K)
@@ -205,18 +172,18 @@ class FusedModel(eqx.Module):
             raise ValueError("logits_from_states needs a frozen backbone (fusion.mode=fe)")
         k_feat, k_drop = split_or_none(key, 2)
         _, k_fu = split_or_none(k_feat, 2)
-        z = states if self.method == "base+n" else jnp.moveaxis(states, 1, 0)
+        z = states if self.kind.WHOLE_SEQUENCE else jnp.moveaxis(states, 1, 0)
         return self._classify(self._fuse(z, mask_BT, positions_BP, k_fu), k_drop)
 
     def logits_from_words(self, words_KLD: Array, slots_K: Array, positions_BP: Array, *,
                           key: Array | None = None) -> Array:
-        """``__call__``'s logits with n_active (fe; Base, Concat, DWAtt) from the frozen
+        """``__call__``'s logits with n_active (fe; a word-by-word method) from the frozen
         states of the words in use alone, packed as there ([K, L, D], slots_K their flat
         index in [B, P], B * P: padding): the same numbers and dropout masks, without a
         [B, L, P, D] block per batch."""
-        if not self.frozen_backbone or self.method == "base+n":
+        if not self.frozen_backbone or self.kind.WHOLE_SEQUENCE:
             raise ValueError("logits_from_words needs a frozen backbone (fusion.mode=fe) and "
-                             "a fusion that acts word by word (not base+n)")
+                             "a fusion that acts word by word")
         _, k_drop = split_or_none(key, 2)
         B, P = positions_BP.shape
         return self._packed_logits(jnp.moveaxis(words_KLD, 1, 0), slots_K, B, P, k_drop)

@@ -25,6 +25,7 @@ from ..data.subwords import HFWords, SentencePieceWords
 from ..models.backbone import depth_and_width, strip_to_backbone
 from ..models.encoder import Encoder
 from ..models.fused import FusedModel
+from ..models.fusions import fusion_method
 from ..models.hf_import import CONFIG_FILE, config_from_hf, load_hf_encoder
 from ..trainer.flops import module_flops_per_token
 from .base import TaskBase
@@ -98,6 +99,11 @@ class FusionTask(TaskBase):
 
     uses_dropout = True  # the head's dropout, and a fine-tuned backbone's own
     n_labels = 0  # NER: its label count; MLM: the head is the vocabulary
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        # its class (models/fusions/): a ConfigError naming fusion.method for an unknown one
+        self.fusion_method = fusion_method(cfg.fusion.method)
 
     def build_model(self, *, key):
         cfg, f = self.cfg, self.cfg.fusion

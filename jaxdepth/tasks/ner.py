@@ -234,7 +234,7 @@ class NERTask(FusionTask):
         self.eval_active = eval_active([self.arrays[s] for s in SPLITS], self.eval_batch)
         if self.cached:  # filled by model_ready, before the first batch is read
             for arrays in self.arrays.values():
-                if cfg.fusion.method == "base+n":
+                if self.fusion_method.WHOLE_SEQUENCE:  # its layers read the whole sentence
                     arrays["states"] = state_cache.StateCache(len(arrays["tokens"]))
                 else:
                     arrays["words"] = state_cache.WordCache(arrays["positions"])

@@ -164,7 +164,7 @@ def backbone_digest(model) -> bytes:
     fields of the tree) and of the kind of states the fusion method reads."""
     h = hashlib.blake2b(digest_size=20)
     h.update(str(jax.tree.structure(model.backbone)).encode())
-    h.update(model.method.encode() if model.method == "base+n" else b"words")
+    h.update(model.method.encode() if model.kind.WHOLE_SEQUENCE else b"words")
     for leaf in jax.tree.leaves(eqx.filter(model.backbone, eqx.is_array)):
         a = np.ascontiguousarray(np.asarray(leaf))
         h.update(f"{a.dtype}{a.shape}".encode())
