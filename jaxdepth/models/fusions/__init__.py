@@ -35,6 +35,9 @@ class FusionMethod:
     LABEL: ClassVar[str]  # in reports and tables (label() adds what a setting changes)
     ORDER: ClassVar[int]  # place in the few-shot grid and its tables (baselines first)
     WHOLE_SEQUENCE: ClassVar[bool] = False
+    # The module the method adds, built as MODULE(L, d, key=...) over the backbone's L layer
+    # outputs of width d; a method that needs more overrides ``build``.
+    MODULE: ClassVar[type[eqx.Module] | None] = None
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -47,7 +50,7 @@ class FusionMethod:
     @classmethod
     def build(cls, backbone, n_extra: int, *, key: Array) -> eqx.Module | None:
         """The module this method adds on ``backbone`` (None: nothing)."""
-        raise NotImplementedError
+        return cls.MODULE(backbone.n_layer_states, backbone.width, key=key)
 
     @classmethod
     def fuse(cls, module, z: Array, mask_BT: Array | None, rate: float,
