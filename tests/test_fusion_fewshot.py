@@ -458,7 +458,11 @@ def test_plan_from_args_presets_and_overrides(tmp_path, ner_dir):
     assert {k: v for k, v in p.finetune.items() if k != "run.steps"} == {
         k: v for k, v in mini["finetune"].items() if k != "run.steps"}
     assert p.pretrain == mini["pretrain"] and p.backbone == ""
-    assert p.methods == ("base", "base+n", "concat", "dwatt") and p.modes == ("fe", "ft")
+    # every method of models/fusions/, the paper's four in the paper's order among them
+    from jaxdepth.models.fusions import fusion_methods
+    assert p.methods == fusion_methods() and p.modes == ("fe", "ft")
+    assert [m for m in p.methods if m in ("base", "base+n", "concat", "dwatt")] == [
+        "base", "base+n", "concat", "dwatt"]
 
     p = ff.plan_from_args(ff.parse(base + ["--preset", "miniature", "--trials", "3",
                                            "--shots", "4", "2", "--pretrain", "run.steps=50"]))
