@@ -76,8 +76,9 @@ def _evaluate(args) -> dict:
         run = export_trial(run, args.trial, task_for)
         args = argparse.Namespace(**{**vars(args), "run": str(run)})
     cfg = Config.from_dict(saved_config(run))
-    if len(trial_configs(cfg)) == 1:  # a solo run: its {seed} paths resolved, as it trained
-        cfg = trial_configs(cfg)[0]
+    cfgs = trial_configs(cfg)
+    if len(cfgs) == 1:  # a solo run: its {seed} paths resolved, as it trained
+        cfg = cfgs[0]
     return task_for(cfg).evaluate_checkpoint(run, args)
 
 

@@ -85,7 +85,7 @@ def test_f1_errors():
         f1([["O"], ["O"]], [["O"]])
     with pytest.raises(ValueError, match="sequence 0"):
         f1([["O", "O"]], [["O"]])
-    with pytest.raises(ValueError, match="predicted sequence 0, tag 1: invalid IOB2 tag 'PER'"):
+    with pytest.raises(ValueError, match="predicted sequence 0, tag 1: invalid tag 'PER'"):
         f1([["O", "B-PER"]], [["O", "PER"]])
 
 

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 from seqeval.metrics.sequence_labeling import precision_recall_fscore_support
 
+from ..data.ner import check_tag
+
 
 def _check(tags: Sequence[str], where: str) -> None:
     for i, tag in enumerate(tags):
-        if tag != "O" and not (len(tag) > 2 and tag[0] in "BI" and tag[1] == "-"):
-            raise ValueError(f"{where}, tag {i}: invalid IOB2 tag {tag!r} "
-                             f"(expected O, B-TYPE or I-TYPE)")
+        check_tag(tag, f"{where}, tag {i}")
 
 
 def f1(gold_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequence[str]]) -> dict[str, float]:

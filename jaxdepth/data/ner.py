@@ -31,7 +31,7 @@ class Sentence:
     where: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
 
-def _check_tag(tag: str, where: str) -> None:
+def check_tag(tag: str, where: str) -> None:
     if tag != "O" and not (len(tag) > 2 and tag[0] in "BI" and tag[1] == "-"):
         raise DataError(f"{where}: invalid tag {tag!r} (expected O, B-TYPE or I-TYPE)")
 
@@ -45,7 +45,7 @@ def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
     out: list[str] = []
     prev_type = None  # None: outside any entity
     for tag in tags:
-        _check_tag(tag, "iob1_to_iob2")
+        check_tag(tag, "iob1_to_iob2")
         if tag == "O":
             out.append(tag)
             prev_type = None
@@ -93,7 +93,7 @@ def read_conll2003(path: str | Path) -> list[Sentence]:
         if len(fields) != 4:
             raise DataError(f"{where}: expected 4 space-separated fields "
                              f"(token POS chunk tag), got {len(fields)}")
-        _check_tag(fields[3], where)
+        check_tag(fields[3], where)
         return fields[0], fields[3]
 
     return [Sentence(tuple(tok), tuple(iob1_to_iob2(tags)), tuple(where))
@@ -113,7 +113,7 @@ def read_wikiann(path: str | Path) -> list[Sentence]:
         lang, colon, token = fields[0].partition(":")
         if not colon or not lang or not token:
             raise DataError(f"{where}: expected a 'lang:token' field, got {fields[0]!r}")
-        _check_tag(fields[1], where)
+        check_tag(fields[1], where)
         return token, fields[1]
 
     return [Sentence(tuple(tok), tuple(tags), tuple(where))

@@ -1,7 +1,7 @@
 """Layer-fusion methods as choices: one class per method, in one module of this package each.
 
 A class holds everything about its method that the rest of the code asks: its name
-(``fusion.method``), its report label and place in tables, the module it adds (``build``), how
+(``fusion.method``), its label and place in tables, the module it adds (``build``), how
 that module turns the backbone's states into ``h`` (``fuse``), whether it needs the whole
 sentence (``WHOLE_SEQUENCE``: Base+n's layers attend over it; the others work word by word, so
 a frozen backbone's states are cached per word), and the trainable parameters it adds.
@@ -31,8 +31,7 @@ class FusionMethod:
     at the wanted positions, [L, B, P, D]; a WHOLE_SEQUENCE method gets ``z`` = the last
     layer's output at every position, [B, T, D], with the attention mask."""
 
-    NAME: ClassVar[str]  # the value of fusion.method
-    LABEL: ClassVar[str]  # in reports and tables (label() adds what a setting changes)
+    NAME: ClassVar[str]  # the value of fusion.method, and its label in tables (``label``)
     ORDER: ClassVar[int]  # place in the few-shot grid and its tables (baselines first)
     WHOLE_SEQUENCE: ClassVar[bool] = False
     # The module the method adds, built as MODULE(L, d, key=...) over the backbone's L layer
@@ -60,7 +59,8 @@ class FusionMethod:
 
     @classmethod
     def label(cls, n_extra: int) -> str:
-        return cls.LABEL
+        """The method as the parameter table names it: its name, with what a setting adds."""
+        return cls.NAME
 
     @classmethod
     def param_count(cls, backbone, n_extra: int) -> int:

@@ -3,7 +3,7 @@ from . import FusionMethod
 
 
 class Base(FusionMethod):
-    NAME, LABEL, ORDER = "base", "base", 10
+    NAME, ORDER = "base", 10
 
     @classmethod
     def build(cls, backbone, n_extra, *, key):

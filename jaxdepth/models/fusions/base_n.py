@@ -28,7 +28,7 @@ class ExtraLayers(eqx.Module):
 
 
 class BasePlusN(FusionMethod):
-    NAME, LABEL, ORDER = "base+n", "base+n", 20
+    NAME, ORDER = "base+n", 20
     WHOLE_SEQUENCE = True
 
     @classmethod

@@ -4,4 +4,4 @@ from . import FusionMethod
 
 
 class ConcatFusion(FusionMethod):
-    NAME, LABEL, ORDER, MODULE = "concat", "concat", 30, Concat
+    NAME, ORDER, MODULE = "concat", 30, Concat

@@ -4,4 +4,4 @@ from . import FusionMethod
 
 
 class DWAttFusion(FusionMethod):
-    NAME, LABEL, ORDER, MODULE = "dwatt", "dwatt", 40, DWAtt
+    NAME, ORDER, MODULE = "dwatt", 40, DWAtt

@@ -27,4 +27,4 @@ class ScalarMixModule(eqx.Module):
 
 
 class ScalarMix(FusionMethod):
-    NAME, LABEL, ORDER, MODULE = "scalar_mix", "scalar_mix", 25, ScalarMixModule
+    NAME, ORDER, MODULE = "scalar_mix", 25, ScalarMixModule
