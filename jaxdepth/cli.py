@@ -108,8 +108,15 @@ def help_text(prog: str = "train.py") -> str:
             shown = ("the run kind's recipe" if sec == "optim" and f.name in RECIPE_FIELDS
                      else f"default {default!r}")
             lines.append(f"  --{sec}.{f.name:<20} {ftype:<6} {shown}")
-            lines += textwrap.wrap(docs.get(f.name, ""), 96, initial_indent=" " * 6,
-                                   subsequent_indent=" " * 6)
+            # A field whose values or readers are a registry's (jaxdepth/optimizers/) lists
+            # them as the registry holds them now, so a new choice needs no edit here.
+            doc = "; ".join(filter(None, [
+                docs.get(f.name, ""),
+                "choices: " + ", ".join(f.metadata["choices"]()) if "choices" in f.metadata
+                else "",
+                "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
+                else ""]))
+            lines += textwrap.wrap(doc, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
         lines.append("")
     names = sorted(presets())
     lines.append("presets: " + ", ".join(names))

@@ -16,18 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """An impossible or inconsistent configuration; the message names the field (also kept
-    as ``field``, so a config file's reader can point at its line)."""
-
-    label = "config error"
-
-    def __init__(self, message: str, field: str = ""):
-        super().__init__(message)
-        self.field = field
+from .errors import ConfigError
+from .optimizers import OWN_FIELDS, optimizer, optimizer_names, readers
 
 
 def _require(cond: bool, name: str, msg: str) -> None:
@@ -183,26 +173,34 @@ class DataConfig:
 
 # The optimizer fields a run kind's recipe sets (RECIPES below). Left unset (None) in a config,
 # they take the recipe of the run's kind, so a default tuned for one kind of run never changes
-# another's; a standalone OptimConfig takes the LM pretraining recipe.
+# another's; a standalone OptimConfig takes the LM pretraining recipe. Of these, OWN_FIELDS
+# are read by some optimizers only (each optimizer's class says which, jaxdepth/optimizers/):
+# a recipe's value applies to an optimizer that reads the field, the optimizer's own default
+# where the recipe has none, and a field the optimizer does not read stays None (set, it is
+# refused).
 RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay",
                  "b1", "b2", "eps", "clip_norm")
-OPTIMIZERS = ("adamw", "adafactor", "lamb")
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
+
+
+def _read_by(f: str):
+    return lambda: readers(f)
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     """The optimizer. Every field but accum_steps defaults to the run kind's recipe (RECIPES:
     None here means "the recipe's"); a value given here is kept whatever the kind."""
-    name: str = None  # adamw | adafactor | lamb
+    name: str = field(default=None, metadata={"choices": optimizer_names})  # one class each: jaxdepth/optimizers/
     lr: float = None  # adafactor: relative to each parameter's RMS
     schedule: str = None  # constant | linear | cosine | rsqrt (t5x: lr / sqrt(max(step, warmup)))
     warmup_steps: int = None  # steps of linear warmup from 0 to lr
     min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr
     weight_decay: float = None  # decoupled (AdamW/LAMB), never on norm scales and biases
-    b1: float = None  # adamw / lamb: first-moment decay
-    b2: float = None  # adamw / lamb: second-moment decay
-    eps: float = None  # adamw / lamb: added to the root of the second moment
+    b1: float = field(default=None, metadata={"read_by": _read_by("b1")})  # first-moment decay
+    b2: float = field(default=None, metadata={"read_by": _read_by("b2")})  # second-moment decay
+    # added to the root of the second moment
+    eps: float = field(default=None, metadata={"read_by": _read_by("eps")})
     clip_norm: float = None  # 0 disables global-norm clipping
     accum_steps: int = 1  # micro-batches per optimizer step
     # The RECIPE_FIELDS that were left unset, filled from a recipe (Config refills them from
@@ -211,11 +209,24 @@ class OptimConfig:
 
     def __post_init__(self):
         unset = frozenset(f for f in RECIPE_FIELDS if getattr(self, f) is None)
-        for f in unset:
-            object.__setattr__(self, f, RECIPES["lm"][f])
-        object.__setattr__(self, "from_recipe", unset)
-        _require(self.name in OPTIMIZERS, "optim.name",
-                 f"must be {', '.join(OPTIMIZERS)}, got {self.name!r}")
+        recipe = RECIPES["lm"]
+        for f in unset - set(OWN_FIELDS):
+            object.__setattr__(self, f, recipe[f])
+        opt = optimizer(self.name)  # a ConfigError naming optim.name
+        unread = frozenset(OWN_FIELDS) - set(opt.DEFAULTS)
+        # A field the optimizer does not read stays None, taken from no recipe; while the
+        # optimizer is the recipe's, the run kind's may still change it (with_recipe).
+        object.__setattr__(self, "from_recipe", unset if "name" in unset else unset - unread)
+        for f in OWN_FIELDS:
+            if f in opt.DEFAULTS:
+                if f in unset:
+                    object.__setattr__(self, f, recipe.get(f, opt.DEFAULTS[f]))
+                continue
+            # An optimizer left to the recipe may still become the run kind's (with_recipe),
+            # which may read f: only a named optimizer refuses it.
+            _require(getattr(self, f) is None or "name" in unset, f"optim.{f}",
+                     f"optim.name {self.name} does not read it (read by: "
+                     f"{', '.join(readers(f)) or 'none'})")
         _require(self.schedule in SCHEDULES, "optim.schedule",
                  f"must be {', '.join(SCHEDULES)}, got {self.schedule!r}")
         _positive(self, "optim", "lr", "accum_steps")
@@ -237,8 +248,10 @@ class OptimConfig:
                               f"for {recipe['name']}; with optim.name {self.name} give "
                               f"--optim.lr too", field="optim.lr")
         given = {f: getattr(self, f) for f in RECIPE_FIELDS if f not in self.from_recipe}
-        out = OptimConfig(**{**recipe, **given, "accum_steps": self.accum_steps})
-        object.__setattr__(out, "from_recipe", self.from_recipe)
+        reads = optimizer(given.get("name", recipe["name"])).DEFAULTS
+        taken = {**reads, **{f: v for f, v in recipe.items() if f not in OWN_FIELDS or f in reads}}
+        out = OptimConfig(**{**taken, **given, "accum_steps": self.accum_steps})
+        object.__setattr__(out, "from_recipe", self.from_recipe)  # the kind may change again
         return out
 
 
@@ -547,8 +560,9 @@ class Config:
     trials: TrialsConfig = field(default_factory=TrialsConfig)
     preset: str = ""
     # Layout of the saved config.json: 1 (before MODEL_SECTION: ACT runs read their
-    # vocabulary from model.vocab_size) is upgraded on reading (Config.from_dict).
-    version: int = 2
+    # vocabulary from model.vocab_size) and 2 (optim.b1/b2/eps saved for every optimizer)
+    # are upgraded on reading (Config.from_dict, upgrade).
+    version: int = 3
 
     def __post_init__(self):
         mine = MODEL_SECTION[self.model.arch]
@@ -644,23 +658,36 @@ class Config:
 
 
 def upgrade(d: dict) -> dict:
-    """A config dict of an older layout in today's (version 2); others unchanged.
+    """A config dict of an older layout in today's (version 3); others unchanged.
 
     Version 1 described act/albert/bert models in the act section but took their vocabulary
     from model.vocab_size, and wrote every section whatever the architecture: the section
-    that did not describe the model held values the run never read, and they are dropped."""
+    that did not describe the model held values the run never read, and they are dropped.
+    Versions 1 and 2 saved optim.b1, b2 and eps whatever the optimizer; those its optimizer
+    does not read (which today's config refuses) are dropped."""
     version = d.get("version", 1)
-    _require(version in (1, 2), "version", f"must be 1 or 2, got {json.dumps(version)}")
+    _require(version in (1, 2, 3), "version", f"must be 1, 2 or 3, got {json.dumps(version)}")
+    if version == 3:
+        return d
+    d = _upgrade_model_sections(d) if version == 1 else d
+    optim = d.get("optim")
+    if isinstance(optim, dict) and optim.get("name") in optimizer_names():
+        reads = optimizer(optim["name"]).DEFAULTS
+        d = {**d, "optim": {k: v for k, v in optim.items() if k in reads or k not in OWN_FIELDS}}
+    return {**d, "version": 3}
+
+
+def _upgrade_model_sections(d: dict) -> dict:
     model = d.get("model")
-    if version == 2 or not isinstance(model, dict) or not isinstance(d.get("act", {}), dict):
+    if not isinstance(model, dict) or not isinstance(d.get("act", {}), dict):
         return d  # from_dict names whatever is malformed
     arch = model.get("arch", ModelConfig.arch)
     if MODEL_SECTION.get(arch) == "act":
         act = {**d.get("act", {})}
         if "vocab_size" in model:
             act["vocab_size"] = model["vocab_size"]
-        return {**d, "model": {"arch": arch}, "act": act, "version": 2}
-    return {**d, "act": {}, "version": 2}
+        return {**d, "model": {"arch": arch}, "act": act}
+    return {**d, "act": {}}
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
@@ -748,7 +775,8 @@ def recipe_for(kind: str, cfg: Config) -> dict:
 def recipe_lines(cfg: Config) -> list[str]:
     """What the run kind's recipe set (printed at start-up): nothing when the config set every
     optimizer field itself."""
-    taken = [f for f in RECIPE_FIELDS if f in cfg.optim.from_recipe]
+    taken = [f for f in RECIPE_FIELDS if f in cfg.optim.from_recipe
+             and getattr(cfg.optim, f) is not None]  # None: a field its optimizer does not read
     if not taken:
         return []
     values = ", ".join(f"{f}={getattr(cfg.optim, f)}" for f in taken)

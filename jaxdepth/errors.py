@@ -39,6 +39,19 @@ class UserError(Exception):
     label = "error"  # what the boundary's line starts with
 
 
+class ConfigError(UserError, ValueError):
+    """An impossible or inconsistent configuration; the message names the field (also kept
+    as ``field``, so a config file's reader can point at its line). Defined here rather than
+    in config.py so that the choices config.py validates against (jaxdepth/optimizers/) can
+    raise it without importing the schema."""
+
+    label = "config error"
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
 class DataError(UserError, ValueError):
     """An input file that cannot be used (malformed, empty, not UTF-8, truncated): the message
     names the file, and the line where there is one. A ValueError too, so callers that catch

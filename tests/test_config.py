@@ -345,7 +345,7 @@ def test_version_1_configs_are_upgraded():
     old_act = {"model": {**vars(ModelConfig(vocab_size=777, d_model=64)), "arch": "albert"},
                "act": {"vocab_size": 512, "d_model": 32, "n_heads": 2, "tau": 5e-4}}
     cfg = Config.from_dict(old_act)
-    assert cfg.version == 2 and cfg.model == ModelConfig(arch="albert")
+    assert cfg.version == 3 and cfg.model == ModelConfig(arch="albert")
     assert (cfg.act.vocab_size, cfg.act.d_model, cfg.act.tau) == (777, 32, 5e-4)
     old_dec = {"model": {"d_model": 64}, "act": {"tau": 0.5, "d_model": 32}}
     cfg = Config.from_dict(old_dec)
@@ -353,8 +353,23 @@ def test_version_1_configs_are_upgraded():
     # the current layout is read as written: the same dicts with version 2 are refused
     with pytest.raises(ConfigError, match="^act.d_model: model.arch='decoder'"):
         Config.from_dict({**old_dec, "version": 2})
-    with pytest.raises(ConfigError, match="^version: must be 1 or 2, got 3"):
-        Config.from_dict({"version": 3})
+    with pytest.raises(ConfigError, match="^version: must be 1, 2 or 3, got 4"):
+        Config.from_dict({"version": 4})
+
+
+def test_version_2_configs_drop_the_moments_their_optimizer_does_not_read():
+    """Version 2 saved optim.b1, b2 and eps whatever the optimizer (Adafactor's runs held
+    values it never read); today a config that sets them for Adafactor is refused, so a saved
+    one is upgraded on reading, and the values an optimizer reads are kept."""
+    v2 = {**Config().to_dict(), "version": 2}
+    v2["optim"] = {**v2["optim"], "b1": 0.9, "b2": 0.99, "eps": 1e-8}
+    cfg = Config.from_dict(v2)
+    assert (cfg.optim.name, cfg.optim.b1, cfg.optim.b2, cfg.optim.eps) == ("adafactor", None, None, None)
+    assert cfg.version == 3 and cfg == Config()
+    with pytest.raises(ConfigError, match="^optim.b1: optim.name adafactor does not read it"):
+        Config.from_dict({**v2, "version": 3})
+    lamb = {**v2, "optim": {**v2["optim"], "name": "lamb", "b2": 0.98, "eps": 1e-6}}
+    assert (Config.from_dict(lamb).optim.b2, Config.from_dict(lamb).optim.eps) == (0.98, 1e-6)
 
 
 def test_a_version_1_checkpoint_config_resumes(tmp_path):

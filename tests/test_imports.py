@@ -2,7 +2,8 @@
 is imported or run):
 
 (a) no import cycle between jaxdepth modules;
-(b) ``jaxdepth/models/`` imports only ``jaxdepth.config`` and ``jaxdepth.models.*`` (and
+(b) ``jaxdepth/models/`` imports only ``jaxdepth.config``, ``jaxdepth.models.*`` and the two
+    leaf modules config is built on, ``jaxdepth.errors`` and ``jaxdepth.choices`` (and
     third-party modules): no trainer, task, data, analysis or experiment code;
 (c) ``jaxdepth/trainer/`` imports neither ``jaxdepth.tasks`` nor ``jaxdepth.models``: the
     trainer knows no task and no model class (skipped while ``jaxdepth/trainer`` is absent);
@@ -70,7 +71,8 @@ THIS_FILE = Path(__file__).resolve()
 _TRY = (ast.Try, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Try,)
 SHARED_DATA_LOCATOR = REPO / "tests" / "conftest.py"  # exempt from the path rule only
 
-MODELS_MAY_IMPORT = ("jaxdepth.config", "jaxdepth.models")
+MODELS_MAY_IMPORT = ("jaxdepth.config", "jaxdepth.models", "jaxdepth.errors",
+                     "jaxdepth.choices")
 TRAINER_MAY_NOT_IMPORT = ("jaxdepth.tasks", "jaxdepth.models")
 
 

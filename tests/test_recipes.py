@@ -13,11 +13,11 @@ NER = ["--task.name", "ner", "--task.dir", "wikiann"]
 
 # (command line, kind, the optimizer it must resolve to: name, lr, schedule, warmup,
 # min_lr_ratio, weight decay, b2, clip) -- the papers' recipes, written out independently of
-# config.RECIPES.
+# config.RECIPES. Adafactor reads no b2: None.
 CASES = [
-    ([], "lm", ("adafactor", 6e-2, "cosine", 50, 0.1, 0.0, 0.99, 1.0)),
+    ([], "lm", ("adafactor", 6e-2, "cosine", 50, 0.1, 0.0, None, 1.0)),
     (["--task.name", "semantic_parsing"], "prefix_lm",
-     ("adafactor", 1e-3, "constant", 0, 0.1, 0.0, 0.99, 0.0)),
+     ("adafactor", 1e-3, "constant", 0, 0.1, 0.0, None, 0.0)),
     (["--model.arch", "act"], "encoder_pretrain",
      ("lamb", 1.76e-3, "linear", 100, 0.0, 0.01, 0.999, 1.0)),
     (["--model.arch", "bert", "--task.name", "roles"], "probe",
@@ -45,6 +45,7 @@ def test_each_kind_resolves_its_own_recipe(argv, kind, expected):
     # saved resolved: a resumed run keeps it whatever the recipes become
     saved = cfg.to_dict()["optim"]
     assert (saved["name"], saved["lr"], saved["schedule"]) == expected[:3]
+    # every field the optimizer reads is saved (those it does not read are null, from no recipe)
     assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))).optim.from_recipe == frozenset()
 
 
@@ -81,7 +82,25 @@ def test_another_optimizer_without_a_learning_rate_is_refused():
     with pytest.raises(ConfigError, match=r"optim\.lr: the lm recipe's learning rate 0\.06 is "
                                           r"for adafactor; with optim\.name adamw give --optim\.lr"):
         parse_args(["--optim.name", "adamw"])
+    # the lm recipe's moments (the values before recipes existed) apply to an optimizer that
+    # reads them
     assert parse_args(["--optim.name", "adamw", "--optim.lr", "1e-3"]).optim.b2 == 0.99
+
+
+def test_a_moment_the_optimizer_does_not_read_is_refused_naming_both():
+    with pytest.raises(ConfigError, match=r"^optim\.b1: optim\.name adafactor does not read it "
+                                          r"\(read by: adamw, lamb"):
+        parse_args(["--optim.b1", "0.95"])  # the lm recipe's Adafactor
+    with pytest.raises(ConfigError, match=r"^optim\.eps: optim\.name adafactor does not"):
+        parse_args(NER + ["--optim.name", "adafactor", "--optim.lr", "1e-2", "--optim.eps", "1e-6"])
+    # left to the kind's recipe, the optimizer is the kind's (ner: AdamW), which reads b1
+    assert parse_args(NER + ["--optim.b1", "0.95"]).optim.b1 == 0.95
+    # an optimizer the recipe does not name reads the recipe's moments where the recipe sets
+    # them (the lm recipe's are the values from before recipes), and none it does not read
+    lm_lamb = parse_args(["--optim.name", "lamb", "--optim.lr", "1e-3"]).optim
+    assert (lm_lamb.b1, lm_lamb.b2, lm_lamb.eps) == (0.9, 0.99, 1e-8)  # the lm recipe's
+    ner_ada = parse_args(NER + ["--optim.name", "adafactor", "--optim.lr", "1e-2"]).optim
+    assert (ner_ada.b1, ner_ada.b2, ner_ada.eps) == (None, None, None)
 
 
 def test_json_null_leaves_a_field_to_the_recipe(tmp_path):

@@ -1,4 +1,5 @@
-"""Optimizers and learning-rate schedules (optax)."""
+"""The optimizer of a config: its class (jaxdepth/optimizers/), with the learning-rate
+schedule, the weight-decay mask and global-norm clipping around it."""
 from __future__ import annotations
 
 import jax
@@ -6,6 +7,7 @@ import jax.numpy as jnp
 import optax
 
 from ..config import OptimConfig
+from ..optimizers import optimizer
 
 
 def schedule(cfg: OptimConfig, total_steps: int, lr=None) -> optax.Schedule:
@@ -72,19 +74,8 @@ def make_optimizer(cfg: OptimConfig, total_steps: int, lr=None,
 
 
 def _make_optimizer(cfg: OptimConfig, total_steps: int, lr, weight_decay):
-    rate = schedule(cfg, total_steps, lr)
-    wd = cfg.weight_decay if weight_decay is None else weight_decay
-    if cfg.name == "adamw":
-        opt = optax.adamw(rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=wd,
-                          mask=decay_mask)
-    elif cfg.name == "lamb":  # layer-wise trust ratio (You et al.), as ALBERT
-        opt = optax.lamb(rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=wd,
-                         mask=decay_mask)
-    else:  # t5x defaults: factored second moments, update clipping 1.0, decay 0.8, no momentum
-        # (a traced trial value is always applied: a decay of 0 adds nothing)
-        opt = optax.adafactor(rate, weight_decay_rate=(cfg.weight_decay or None) if
-                              weight_decay is None else weight_decay,
-                              weight_decay_mask=decay_mask)
+    opt = optimizer(cfg.name).build(cfg, schedule(cfg, total_steps, lr), weight_decay,
+                                    decay_mask)
     if cfg.clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
     return opt

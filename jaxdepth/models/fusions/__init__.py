@@ -12,18 +12,17 @@ subclass with a ``NAME`` registers it (``__init_subclass__``).
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import ClassVar
 
 import equinox as eqx
 import jax
 from jaxtyping import Array
 
-from ...config import ConfigError
+from ...choices import Choices, import_all
 from ..fusion import fusion_trainable
 
-_REGISTRY: dict[str, type["FusionMethod"]] = {}
+_METHODS: Choices[type["FusionMethod"]] = Choices("fusion method", "fusion.method",
+                                                  order=lambda cls: cls.ORDER)
 
 
 class FusionMethod:
@@ -41,10 +40,7 @@ class FusionMethod:
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if "NAME" in cls.__dict__:
-            if cls.NAME in _REGISTRY:
-                raise TypeError(f"fusion method {cls.NAME!r} is defined twice: "
-                                f"{_REGISTRY[cls.NAME].__module__} and {cls.__module__}")
-            _REGISTRY[cls.NAME] = cls
+            _METHODS.add(cls)
 
     @classmethod
     def build(cls, backbone, n_extra: int, *, key: Array) -> eqx.Module | None:
@@ -73,16 +69,12 @@ class FusionMethod:
 
 def fusion_method(name: str) -> type[FusionMethod]:
     """The method called ``name``; a ConfigError naming fusion.method for any other name."""
-    if name not in _REGISTRY:
-        raise ConfigError(f"fusion.method: must be one of {', '.join(fusion_methods())}, "
-                          f"got {name!r}", field="fusion.method")
-    return _REGISTRY[name]
+    return _METHODS(name)
 
 
 def fusion_methods() -> tuple[str, ...]:
     """Every method's name, in table order."""
-    return tuple(sorted(_REGISTRY, key=lambda n: (_REGISTRY[n].ORDER, n)))
+    return _METHODS.names()
 
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_all(__name__, __path__)

@@ -1,0 +1,42 @@
+"""A registry of the classes that are the values of one config field (fusion.method,
+optim.name): a class registers by being defined, and a package of choices imports every
+module it holds, so a new choice is a new module and nothing else."""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Callable, Generic, Iterable, TypeVar
+
+from .errors import ConfigError
+
+C = TypeVar("C", bound=type)
+
+
+class Choices(Generic[C]):
+    def __init__(self, what: str, field: str, order: Callable[[C], object] = lambda c: 0):
+        self.what, self.field, self.order = what, field, order
+        self._by_name: dict[str, C] = {}
+
+    def add(self, cls: C) -> None:
+        if cls.NAME in self._by_name:
+            raise TypeError(f"{self.what} {cls.NAME!r} is defined twice: "
+                            f"{self._by_name[cls.NAME].__module__} and {cls.__module__}")
+        self._by_name[cls.NAME] = cls
+
+    def __call__(self, name: str) -> C:
+        """The choice called ``name``; a ConfigError naming the field for any other name."""
+        if name not in self._by_name:
+            raise ConfigError(f"{self.field}: must be one of {', '.join(self.names())}, "
+                              f"got {name!r}", field=self.field)
+        return self._by_name[name]
+
+    def names(self) -> tuple[str, ...]:
+        """Every choice's name, ordered by ``order`` then name."""
+        return tuple(sorted(self._by_name, key=lambda n: (self.order(self._by_name[n]), n)))
+
+
+def import_all(package: str, path: Iterable[str]) -> None:
+    """Import every module of a package of choices (from its ``__init__``: ``__name__``,
+    ``__path__``), which registers the classes they define."""
+    for module in pkgutil.iter_modules(path):
+        importlib.import_module(f"{package}.{module.name}")
