@@ -18,6 +18,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .optimizers import OWN_FIELDS, optimizer, optimizer_names, readers
+from .schedules import schedule_class, schedule_names
 
 
 def _require(cond: bool, name: str, msg: str) -> None:
@@ -180,7 +181,6 @@ class DataConfig:
 # refused).
 RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay",
                  "b1", "b2", "eps", "clip_norm")
-SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
 
 
 def _read_by(f: str):
@@ -193,7 +193,8 @@ class OptimConfig:
     None here means "the recipe's"); a value given here is kept whatever the kind."""
     name: str = field(default=None, metadata={"choices": optimizer_names})  # one class each: jaxdepth/optimizers/
     lr: float = None  # adafactor: relative to each parameter's RMS
-    schedule: str = None  # constant | linear | cosine | rsqrt (t5x: lr / sqrt(max(step, warmup)))
+    # warmup, then the schedule's decay to lr * min_lr_ratio (one class each: jaxdepth/schedules/)
+    schedule: str = field(default=None, metadata={"choices": schedule_names})
     warmup_steps: int = None  # steps of linear warmup from 0 to lr
     min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr
     weight_decay: float = None  # decoupled (AdamW/LAMB), never on norm scales and biases
@@ -227,12 +228,10 @@ class OptimConfig:
             _require(getattr(self, f) is None or "name" in unset, f"optim.{f}",
                      f"optim.name {self.name} does not read it (read by: "
                      f"{', '.join(readers(f)) or 'none'})")
-        _require(self.schedule in SCHEDULES, "optim.schedule",
-                 f"must be {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        sched = schedule_class(self.schedule)  # a ConfigError naming optim.schedule
         _positive(self, "optim", "lr", "accum_steps")
         _require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
-        _require(self.schedule != "rsqrt" or self.warmup_steps > 0, "optim.warmup_steps",
-                 "rsqrt needs warmup_steps > 0 (t5x uses 10000)")
+        sched.check(self)
         _require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
         _require(self.clip_norm >= 0.0, "optim.clip_norm", "must be >= 0")
 

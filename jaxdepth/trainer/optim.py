@@ -3,38 +3,18 @@ schedule, the weight-decay mask and global-norm clipping around it."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from ..config import OptimConfig
 from ..optimizers import optimizer
+from ..schedules import schedule_class
 
 
 def schedule(cfg: OptimConfig, total_steps: int, lr=None) -> optax.Schedule:
-    """Learning rate as a function of the optimizer step (lr: in place of cfg.lr, e.g. a
-    trial's, traced under vmap: trainer/trials.py).
-
-    constant / linear / cosine: linear warmup from 0 over warmup_steps, then constant or a decay to
-    lr * min_lr_ratio at total_steps. rsqrt is t5x's ``lr / sqrt(max(step, warmup_steps))``
-    (the max() is its warmup: with lr=1 and 10k steps that is 0.01 for 10k steps, then decays).
-    """
-    base = cfg.lr if lr is None else lr
-    if cfg.schedule == "rsqrt":
-        return lambda step: base * jax.lax.rsqrt(
-            jnp.maximum(jnp.asarray(step, jnp.float32), float(cfg.warmup_steps)))
-    decay_steps = max(total_steps - cfg.warmup_steps, 1)
-    end = base * cfg.min_lr_ratio
-    after = {
-        "constant": optax.constant_schedule(base),
-        "linear": optax.linear_schedule(base, end, decay_steps),
-        "cosine": optax.cosine_decay_schedule(base, decay_steps, alpha=cfg.min_lr_ratio),
-    }[cfg.schedule]
-    if cfg.warmup_steps > 0:
-        warm = optax.linear_schedule(0.0, base, cfg.warmup_steps)
-        after = optax.join_schedules([warm, after], [cfg.warmup_steps])
-    # The step is taken as float32: optax's cosine schedule mixes an int32 step with Python
-    # floats, which strict dtype promotion rejects when it is called outside make_optimizer.
-    return lambda step: after(jnp.asarray(step, jnp.float32))
+    """Learning rate as a function of the optimizer step: cfg's schedule class
+    (jaxdepth/schedules/); lr: in place of cfg.lr, e.g. a trial's, traced under vmap
+    (trainer/trials.py)."""
+    return schedule_class(cfg.schedule).build(cfg, total_steps, cfg.lr if lr is None else lr)
 
 
 _NO_DECAY_LEAVES = ("b", "bias", "bias_V", "halt_b")
