@@ -47,6 +47,19 @@ def _positive(obj: Any, section: str, *names: str) -> None:
         _require(v > 0, f"{section}.{n}", f"must be positive, got {v}")
 
 
+
+def resumable(default: Any) -> Any:
+    """A field that a resumed run may change from what its checkpoint was saved with (how
+    long or how visibly it trains, where it runs, how the same computation is laid out), as
+    opposed to one that changes the model, the data or the optimizer."""
+    return field(default=default, metadata={"resumable": True})
+
+
+def resumable_fields() -> frozenset[str]:
+    """Every ``section.field`` declared ``resumable``."""
+    return frozenset(f"{sec}.{f.name}" for sec, cls in SECTIONS.items()
+                     for f in dataclasses.fields(cls) if f.metadata.get("resumable"))
+
 # The token ids of every tokenizer this project trains (data/tokenizer.py): T5's pad, eos and
 # unk, then the encoders' [CLS], [SEP] and [MASK] as fixed user-defined symbols.
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -83,14 +96,16 @@ class ModelConfig:
     dropout: float = 0.0  # dropout rate in every layer (decoder / encoder); 0 off
     z_loss: float = 0.0  # weight of the z-loss log(Z)^2 on the output logits; 0 off
     compute_dtype: str = "float32"  # parameters stay float32; "bfloat16" computes in bf16
-    remat: str = "none"  # none | full | dots (save matmul outputs, recompute the rest)
-    scan_layers: bool = True  # False runs a Python loop over layers (tests, debugging)
-    scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to 2 layers, else 1
-    xent_chunk: int = 2048  # tokens per chunk of the fused output-projection + loss; 0: unfused
+    remat: str = resumable("none")  # none | full | dots (save matmul outputs, recompute the rest)
+    scan_layers: bool = resumable(True)  # False runs a Python loop over layers (tests, debugging)
+    # layers per scan iteration; 0: all of them up to 2 layers, else 1
+    scan_unroll: int = resumable(0)
+    # tokens per chunk of the fused output-projection + loss; 0: unfused
+    xent_chunk: int = resumable(2048)
     # The decoder's training/eval attention (models/layers.py): einsum (our own, the reference) |
     # dot_product (jax.nn.dot_product_attention, implementation=None: XLA's path in jax 0.10) |
     # cudnn (the same call forcing cuDNN's fused flash kernel: GPU only, bf16 compute).
-    attention: str = "einsum"
+    attention: str = resumable("einsum")
     # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied, ALBERT
     # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion backbone)
     arch: str = "decoder"
@@ -140,7 +155,7 @@ class DataConfig:
     # On resume, start the data stream afresh at the restored step on the corpus as it is now
     # (e.g. shards appended) instead of refusing a changed corpus; the token-file path
     # re-tokenizes it (data/streaming.py, data/prepare.py). Every resume given it restarts.
-    restart_stream: bool = False
+    restart_stream: bool = resumable(False)
     tokenizer_sample: int = 50_000  # streaming: documents the tokenizer is trained on
     valid_fraction: float = 0.05  # documents held out for validation when data.valid is empty
     valid_seed: int = 1234  # which documents valid_fraction holds out (any corpus)
@@ -256,12 +271,12 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    data: int = -1  # -1: every device not used by the model axis
-    model: int = 1  # tensor parallelism over heads / MLP / vocab
-    fsdp: bool = False  # also shard parameters and optimizer state over the data axis
-    coordinator: str = ""  # host:port of process 0; set for multi-process runs
-    num_processes: int = 1  # processes (hosts) of a multi-process run
-    process_id: int = 0  # this process's index, 0 .. num_processes - 1
+    data: int = resumable(-1)  # -1: every device not used by the model axis
+    model: int = resumable(1)  # tensor parallelism over heads / MLP / vocab
+    fsdp: bool = resumable(False)  # also shard parameters and optimizer state over the data axis
+    coordinator: str = resumable("")  # host:port of process 0; set for multi-process runs
+    num_processes: int = resumable(1)  # processes (hosts) of a multi-process run
+    process_id: int = resumable(0)  # this process's index, 0 .. num_processes - 1
 
     def __post_init__(self):
         _require(self.data == -1 or self.data > 0, "mesh.data", "must be -1 or positive")
@@ -274,19 +289,22 @@ class MeshConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    dir: str = "runs/default"  # the run directory: data, checkpoints, metrics, summary.json
+    # the run directory: data, checkpoints, metrics, summary.json
+    dir: str = resumable("runs/default")
     seed: int = 0  # initialisation, data order and dropout
-    steps: int = 400  # optimizer steps in all; raising it on a finished run resumes it
-    log_every: int = 10  # steps between metrics.jsonl / TensorBoard records
-    eval_every: int = 100  # steps between evaluations (and one at the end)
-    eval_batches: int = 0  # 0: the whole validation set
-    save_every: int = 100  # steps between checkpoints (and one at the end)
-    keep: int = 3  # checkpoints retained (the latest ones)
-    samples: int = 3  # continuations sampled from the model, printed at the end
-    sample_tokens: int = 24  # tokens of each sampled continuation
-    grammar_samples: int = 64  # embedded grammar: sampled continuations scored by its recognizer
-    progress: bool = True  # a progress bar on the terminal
-    stop_after: int = 0  # >0: exit after this many steps in this invocation (tests, preemption drills)
+    steps: int = resumable(400)  # optimizer steps in all; raising it on a finished run resumes it
+    log_every: int = resumable(10)  # steps between metrics.jsonl / TensorBoard records
+    eval_every: int = resumable(100)  # steps between evaluations (and one at the end)
+    eval_batches: int = resumable(0)  # 0: the whole validation set
+    save_every: int = resumable(100)  # steps between checkpoints (and one at the end)
+    keep: int = resumable(3)  # checkpoints retained (the latest ones)
+    samples: int = resumable(3)  # continuations sampled from the model, printed at the end
+    sample_tokens: int = resumable(24)  # tokens of each sampled continuation
+    # embedded grammar: sampled continuations scored by its recognizer
+    grammar_samples: int = resumable(64)
+    progress: bool = resumable(True)  # a progress bar on the terminal
+    # >0: exit after this many steps in this invocation (tests, preemption drills)
+    stop_after: int = resumable(0)
     # comma-separated run.seed values trained side by side as trials of one compiled program
     # (trainer/trials.py); empty: one run of run.seed
     seeds: str = ""
@@ -491,9 +509,11 @@ class TaskConfig:
     n_eval: int = 200  # embedded grammar: dev/test size, and examples per generalization type
     seed: int = 0  # embedded grammar splits; GeoQuery's held-out dev; periodic eval subsets
     dev_fraction: float = 0.1  # GeoQuery (no dev split): share of train held out as dev
-    eval_splits: str = ""  # comma-separated; empty: dev + the task's generalization splits
-    eval_max: int = 0  # evaluations in training score at most this many examples per split
-    eval_batch: int = 0  # sequences per decoding batch; 0: data.batch_size
+    # comma-separated; empty: dev + the task's generalization splits
+    eval_splits: str = resumable("")
+    # evaluations in training score at most this many examples per split
+    eval_max: int = resumable(0)
+    eval_batch: int = resumable(0)  # sequences per decoding batch; 0: data.batch_size
     truncate: bool = False  # cut over-long examples (seqio style) instead of refusing them
     # Training rows hold several examples, attention kept inside each (seqio pack=True): the
     # same loss per example, several times the examples per step on short tasks. Dev loss

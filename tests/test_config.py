@@ -381,3 +381,26 @@ def test_a_version_1_checkpoint_config_resumes(tmp_path):
     check_compatible(old, now, tmp_path)
     with pytest.raises(ConfigError, match="^act.vocab_size: .*checkpoint 512 vs now 300"):
         check_compatible(old, apply_overrides(now, {"act": {"vocab_size": 300}}), tmp_path)
+
+
+def test_which_changes_a_resume_accepts_is_declared_with_each_field(tmp_path):
+    """config.resumable marks the fields a resumed run may change (how long and how visibly it
+    trains, where, and how the same computation is laid out); every other difference refuses."""
+    from jaxdepth.config import resumable_fields
+    from jaxdepth.trainer.checkpoint import check_compatible
+
+    run = {"dir", "steps", "log_every", "eval_every", "eval_batches", "save_every", "keep",
+           "samples", "sample_tokens", "grammar_samples", "progress", "stop_after"}
+    assert resumable_fields() == {
+        *(f"run.{f}" for f in run),
+        *(f"mesh.{f}" for f in ("data", "model", "fsdp", "coordinator", "num_processes",
+                                "process_id")),
+        *(f"model.{f}" for f in ("remat", "scan_layers", "scan_unroll", "xent_chunk",
+                                 "attention")),
+        "task.eval_splits", "task.eval_max", "task.eval_batch", "data.restart_stream"}
+    saved = Config().to_dict()
+    check_compatible(saved, apply_overrides(Config(), {"run": {"steps": 800},
+                                                       "model": {"remat": "full"}}), tmp_path)
+    with pytest.raises(ConfigError, match=r"^optim\.lr: cannot resume .* with a different config "
+                                          r"\(optim\.lr: checkpoint 0\.06 vs now 0\.1\)"):
+        check_compatible(saved, apply_overrides(Config(), {"optim": {"lr": 0.1}}), tmp_path)

@@ -23,7 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from ..config import Config, ConfigError, MeshConfig
+from ..config import Config, ConfigError, MeshConfig, resumable_fields
 from ..errors import UserError, describe, one_line, os_error_reason, warn, writing
 from .fingerprint import fingerprints, mismatches
 from .optim import make_optimizer
@@ -93,18 +93,6 @@ def _data_digests(text: str) -> dict[str, str]:
     return {data_key(i, n): bytes(every[i].astype(np.uint8)).hex() for i in range(n)}
 
 
-# Fields that may differ between the run that saved a checkpoint and the one resuming it.
-_RESUMABLE_CHANGES = {"run.steps", "run.stop_after", "run.progress", "run.log_every",
-                      "run.eval_every", "run.eval_batches", "run.samples", "run.sample_tokens",
-                      "run.grammar_samples",
-                      "run.save_every", "run.keep", "run.dir", "mesh.data", "mesh.model",
-                      "mesh.fsdp", "mesh.coordinator", "mesh.num_processes", "mesh.process_id",
-                      "model.remat", "model.scan_layers", "model.scan_unroll", "model.xent_chunk",
-                      "model.attention",
-                      "task.eval_splits", "task.eval_max", "task.eval_batch",
-                      "data.restart_stream"}
-
-
 def open_manager(run_dir: Path, keep: int | None = None,
                  read_only: bool = False) -> ocp.CheckpointManager:
     """keep: checkpoints retained when saving. read_only: for readers (eval), which must
@@ -167,10 +155,11 @@ def check_compatible(saved: dict, cfg: Config, where: Path) -> None:
     # written: it had its default then. Except data.valid_seed: before it, data.grammar_seed
     # seeded the validation split.
     now, before = _flat(cfg.to_dict()), _flat(Config.from_dict(saved).to_dict())
+    resumable = resumable_fields()  # declared with each field (config.resumable)
     if "valid_seed" not in saved.get("data", {}):
         before["data.valid_seed"] = before["data.grammar_seed"]
     diff = [k for k in sorted(set(now) | set(before))
-            if k not in _RESUMABLE_CHANGES and now.get(k) != before.get(k) and k != "preset"]
+            if k not in resumable and now.get(k) != before.get(k) and k != "preset"]
     if diff:
         details = ", ".join(f"{k}: checkpoint {before.get(k)!r} vs now {now.get(k)!r}" for k in diff)
         raise ConfigError(f"{diff[0]}: cannot resume {where} with a different config ({details})")
