@@ -115,7 +115,8 @@ def help_text(prog: str = "train.py") -> str:
                 "choices: " + ", ".join(f.metadata["choices"]()) if "choices" in f.metadata
                 else "",
                 "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
-                else ""]))
+                else "",
+                "may change when a run resumes" if f.metadata.get("resumable") else ""]))
             lines += textwrap.wrap(doc, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
         lines.append("")
     names = sorted(presets())

@@ -278,6 +278,16 @@ def test_cli_help(capsys):
                                      "at", "M", "(act-cpu);", "tests", "and", "benchmarks", "also",
                                      "move", "it", "to"]
     assert "      streaming: loader processes per host; 0 = a thread of the trainer" in lines
+    # a registry's choices and readers, and whether a resume may change the field
+    text = " ".join(out.split())
+    assert "--optim.name str the run kind's recipe one class each: jaxdepth/optimizers/; " \
+           "choices: adafactor, adamw, lamb, lion" in text
+    assert "--optim.eps float the run kind's recipe added to the root of the second moment; " \
+           "read by: adamw, lamb --optim" in text
+    assert "--mesh.fsdp bool default False also shard parameters and optimizer state over the " \
+           "data axis; may change when a run resumes --mesh" in text
+    assert "--optim.lr float the run kind's recipe adafactor: relative to each parameter's RMS " \
+           "--optim" in text
 
 
 def test_field_docs_reads_the_comment_beside_and_above_each_field():
