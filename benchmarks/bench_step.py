@@ -8,7 +8,7 @@ step exactly as ``train.py`` does (``make_optimizer`` -> AdamW, ``make_mesh``,
   events, recorded during the first call) and the wall time of that first call;
 - step time (mean / median / min over ``--steps`` calls after ``--warmup``, each call
   ``block_until_ready``-ed), tokens/s, analytic train FLOPs/token (PaLM convention,
-  ``jaxdepth.trainer.flops.train_flops_per_token``) and MFU against a stated peak;
+  ``jaxdepth.models.flops.train_flops_per_token``) and MFU against a stated peak;
 - peak memory: on GPU/TPU ``device.memory_stats()['peak_bytes_in_use']``; on CPU the process
   high-water resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``), i.e. all host
   memory of the process, Python and JAX included. Both are process-lifetime maxima, so by
@@ -47,7 +47,8 @@ import numpy as np
 
 from jaxdepth.config import (ATTENTIONS, SIZE_CLASSES, Config, DataConfig, MeshConfig, ModelConfig,
                              OptimConfig, RunConfig, depth_family, param_count)
-from jaxdepth.trainer.flops import device_peak_flops, measure_matmul_peak, train_flops_per_token
+from jaxdepth.models.flops import train_flops_per_token
+from jaxdepth.trainer.flops import device_peak_flops, measure_matmul_peak
 
 
 def peak_memory() -> tuple[int, str]:

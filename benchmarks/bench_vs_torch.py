@@ -46,7 +46,8 @@ from jaxdepth.config import (Config, DataConfig, MeshConfig, ModelConfig, OptimC
                              from_preset, param_count)
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.trainer.losses import lm_loss_sums
-from jaxdepth.trainer.flops import measure_matmul_peak, train_flops_per_token
+from jaxdepth.models.flops import train_flops_per_token
+from jaxdepth.trainer.flops import measure_matmul_peak
 from jaxdepth.trainer.optim import make_optimizer
 
 try:

@@ -8,12 +8,14 @@ import pytest
 
 from jaxdepth.cli import parse_args
 from jaxdepth.config import ConfigError, OptimConfig
+from jaxdepth.models.declared import Declared
 from jaxdepth.trainer.optim import make_optimizer
 
 
-class Tiny(eqx.Module):
+class Tiny(Declared):
     w: jax.Array  # decays
-    norm_scale: jax.Array  # under a norm: never decays (trainer/optim.py:decay_mask)
+    norm_scale: jax.Array  # declared not to decay, as a norm's scale (models/declared.py)
+    NO_DECAY = frozenset({"norm_scale"})
 
 
 def numpy_lion(params, grads, lr, b1, b2, wd, decays):

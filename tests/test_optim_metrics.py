@@ -10,7 +10,7 @@ import pytest
 from jaxdepth.config import ModelConfig, OptimConfig, param_count
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.trainer.losses import lm_loss_sums, token_nll
-from jaxdepth.trainer.flops import matmul_params, train_flops_per_token
+from jaxdepth.models.flops import matmul_params, train_flops_per_token
 from jaxdepth.trainer.optim import decay_mask, make_optimizer, schedule
 
 

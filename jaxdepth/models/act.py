@@ -149,6 +149,8 @@ def ponder_cost(N_BT: Array, R_BT: Array, mask_BT: Array) -> Array:
 # ------------------------------------------------------------------------ embeddings and heads
 
 class ALBERTEmbeddings(eqx.Module):
+    AXES = {"token_VE": ("vocab", "norm"), "position_LE": ("norm", "norm"),
+            "segment_SE": ("norm", "norm")}
     """token + position + segment embeddings of size E, LayerNorm, dropout, then E -> d_model."""
 
     token_VE: Array
@@ -234,6 +236,7 @@ class _Pretrainable(Backbone):
 # ----------------------------------------------------------------------------------- ACT model
 
 class ACTEncoder(_Pretrainable):
+    AXES, NO_DECAY = {"halt_w_D": ("norm",), "halt_b": ()}, frozenset({"halt_b"})
     embed: ALBERTEmbeddings
     layer: PostLNLayer  # the one shared layer
     halt_w_D: Array

@@ -20,10 +20,11 @@ import equinox as eqx
 from jaxtyping import Array
 
 from ..config import ConfigError, setting
+from .declared import Declared
 from .layers import PostLNLayer
 
 
-class Backbone(eqx.Module):
+class Backbone(Declared):
     """What a fusion model (models/fused.py) needs of the deep model under it. Its sizes are
     read from the model's ``cfg`` (``n_layers``, ``d_model``, ``dropout``) unless a subclass
     says otherwise."""

@@ -7,10 +7,11 @@ import equinox as eqx
 import jax
 from jaxtyping import Array
 
+from .declared import Declared
 from .layers import Dense, dropout, split_or_none
 
 
-class EncoderClassifier(eqx.Module):
+class EncoderClassifier(Declared):
     encoder: eqx.Module  # ACTEncoder or UntiedEncoder
     head: Dense  # d_model -> labels
     token_level: bool = eqx.field(static=True)

@@ -33,6 +33,7 @@ class KVCache(eqx.Module):
 
 
 class DecoderLM(Backbone):
+    AXES = {"embed": ("vocab", "embed"), "lm_head": ("embed", "vocab")}
     embed: Array  # [V, D], N(0, 1)
     blocks: DecoderBlock  # every leaf has a leading layer axis L
     rel_bias: RelativePositionBias

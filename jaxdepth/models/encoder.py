@@ -54,6 +54,8 @@ def bert_layer(cfg: EncoderConfig, *, key: Array) -> PostLNLayer:
 
 
 class BertEmbeddings(eqx.Module):
+    AXES = {"word_VD": ("vocab", "norm"), "position_PD": ("norm", "norm"),
+            "token_type_YD": ("norm", "norm")}
     """word + position + token type embeddings (HF layout), LayerNorm, dropout."""
 
     word_VD: Array

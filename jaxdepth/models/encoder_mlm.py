@@ -7,10 +7,10 @@ only at the masked positions (``positions_BP``), as ALBERT's data pipeline suppl
 """
 from __future__ import annotations
 
-import equinox as eqx
 from jaxtyping import Array
 
 from ..config import EncoderConfig
+from .declared import Declared
 from .encoder import Encoder, norm_and_activation
 from .heads import MLMHead, gather_positions
 
@@ -20,7 +20,7 @@ def bert_mlm_head(cfg: EncoderConfig, *, key: Array) -> MLMHead:
     return MLMHead(cfg.d_model, cfg.d_model, cfg.vocab_size, **norm_and_activation(cfg), key=key)
 
 
-class EncoderMLM(eqx.Module):
+class EncoderMLM(Declared):
     """The model ``model.arch=encoder`` pretrains: Encoder + tied MLM head (no SOP/NSP head)."""
 
     encoder: Encoder

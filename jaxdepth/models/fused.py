@@ -26,6 +26,7 @@ from jaxtyping import Array
 
 from ..config import may_drop, setting
 from .backbone import Backbone
+from .declared import Declared
 from .encoder import BertEmbeddings
 from .encoder_mlm import bert_mlm_head
 from .fusion import fusion_trainable
@@ -44,7 +45,7 @@ def fusion_param_count(method: str, backbone: Backbone, n_extra: int = 1) -> int
     return fusion_method(method).param_count(backbone, n_extra)
 
 
-class FusedModel(eqx.Module):
+class FusedModel(Declared):
     backbone: Backbone
     fusion: eqx.Module | None
     head: Dense | MLMHead  # token classification, or BERT's MLM head

@@ -33,6 +33,8 @@ KEY_DIM = 24  # size of DWAtt's random layer-position vectors (docs/design.md §
 class Frozen(eqx.Module):
     """A constant array carried in the model pytree but never trained (see ``fusion_trainable``)."""
 
+    AXES = {"value": ("norm", "norm")}  # DWAtt's layer keys [L, 24]: replicated
+
     value: Array
 
 

@@ -35,6 +35,7 @@ def split_or_none(key: Array | None, n: int) -> list:
 
 
 class RMSNorm(eqx.Module):
+    AXES, NO_DECAY = {"scale": ("norm",)}, frozenset({"scale"})
     """x * rsqrt(mean(x^2) + eps) * scale, computed in float32 (T5 LayerNorm)."""
 
     scale: Array
@@ -52,6 +53,7 @@ class RMSNorm(eqx.Module):
 
 
 class LayerNorm(eqx.Module):
+    AXES, NO_DECAY = {"scale": ("norm",), "bias": ("norm",)}, frozenset({"scale", "bias"})
     """(x - mean) * rsqrt(var + eps) * scale + bias over the last axis, in float32 (BERT/ALBERT)."""
 
     scale: Array
@@ -91,6 +93,7 @@ def relative_position_bucket(rel_pos: np.ndarray | Array, n_buckets: int, max_di
 
 
 class RelativePositionBias(eqx.Module):
+    AXES = {"table": ("buckets", "heads")}
     """One (n_buckets, n_heads) table shared by every layer."""
 
     table: Array
@@ -159,6 +162,8 @@ def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, 
 
 
 class Attention(eqx.Module):
+    AXES = {"wq": ("embed", "heads"), "wk": ("embed", "heads"), "wv": ("embed", "heads"),
+            "wo": ("heads", "embed")}
     """Multi-head attention without biases; the query kernel carries the 1/sqrt(H) scale (t5x)."""
 
     wq: Array  # [D, N*H]
@@ -209,6 +214,7 @@ def same_segment_mask(segment_ids_BT: Array) -> Array:
 
 
 class GatedMLP(eqx.Module):
+    AXES = {"wi_0": ("embed", "mlp"), "wi_1": ("embed", "mlp"), "wo": ("mlp", "embed")}
     """T5.1.1 gated-GELU MLP: wo(gelu(wi_0 x) * wi_1 x)."""
 
     wi_0: Array  # [D, F]
@@ -278,10 +284,20 @@ class Dense(eqx.Module):
 
     w: Array  # [I, O]
     b: Array  # [O]
+    # The logical axes of w and b, given by the module that creates this map (its role: an
+    # attention or MLP projection is split over "model"; a small projection is replicated).
+    axes: tuple[str, str] = eqx.field(static=True)
+    bias_axes: tuple[str] = eqx.field(static=True)
+    NO_DECAY = frozenset({"b"})
 
-    def __init__(self, d_in: int, d_out: int, *, key: Array, init=bert_init):
+    def __init__(self, d_in: int, d_out: int, *, key: Array, init=bert_init,
+                 axes: tuple[str, str] = ("norm", "norm"), bias_axes: tuple[str] = ("norm",)):
         self.w = init(key, (d_in, d_out), jnp.float32)
         self.b = jnp.zeros((d_out,), jnp.float32)
+        self.axes, self.bias_axes = axes, bias_axes
+
+    def axes_of(self, name: str) -> tuple[str, ...]:
+        return {"w": self.axes, "b": self.bias_axes}[name]
 
     def __call__(self, x: Array) -> Array:
         b = self.b.astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
@@ -302,7 +318,9 @@ class BertSelfAttention(eqx.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, key: Array):
         kq, kk, kv, ko = jax.random.split(key, 4)
-        self.q, self.k, self.v, self.o = (Dense(d_model, d_model, key=k) for k in (kq, kk, kv, ko))
+        self.q, self.k, self.v = (Dense(d_model, d_model, key=k, axes=("embed", "heads"))
+                                  for k in (kq, kk, kv))
+        self.o = Dense(d_model, d_model, key=ko, axes=("heads", "embed"))
         self.n_heads = n_heads
 
     def __call__(self, x_BTD: Array, key_mask_BS: Array) -> Array:
@@ -344,8 +362,8 @@ class PostLNLayer(eqx.Module):
         ka, ki, ko = jax.random.split(key, 3)
         self.attn = BertSelfAttention(d_model, n_heads, key=ka)
         self.attn_norm = LayerNorm(d_model, eps)
-        self.ff_in = Dense(d_model, d_ff, key=ki)
-        self.ff_out = Dense(d_ff, d_model, key=ko)
+        self.ff_in = Dense(d_model, d_ff, key=ki, axes=("embed", "mlp"), bias_axes=("mlp",))
+        self.ff_out = Dense(d_ff, d_model, key=ko, axes=("mlp", "embed"))
         self.ff_norm = LayerNorm(d_model, eps)
         self.activation = activation
 

@@ -19,7 +19,7 @@ from ..data.prepare import corpus_name, prepare_lm_data, prepare_streaming
 from ..data.tokenizer import EOS_ID
 from ..data.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, generate
-from ..trainer.flops import train_flops_per_token
+from ..models.flops import train_flops_per_token
 from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
 from .base import TaskBase

@@ -28,7 +28,7 @@ from ..config import Config, ConfigError
 from ..data import ner
 from ..data.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
-from ..trainer.flops import module_flops_per_token
+from ..models.flops import module_flops_per_token
 from ..trainer.losses import softmax_xent as _xent
 from . import state_cache
 from .backbones import FusionTask, backbone_words

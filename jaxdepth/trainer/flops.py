@@ -1,12 +1,5 @@
-"""Analytic training FLOPs per token, the device peak, and so MFU.
-
-FLOPs convention (PaLM, Chowdhery et al. 2022, App. B): one training token costs
-``6 * N + 12 * L * T * d_attn`` FLOPs, where N counts the parameters that take part in matrix
-multiplies (every layer's attention and MLP matrices plus the output projection; the input
-embedding is a lookup and the norms/position bias are negligible), L is the number of layers
-and T the context length. The attention term counts the full T x T score and value products
-(no discount for the causal mask), as PaLM does. Forward only is a third of that.
-"""
+"""The device peak and the parameter count, for MFU: a model's FLOPs per token come from the
+model (models/flops.py, through the task's ``flops_per_token``)."""
 from __future__ import annotations
 
 import time
@@ -15,21 +8,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..config import ModelConfig, layer_constants
 
 # Dense peak FLOP/s per device by device_kind, for the bf16 compute path.
 _PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12, "TPU v5": 459e12}
-
-
-def matmul_params(m: ModelConfig) -> int:
-    """Eq. 1's per-layer count without the two RMSNorm scales (no matmul), plus the output
-    projection."""
-    beta, a = layer_constants(m.d_model)
-    return m.n_layers * (beta * m.d_ff + a - 2 * m.d_model) + m.d_model * m.vocab_size
-
-
-def train_flops_per_token(m: ModelConfig, seq_len: int) -> int:
-    return 6 * matmul_params(m) + 12 * m.n_layers * seq_len * m.d_model
 
 
 def measure_matmul_peak(dtype=jnp.float32, n: int = 1024, reps: int = 8) -> float:
@@ -56,27 +37,6 @@ def device_peak_flops(compute_dtype: str) -> tuple[float, str]:
     return measure_matmul_peak(dtype), f"measured {compute_dtype} 1024^3 matmul on {kind}"
 
 
-_TABLES = ("word_VD", "position_PD", "token_type_YD", "embed", "token_VE", "position_LE",
-           "segment_SE", "value")  # gathered, not multiplied (value: DWAtt's frozen keys)
-
-
 def model_param_count(model) -> int:
     """Elements of every array in a model (trainable or not)."""
     return sum(int(x.size) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
-
-
-def module_flops_per_token(model, trainable_spec, seq_len: int, attn_layers: int,
-                           d_model: int) -> int:
-    """Training FLOPs per token of a fusion model or the BERT encoder, same convention as the
-    decoder's: a weight matrix costs 2 FLOPs per entry forward and twice that backward; only
-    trained matrices pay the backward (a frozen FE backbone runs forward only); attention adds
-    4·T·d forward per layer (QK^T and AV), times 3 when its layer trains. Embedding tables and
-    the MLM vocabulary projection (taken at the few masked slots only) are left out."""
-    def matrix_entries(tree) -> int:
-        return sum(int(leaf.size) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
-                   if leaf.ndim >= 2 and getattr(path[-1], "name", "") not in _TABLES)
-
-    trained, frozen = eqx.partition(eqx.filter(model, eqx.is_array), trainable_spec)
-    backbone_trained = any(jax.tree.leaves(getattr(trainable_spec, "backbone", trainable_spec)))
-    return (6 * matrix_entries(trained) + 2 * matrix_entries(frozen)
-            + (12 if backbone_trained else 4) * seq_len * d_model * attn_layers)

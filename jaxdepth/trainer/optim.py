@@ -17,16 +17,11 @@ def schedule(cfg: OptimConfig, total_steps: int, lr=None) -> optax.Schedule:
     return schedule_class(cfg.schedule).build(cfg, total_steps, cfg.lr if lr is None else lr)
 
 
-_NO_DECAY_LEAVES = ("b", "bias", "bias_V", "halt_b")
-
-
 def decay_mask(params):
-    """Weight decay on weights only: not on norms (scales and biases, stacked or not) nor on
-    biases (BERT / ALBERT practice)."""
-    def decay(path, _) -> bool:
-        names = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
-        return not any("norm" in n for n in names) and (not names or names[-1] not in _NO_DECAY_LEAVES)
-    return jax.tree_util.tree_map_with_path(decay, params)
+    """Whether weight decay applies to each parameter, as the model declares it where the
+    parameter is created (models/declared.py): not on norm scales and biases nor on biases
+    (BERT / ALBERT practice)."""
+    return params.decay_mask()
 
 
 def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -1,6 +1,8 @@
 """Mesh construction and a logical-axis rule table (t5x style).
 
-Parameters name their axes logically (embed, mlp, heads, vocab, layers); RULES maps those
+Parameters name their axes logically (embed, mlp, heads, vocab, layers), declared by the model
+module that creates each one (models/declared.py; the trainer asks ``model.logical_axes()``
+and names no parameter); RULES maps those
 names to mesh axes. Data parallel = batch over "data"; FSDP = embed over "data" as well;
 tensor parallel = heads / mlp / vocab over "model". A dimension that the mesh axis does not
 divide is replicated instead (e.g. Eq. 1's odd d_ff values), with a warning naming it.
@@ -25,41 +27,6 @@ RULES = {
     "buckets": None,
     "norm": None,
 }
-
-# Logical axes of each decoder parameter, keyed by the end of its attribute path.
-PARAM_AXES = {
-    "embed": ("vocab", "embed"),
-    "lm_head": ("embed", "vocab"),
-    **{f"attn.{w}": ("embed", "heads") for w in ("wq", "wk", "wv")},
-    "attn.wo": ("heads", "embed"),
-    "mlp.wi_0": ("embed", "mlp"),
-    "mlp.wi_1": ("embed", "mlp"),
-    "mlp.wo": ("mlp", "embed"),
-    "scale": ("norm",),
-    "rel_bias.table": ("buckets", "heads"),
-    # encoders (models/act.py): BERT-style dense layers with biases, ALBERT embeddings
-    **{f"attn.{w}.w": ("embed", "heads") for w in ("q", "k", "v")},
-    "attn.o.w": ("heads", "embed"),
-    "ff_in.w": ("embed", "mlp"),
-    "ff_in.b": ("mlp",),
-    "ff_out.w": ("mlp", "embed"),
-    "token_VE": ("vocab", "norm"),
-    "mlm.bias_V": ("vocab",),
-    "halt_b": (),
-    "bias": ("norm",),
-    "b": ("norm",),
-    "w": ("norm", "norm"),  # small projections (embedding, pooler, heads): replicated
-    "position_LE": ("norm", "norm"),
-    "segment_SE": ("norm", "norm"),
-    "halt_w_D": ("norm",),
-    # BERT/RoBERTa encoder (models/encoder.py), its MLM head, the fusion modules
-    "word_VD": ("vocab", "norm"),
-    "position_PD": ("norm", "norm"),
-    "token_type_YD": ("norm", "norm"),
-    "bias_V": ("vocab",),
-    "k_pos.value": ("norm", "norm"),  # DWAtt's frozen layer keys
-}
-
 
 _warned: set[str] = set()  # warnings already given by this process
 
@@ -102,33 +69,23 @@ def logical_to_spec(axes, shape, mesh: Mesh, fsdp: bool, undivided: list | None 
     return P(*out)
 
 
-def _param_axes(path, leaf) -> tuple:
-    names = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
-    dotted = ".".join(names)
-    for suffix, axes in PARAM_AXES.items():
-        if dotted == suffix or dotted.endswith("." + suffix):
-            extra = leaf.ndim - len(axes)
-            if extra not in (0, 1):
-                break
-            return ("layers",) * extra + axes  # stacked layers carry a leading layer axis
-    raise KeyError(f"no logical axes for parameter {dotted!r} with shape {leaf.shape}")
-
-
 def param_shardings(params, mesh: Mesh, fsdp: bool):
     """NamedSharding for every array leaf of a model (pytree with the same structure). The
     dimensions left replicated because the mesh does not divide them are named in a warning
     (once per process): they lose tensor parallelism (or FSDP) without failing."""
     replicated_dims = []
 
-    def one(path, leaf):
+    def one(path, leaf, axes):
         undivided = []
-        spec = logical_to_spec(_param_axes(path, leaf), leaf.shape, mesh, fsdp, undivided)
+        spec = logical_to_spec(axes, leaf.shape, mesh, fsdp, undivided)
         name = ".".join(k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey))
         replicated_dims.extend(f"{name} dim {i} ({dim} over {mesh_axis}={mesh.shape[mesh_axis]})"
                                for i, dim, mesh_axis in undivided)
         return NamedSharding(mesh, spec)
 
-    out = jax.tree_util.tree_map_with_path(one, params)
+    # Each parameter's axes are declared by the model module that creates it
+    # (models/declared.py); an axes tuple is a subtree where params has a leaf.
+    out = jax.tree_util.tree_map_with_path(one, params, params.logical_axes())
     if replicated_dims:
         _warn_once(f"replicated, since the mesh axis does not divide them: "
                    f"{', '.join(replicated_dims)}")

@@ -11,6 +11,7 @@ from . import FusionMethod
 
 
 class ScalarMixModule(eqx.Module):
+    AXES = {"s": ("norm",), "gamma": ()}
     s: Array  # [L] float32, the layer logits
     gamma: Array  # [] float32
 
