@@ -73,7 +73,8 @@ from common import arg_parser, environment, print_table, write_json
 import numpy as np
 
 import bench_step
-from jaxdepth.config import MeshConfig, depth_family, param_count
+from jaxdepth.config import MeshConfig
+from jaxdepth.depth_family import depth_family, param_count
 from jaxdepth.data import grammar
 from jaxdepth.data.readers import resolve_paths
 from jaxdepth.data.streaming import streaming_dataset

@@ -45,8 +45,10 @@ from common import (CompileEvents, TrainStep, arg_parser, environment, print_tab
 import jax
 import numpy as np
 
-from jaxdepth.config import (ATTENTIONS, SIZE_CLASSES, Config, DataConfig, MeshConfig, ModelConfig,
-                             OptimConfig, RunConfig, depth_family, param_count)
+from jaxdepth.config import (
+    ATTENTIONS, Config, DataConfig, MeshConfig, ModelConfig, OptimConfig, RunConfig,
+)
+from jaxdepth.depth_family import SIZE_CLASSES, depth_family, param_count
 from jaxdepth.models.flops import train_flops_per_token
 from jaxdepth.trainer.flops import device_peak_flops, measure_matmul_peak
 

@@ -42,8 +42,9 @@ import numpy as np
 
 import equinox as eqx
 
-from jaxdepth.config import (Config, DataConfig, MeshConfig, ModelConfig, OptimConfig, RunConfig,
-                             from_preset, param_count)
+from jaxdepth.config import Config, DataConfig, MeshConfig, ModelConfig, OptimConfig, RunConfig
+from jaxdepth.depth_family import param_count
+from jaxdepth.presets import from_preset
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.trainer.losses import lm_loss_sums
 from jaxdepth.models.flops import train_flops_per_token

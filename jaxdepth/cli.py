@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, apply_overrides,
-                     from_preset, kind_of, presets, recipe_lines)
+                     kind_of, recipe_lines)
+from .presets import from_preset, presets
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 

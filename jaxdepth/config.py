@@ -1,4 +1,6 @@
-"""Frozen, validated configuration; Eq. 1 depth families; presets; analytic parameter count.
+"""Frozen, validated configuration: the command-line sections, the run kinds' recipes, the
+trial grid, and the specs the tasks derive from the sections (Eq. 1's depth families are in
+depth_family.py, the named presets in presets.py).
 
 Every field is overridable from the command line as ``--section.field value`` (see cli.py).
 Validation happens at construction, so an impossible config never reaches the trainer.
@@ -11,7 +13,6 @@ import dataclasses
 import itertools
 import json
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
@@ -920,146 +921,6 @@ class MLMConfig:
                 bad(f, "must be an integer >= 0")
 
 
-# ----------------------------------------------------------------------------- Eq. 1
-
-def layer_constants(d_model: int, d_attn: int | None = None) -> tuple[int, int]:
-    """(beta, A): one gated-GELU layer has beta * d_ff + A parameters."""
-    d_attn = d_model if d_attn is None else d_attn
-    return 3 * d_model, 4 * d_model * d_attn + 2 * d_model
-
-
-def depth_family_dff(d_model: int, n0: int, d_ff0: int, n_layers: int) -> int:
-    """d_ff of the n_layers member of the family around baseline (n0, d_ff0) (Petty et al., Eq. 1).
-
-    w(k) = round((1 - n0 / (n0 + k)) * (d_ff0 + A / beta)), round half to even, computed in
-    exact rationals so the rounding of .5 cases is not at the mercy of floating point.
-    """
-    _require(n_layers > 0, "model.n_layers", f"must be positive, got {n_layers}")
-    beta, a = layer_constants(d_model)
-    k = n_layers - n0
-    w = round((1 - Fraction(n0, n0 + k)) * (d_ff0 + Fraction(a, beta)))
-    d_ff = d_ff0 - w
-    _require(d_ff >= 1, "model.d_ff",
-             f"Eq. 1 gives d_ff={d_ff} for n_layers={n_layers} around baseline "
-             f"({n0} layers, d_ff {d_ff0}, d_model {d_model}): too deep for this size")
-    return d_ff
-
-
-@dataclass(frozen=True)
-class SizeClass:
-    name: str
-    d_model: int
-    n0: int
-    d_ff0: int
-    depths: tuple[int, ...]
-    vocab_size: int
-
-
-SIZE_CLASSES = {
-    c.name: c for c in (
-        SizeClass("41M", 512, 2, 2048, (1, 2, 3, 4, 5, 6, 7), 32128),
-        SizeClass("134M", 768, 12, 2048, (1, 2, 4, 6, 8, 12, 16, 21, 26, 32), 32128),
-        SizeClass("374M", 1024, 24, 2816, (1, 2, 4, 6, 8, 12, 16, 24, 32), 32128),
-        # CPU-scale classes built by the same rule: members train in minutes on two cores.
-        SizeClass("tiny", 64, 2, 256, (1, 2, 3, 4, 6), 512),
-        SizeClass("small", 128, 4, 512, (1, 2, 3, 4, 6, 8), 512),
-    )
-}
-
-
-def depth_family(size_class: str) -> dict[int, ModelConfig]:
-    """Every member of a size class: n_layers -> ModelConfig with d_ff from Eq. 1."""
-    _require(size_class in SIZE_CLASSES, "preset",
-             f"unknown size class {size_class!r}; known: {sorted(SIZE_CLASSES)}")
-    c = SIZE_CLASSES[size_class]
-    return {n: ModelConfig(vocab_size=c.vocab_size, d_model=c.d_model, n_layers=n,
-                           d_ff=depth_family_dff(c.d_model, c.n0, c.d_ff0, n))
-            for n in c.depths}
-
-
-def param_count(m: ModelConfig) -> int:
-    """Analytic parameter count of models.decoder.DecoderLM built from m."""
-    beta, a = layer_constants(m.d_model)
-    embeddings = 2 * m.d_model * m.vocab_size  # untied input embedding and output projection
-    return m.n_layers * (beta * m.d_ff + a) + embeddings + m.d_model + m.rel_buckets * m.heads
-
-
-# ----------------------------------------------------------------------------- presets
-
-_PAPER_TRAINING = {  # Petty et al. pretraining (t5x): Adafactor, 1/sqrt(max(step, 10k)), C4
-    # streamed (32 streams split over 1, 2, 4 or 8 hosts; 4 loader workers each)
-    "data": {"seq_len": 1024, "batch_size": 128, "streaming": True, "streams": 32, "workers": 4},
-    "optim": {"name": "adafactor", "lr": 1.0, "schedule": "rsqrt", "warmup_steps": 10000,
-              "weight_decay": 0.0, "clip_norm": 0.0},
-    # 20 validation batches (2.6M tokens): the whole C4 validation set would be packed into
-    # memory at start-up
-    "run": {"steps": 1_000_000, "eval_every": 5000, "eval_batches": 20, "save_every": 10000,
-            "keep": 100},
-}
-
-
-# t5x fine-tuning defaults used by Petty et al. (docs/design.md §2). Combine with a model
-# preset: --preset 134M-L4+finetune. Only the fields fine-tuning changes are set.
-PAPER_FINETUNING = {
-    "model": {"dropout": 0.1},
-    "data": {"batch_size": 128},
-    "optim": {"name": "adafactor", "lr": 1e-3, "schedule": "constant", "warmup_steps": 0,
-              "weight_decay": 0.0, "clip_norm": 0.0},
-    "run": {"steps": 10_000, "eval_every": 250, "save_every": 1000},
-}
-
-
-# Simoulin & Crabbe's pretraining recipe (ALBERT's): LAMB, warmup then linear decay to 0,
-# weight decay 0.01 off norms and biases, clipping 1.0. The CPU-scale presets warm up for 100
-# steps instead of 3125.
-ACT_PRETRAINING = {"name": "lamb", "lr": 1.76e-3, "schedule": "linear", "min_lr_ratio": 0.0,
-                   "weight_decay": 0.01, "clip_norm": 1.0, "b1": 0.9, "b2": 0.999, "eps": 1e-6}
-
-
-def cogs_cpu() -> dict[str, dict]:
-    """COGS at CPU scale (docs/depth.md, "COGS on two CPU cores"): the small class's 4-layer member
-    trained from scratch within an hour on 2 cores. Measured choices: 4 heads (one or two
-    wide heads learn to copy slowly), a BPE tokenizer (sequences 1.7x shorter than unigram's
-    at this vocabulary), packed rows (several examples per step at no padding cost), and
-    Adafactor with a cosine decay and no dropout. Name the task: --task.name cogs --task.dir."""
-    model = dataclasses.asdict(depth_family("small")[4])
-    return {
-        "model": {**model, "n_heads": 4, "vocab_size": 768, "dropout": 0.0},
-        "data": {"tokenizer_type": "bpe", "seq_len": 256, "batch_size": 32},
-        "task": {"pack": True, "eval_max": 500},
-        "optim": {"name": "adafactor", "lr": 0.05, "schedule": "cosine", "warmup_steps": 100,
-                  "weight_decay": 0.0, "clip_norm": 1.0},
-        "run": {"steps": 1800, "eval_every": 300, "save_every": 300, "samples": 0},
-    }
-
-
-def presets() -> dict[str, dict]:
-    """name -> nested override dict. ``<class>-L<n>`` for every member of every size class."""
-    out = {}
-    for cname, c in SIZE_CLASSES.items():
-        paper = cname not in ("tiny", "small")
-        for n, m in depth_family(cname).items():
-            over: dict[str, dict] = {"model": dataclasses.asdict(m)}
-            if paper:
-                for sec, vals in _PAPER_TRAINING.items():
-                    over[sec] = dict(vals)
-            out[f"{cname}-L{n}"] = over
-    out["finetune"] = PAPER_FINETUNING
-    out["cogs-cpu"] = cogs_cpu()
-    for size, act in ACT_PRESETS.items():
-        for arch in ("act", "albert", "bert"):
-            out[f"{arch}-{size}"] = {
-                "model": {"arch": arch}, "act": dict(act),
-                "optim": {**ACT_PRETRAINING, "warmup_steps": 3125 if size == "base" else 100}}
-    # ACT with halting that differs by token at CPU scale (docs/act.md, "Halting that differs by
-    # token"): act-tiny where every token starts at M iterations (b_h = -2, p ~ 0.12) and a
-    # small ponder weight pulls them down unevenly; with b_h = 0 every token locks at N = 2.
-    tiny = out["act-tiny"]
-    out["act-cpu"] = {**tiny, "act": {**tiny["act"], "tau": 1e-4, "halting_bias_init": -2.0},
-                      "run": {"steps": 1500}}
-    return out
-
-
 def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:
     """A new Config with nested overrides applied (validated again)."""
     d = cfg.to_dict(keep_recipe=True)
@@ -1117,14 +978,3 @@ def trial_configs(cfg: Config) -> list[Config]:
         seeded = {sec: v for sec, v in overrides[0].items() if sec in ("task", "data")}
         return [apply_overrides(cfg, seeded) if seeded else cfg]
     return [apply_overrides(cfg, o) for o in overrides]
-
-
-def from_preset(name: str) -> Config:
-    """``a+b`` applies preset a, then b (e.g. ``134M-L4+finetune``)."""
-    table = presets()
-    cfg = Config(preset=name)
-    for part in name.split("+"):
-        _require(part in table, "preset",
-                 f"unknown preset {part!r}; known: {', '.join(sorted(table))}")
-        cfg = apply_overrides(cfg, table[part])
-    return cfg

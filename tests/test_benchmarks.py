@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_step  # noqa: E402
 import bench_trials  # noqa: E402
 
-from jaxdepth.config import MeshConfig, ModelConfig, depth_family  # noqa: E402
+from jaxdepth.config import MeshConfig, ModelConfig
+from jaxdepth.depth_family import depth_family
 
 
 def analytic_flops_per_token(m: ModelConfig, T: int) -> int:

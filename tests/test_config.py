@@ -11,9 +11,11 @@ import pytest
 
 from jaxdepth.cli import parse_args
 from jaxdepth.config import (
-    SECTIONS, SIZE_CLASSES, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig,
-    apply_overrides, depth_family, depth_family_dff, from_preset, param_count)
+    SECTIONS, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig, apply_overrides,
+)
+from jaxdepth.depth_family import SIZE_CLASSES, depth_family, depth_family_dff, param_count
 from jaxdepth.models.decoder import DecoderLM
+from jaxdepth.presets import from_preset
 
 # Table 1 of Petty et al., copied cell by cell: n_layers -> d_ff.
 TABLE1 = {

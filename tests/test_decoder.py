@@ -9,7 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxdepth.config import ModelConfig, OptimConfig, param_count
+from jaxdepth.config import ModelConfig, OptimConfig
+from jaxdepth.depth_family import param_count
 from jaxdepth.models.decoder import DecoderLM, generate, greedy_generate, prefill
 from jaxdepth.trainer.losses import lm_loss_sums
 from jaxdepth.trainer.optim import make_optimizer
@@ -315,7 +316,7 @@ def test_initialisation_statistics(raw_model):
     np.testing.assert_array_equal(np.asarray(m.blocks.attn_norm.scale), np.ones((2, 64)))
     leaves = jax.tree.leaves(eqx.filter(m, eqx.is_array))
     assert all(x.dtype == jnp.float32 for x in leaves)
-    # the analytic count (config.param_count) is the real one, and by hand:
+    # the analytic count (depth_family.param_count) is the real one, and by hand:
     # 2 layers * (3*64*96 + 4*64*64 + 2*64 = 34944) + 2*64*80 + 64 + 32*4 buckets x heads
     assert sum(x.size for x in leaves) == param_count(CFG) == 2 * 34944 + 10240 + 64 + 128 == 80320
 

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.config import Config, ConfigError, apply_overrides, from_preset
+from jaxdepth.config import Config, ConfigError, apply_overrides
+from jaxdepth.presets import from_preset
 from jaxdepth.data.grammar import corpus_texts
 from jaxdepth.data.prefix_lm import prefix_lm_features
 from jaxdepth.data.tasks import Example

@@ -2,9 +2,10 @@
 is imported or run):
 
 (a) no import cycle between jaxdepth modules;
-(b) ``jaxdepth/models/`` imports only ``jaxdepth.config``, ``jaxdepth.models.*`` and the two
-    leaf modules config is built on, ``jaxdepth.errors`` and ``jaxdepth.choices`` (and
-    third-party modules): no trainer, task, data, analysis or experiment code;
+(b) ``jaxdepth/models/`` imports only ``jaxdepth.config``, ``jaxdepth.models.*``, the two
+    leaf modules config is built on (``jaxdepth.errors``, ``jaxdepth.choices``) and Eq. 1
+    (``jaxdepth.depth_family``, which imports only config) (and third-party modules): no
+    trainer, task, data, analysis or experiment code;
 (c) ``jaxdepth/trainer/`` imports neither ``jaxdepth.tasks`` nor ``jaxdepth.models``: the
     trainer knows no task and no model class (skipped while ``jaxdepth/trainer`` is absent);
 (d) no source file names the old design file or a path outside the repository;
@@ -72,7 +73,7 @@ _TRY = (ast.Try, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Try,)
 SHARED_DATA_LOCATOR = REPO / "tests" / "conftest.py"  # exempt from the path rule only
 
 MODELS_MAY_IMPORT = ("jaxdepth.config", "jaxdepth.models", "jaxdepth.errors",
-                     "jaxdepth.choices")
+                     "jaxdepth.choices", "jaxdepth.depth_family")
 TRAINER_MAY_NOT_IMPORT = ("jaxdepth.tasks", "jaxdepth.models")
 
 

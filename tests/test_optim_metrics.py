@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.config import ModelConfig, OptimConfig, param_count
+from jaxdepth.config import ModelConfig, OptimConfig
+from jaxdepth.depth_family import param_count
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.trainer.losses import lm_loss_sums, token_nll
 from jaxdepth.models.flops import matmul_params, train_flops_per_token

@@ -19,7 +19,8 @@ from _train_helpers import (GRAMMAR_DOCS, REPO, base_args, committed_steps, free
                             leaves, load_state, read_metrics, run_train, saved_partition_specs,
                             snapshot, start_train, step_losses, wait_for_step)
 from jaxdepth.cli import parse_args
-from jaxdepth.config import Config, ConfigError, depth_family_dff
+from jaxdepth.config import Config, ConfigError
+from jaxdepth.depth_family import depth_family_dff
 from jaxdepth.data import grammar
 from jaxdepth.data.tokenizer import train_tokenizer
 from jaxdepth.tasks import task_for

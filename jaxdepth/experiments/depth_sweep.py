@@ -31,8 +31,9 @@ from pathlib import Path
 
 from .plan_file import PlannedExperiment
 from ..errors import RunFailed, run_main
-from ..config import (PAPER_FINETUNING, SEED_FIELD, SIZE_CLASSES, TASKS, Config, ConfigError,
-                      apply_overrides, from_preset)
+from ..config import SEED_FIELD, TASKS, Config, ConfigError, apply_overrides
+from ..depth_family import SIZE_CLASSES
+from ..presets import PAPER_FINETUNING, from_preset
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ class Sweep(PlannedExperiment):
             on_done(seed, s)
 
     def run(self) -> None:
-        from ..config import param_count
+        from ..depth_family import param_count
 
         p = self.plan
         ran = self.units_run

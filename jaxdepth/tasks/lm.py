@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import Config, ConfigError, param_count
+from ..config import Config, ConfigError
+from ..depth_family import param_count
 from ..data.pipeline import eval_batches, lm_dataset, window_batches
 from ..data.prepare import corpus_name, prepare_lm_data, prepare_streaming
 from ..data.tokenizer import EOS_ID
