@@ -59,27 +59,41 @@ def evaluate(run, step: int | None = None, data: str = "", batch: int = 0, split
              trial: int | None = None) -> dict:
     """What eval.py prints for a checkpoint of `run`, whatever kind of run it is (the files it
     writes are named in the result)."""
-    args = argparse.Namespace(run=str(run), step=step, data=data, batch=batch, splits=splits,
-                              task_dir=task_dir, max=max_examples, out=out, trial=trial)
-    return _evaluate(args)
+    from jaxdepth.trainer.task import EvalRequest
+
+    request = EvalRequest(step=step, data=data, batch=batch, out=out, splits=splits,
+                          task_dir=task_dir, max_examples=max_examples)
+    return _evaluate(Path(run), request, trial)
 
 
-def _evaluate(args) -> dict:
-    from jaxdepth.config import Config, trial_configs
+# eval.py's flag for each EvalRequest field
+FLAGS = {"step": "--step", "data": "--data", "batch": "--batch", "out": "--out",
+         "splits": "--splits", "task_dir": "--task-dir", "max_examples": "--max"}
+
+
+def _evaluate(run: Path, request, trial: int | None) -> dict:
+    import dataclasses
+
+    from jaxdepth.config import Config, ConfigError, kind_of, trial_configs
     from jaxdepth.tasks import task_for
     from jaxdepth.tasks.checkpoints import saved_config
 
-    run = Path(args.run)
-    if args.trial is not None:
+    if trial is not None:
         from jaxdepth.trainer.trial_export import export_trial
 
-        run = export_trial(run, args.trial, task_for)
-        args = argparse.Namespace(**{**vars(args), "run": str(run)})
+        run = export_trial(run, trial, task_for)
     cfg = Config.from_dict(saved_config(run))
     cfgs = trial_configs(cfg)
     if len(cfgs) == 1:  # a solo run: its {seed} paths resolved, as it trained
         cfg = cfgs[0]
-    return task_for(cfg).evaluate_checkpoint(run, args)
+    task = task_for(cfg)
+    given = [f.name for f in dataclasses.fields(request)
+             if getattr(request, f.name) != f.default and f.name not in task.EVAL_READS]
+    if given:  # a flag this kind of run does not read would be silently ignored
+        reads = ", ".join(FLAGS[f] for f in FLAGS if f in task.EVAL_READS) or "none"
+        raise ConfigError(f"{FLAGS[given[0]]}: a {kind_of(cfg)[0]} run's evaluation does not "
+                          f"read it (it reads: {reads})", field=FLAGS[given[0]])
+    return task.evaluate_checkpoint(run, request)
 
 
 def main(argv) -> int:
@@ -91,7 +105,8 @@ def main(argv) -> int:
 
     def body() -> int:
         try:
-            result = _evaluate(args)
+            result = evaluate(args.run, args.step, args.data, args.batch, args.splits,
+                              args.task_dir, args.max, args.out, args.trial)
         except ResultNotWritten as e:  # the result first, then the one line saying why
             print(json.dumps(e.result, indent=2), flush=True)
             raise

@@ -43,7 +43,13 @@ def test_every_registered_kind_reports_and_evaluates_its_checkpoints():
     registered class defines both itself or through a base of its own kind."""
     assert set(registry._KINDS) == {"lm", "prefix_lm", "encoder_pretrain", "probe", "encoder_mlm",
                                     "mlm", "ner"}
+    import dataclasses
+
+    from jaxdepth.trainer.task import EvalRequest, Task
+    methods = [n for n, v in vars(Task).items() if callable(v) and not n.startswith("_")]
+    assert {"report", "evaluate_checkpoint", "build_model", "evaluate"} <= set(methods)
+    requests = {f.name for f in dataclasses.fields(EvalRequest)}
     for kind, cls in registry._KINDS.items():
-        for method in ("report", "evaluate_checkpoint", "build_model", "prepare", "dataset",
-                       "objective", "evaluate", "summary", "flops_per_token"):
+        for method in methods:  # the protocol is every method train.py, eval.py and the trainer call
             assert callable(getattr(cls, method, None)), (kind, method)
+        assert cls.EVAL_READS <= requests, (kind, cls.EVAL_READS - requests)

@@ -407,6 +407,10 @@ def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path)
 
     with pytest.raises(ValueError, match="--step 3"):
         eval_py.evaluate(straight_run, step=3)
+    # a flag a language-model run's evaluation does not read is refused, not ignored
+    with pytest.raises(ConfigError, match=r"^--splits: a lm run's evaluation does not read it "
+                                          r"\(it reads: --step, --data, --batch, --out\)"):
+        eval_py.evaluate(straight_run, splits="gen")
 
 
 @pytest.mark.fake_devices

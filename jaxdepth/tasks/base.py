@@ -11,7 +11,8 @@ class TaskBase:
     ``trainable_spec``, e.g. a frozen FE backbone), parameters counted from the arrays.
 
     Each registered task also says what train.py prints at the end (``report(summary)``) and
-    what eval.py does with one of its checkpoints (``evaluate_checkpoint(run, args)``)."""
+    what eval.py does with one of its checkpoints (``evaluate_checkpoint(run, request)``,
+    reading the request's ``EVAL_READS``)."""
 
     uses_dropout = False
     reports_perplexity = False

@@ -12,6 +12,7 @@ from ..data.prepare import check_vocab
 from ..data.readers import read_json_file
 from ..data.tokenizer import Tokenizer
 from ..trainer.sharding import make_mesh
+from ..trainer.task import EvalRequest
 from .registry import load_model
 
 
@@ -35,12 +36,12 @@ def load_checkpoint(run: Path, step: int | None, batch: int, tokenizer: bool = T
     return cfg, model, step, tok, mesh
 
 
-def scored_on(cfg: Config, args) -> Config:
+def scored_on(cfg: Config, request: EvalRequest) -> Config:
     """The run's config with eval.py's --data as its validation files and --batch as its batch
     size (the MLM-scored runs rebuild their validation batches from these)."""
     data = cfg.data
-    if args.data:
-        data = dataclasses.replace(data, valid=args.data)
-    if args.batch:
-        data = dataclasses.replace(data, batch_size=args.batch)
+    if request.data:
+        data = dataclasses.replace(data, valid=request.data)
+    if request.batch:
+        data = dataclasses.replace(data, batch_size=request.batch)
     return dataclasses.replace(cfg, data=data)

@@ -29,6 +29,7 @@ from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
 from ..trainer.losses import softmax_xent as _xent
+from ..trainer.task import EvalRequest
 from .base import TaskBase
 from .registry import register
 
@@ -177,20 +178,22 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
                 f"tokens by iterations: {shares}\n"
                 f"Table 1 and Fig. 2: {s['analysis']}")
 
-    def evaluate_checkpoint(self, run: Path, args) -> dict:
+    EVAL_READS = frozenset({"step", "data", "batch", "out"})
+
+    def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """Table 1 (MLM / SOP accuracy, mean iterations per token group) and Fig. 2 (cosine
         of consecutive iteration states) of the checkpoint, on the run's validation batches
         or on MLM batches built from --data files."""
         from .checkpoints import load_checkpoint, scored_on
 
-        cfg, model, step, _, _ = load_checkpoint(run, args.step, args.batch)
-        cfg = scored_on(cfg, args)
+        cfg, model, step, _, _ = load_checkpoint(run, request.step, request.batch)
+        cfg = scored_on(cfg, request)
         reader = EncoderPretrainTask(cfg, arch=self.arch, untied=self.untied,
                                      adaptive=self.adaptive, halting=self.encoder_cfg.halting)
         reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
         res = evaluate_act(model, reader.valid, use_while=self.adaptive)
-        directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
-        out = {"run": str(run), "step": step, "data": args.data or "validation batches of the run",
+        directory = Path(request.out) if request.out else run / "eval" / f"step{step}"
+        out = {"run": str(run), "step": step, "data": request.data or "validation batches of the run",
                "table1": res["table1"]}
         label = f"{self.arch} step {step}"
         with writing_result(out, directory):  # computed first: printed even if not written

@@ -23,6 +23,7 @@ from ..models.decoder import DecoderLM, generate
 from ..models.flops import train_flops_per_token
 from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
+from ..trainer.task import EvalRequest
 from .base import TaskBase
 from .registry import register
 
@@ -142,7 +143,9 @@ class LMTask(DecoderTask):
                          f"continuations of validation prompts derive from the grammar's rules")
         return "\n".join(lines)
 
-    def evaluate_checkpoint(self, run: Path, args) -> dict:
+    EVAL_READS = frozenset({"step", "data", "batch", "out"})
+
+    def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """Perplexity of the checkpoint on the run's validation set or on --data files."""
         from ..data.packing import document_ids, iter_windows
         from ..data.pipeline import load_tokens, tokenize_documents
@@ -151,20 +154,20 @@ class LMTask(DecoderTask):
         from ..trainer.sharding import batch_sharding
         from .checkpoints import load_checkpoint
 
-        cfg, model, step, tok, mesh = load_checkpoint(run, args.step, args.batch)
-        batch = args.batch or cfg.data.batch_size
+        cfg, model, step, tok, mesh = load_checkpoint(run, request.step, request.batch)
+        batch = request.batch or cfg.data.batch_size
         source = "validation set of the run"
         if cfg.data.streaming:  # documents packed and kept apart, as the run trained
-            if args.data:
-                source = resolve_paths(args.data, "--data")
+            if request.data:
+                source = resolve_paths(request.data, "--data")
                 docs = (document_ids(tok.encode(d)) for d in valid_documents(source))
                 batches = window_batches(iter_windows(docs, cfg.data.seq_len), batch)
             else:
                 batches = prepare_streaming(cfg.data, cfg.vocab_size, run, is_primary=False,
                                             batch_size=batch).valid
         else:
-            if args.data:
-                source = resolve_paths(args.data, "--data")
+            if request.data:
+                source = resolve_paths(request.data, "--data")
                 tokens = tokenize_documents(read_corpus(source), tok)
             else:
                 tokens = load_tokens(run / "data" / "valid.npy")
@@ -173,7 +176,7 @@ class LMTask(DecoderTask):
         out = {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
                "tokens": result["valid_tokens"], "loss": result["valid_loss"],
                "perplexity": result["valid_ppl"]}
-        write_json(Path(args.out or run / f"eval_step{step}.json"), out)
+        write_json(Path(request.out or run / f"eval_step{step}.json"), out)
         return out
 
 

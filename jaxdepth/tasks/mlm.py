@@ -24,6 +24,7 @@ from ..data.subwords import HFWords
 from ..models.encoder import Encoder
 from ..models.encoder_mlm import EncoderMLM
 from ..trainer.losses import softmax_xent as _xent
+from ..trainer.task import EvalRequest
 from .backbones import FusionTask, backbone_vocab, is_hf_dir, module_flops
 from .checkpoints import load_checkpoint, scored_on
 from .encoder_pretrain import MLMCorpus, mlm_config
@@ -86,16 +87,18 @@ class MLMTask(MLMCorpus):
         return (f"held-out MLM perplexity {s['mlm_perplexity']:.3f} (loss {s['mlm_loss']:.4f}, "
                 f"accuracy {100 * s['mlm_accuracy']:.1f}%)")
 
-    def evaluate_checkpoint(self, run: Path, args) -> dict:
+    EVAL_READS = frozenset({"step", "data", "batch", "out"})
+
+    def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """Held-out MLM perplexity of the checkpoint, on the run's validation batches or MLM
         batches of --data files."""
-        cfg, model, step, _, _ = load_checkpoint(run, args.step, args.batch, tokenizer=False)
-        cfg = scored_on(cfg, args)
+        cfg, model, step, _, _ = load_checkpoint(run, request.step, request.batch, tokenizer=False)
+        cfg = scored_on(cfg, request)
         reader = type(self)(cfg)
         reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
-        out = {"run": str(run), "step": step, "data": args.data or "validation batches of the run",
+        out = {"run": str(run), "step": step, "data": request.data or "validation batches of the run",
                **mlm_perplexity(model, reader.valid)}
-        write_json(Path(args.out or run / f"eval_step{step}.json"), out)
+        write_json(Path(request.out or run / f"eval_step{step}.json"), out)
         return out
 
 

@@ -30,6 +30,7 @@ from ..data.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
 from ..models.flops import module_flops_per_token
 from ..trainer.losses import softmax_xent as _xent
+from ..trainer.task import EvalRequest
 from . import state_cache
 from .backbones import FusionTask, backbone_words
 from .checkpoints import load_checkpoint
@@ -358,16 +359,18 @@ class NERTask(FusionTask):
                 f"there {100 * s['test_f1_at_best']:.2f}; final test F1 {100 * s['test_f1']:.2f})"
                 f"\nresults: {s['analysis']}")
 
-    def evaluate_checkpoint(self, run: Path, args) -> dict:
+    EVAL_READS = frozenset({"step", "out", "splits"})
+
+    def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """seqeval micro F1 of the checkpoint on dev and test (or --splits), with the tagged
         sentences as JSONL."""
-        cfg, model, step, _, _ = load_checkpoint(run, args.step, 0, tokenizer=False)
+        cfg, model, step, _, _ = load_checkpoint(run, request.step, 0, tokenizer=False)
         reader = NERTask(cfg)
         reader.cached = False  # one pass over each split: nothing to reuse
         reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
-        directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
+        directory = Path(request.out) if request.out else run / "eval" / f"step{step}"
         res, tagged = {"run": str(run), "step": step}, {}
-        for split in [s.strip() for s in (args.splits or "dev,test").split(",") if s.strip()]:
+        for split in [s.strip() for s in (request.splits or "dev,test").split(",") if s.strip()]:
             if split not in reader.sentences or split == "train":
                 raise ConfigError(f"--splits: {split!r} is not one of dev, test")
             sents = reader.sentences[split]

@@ -16,6 +16,7 @@ from ..config import Config, ConfigError, ModelConfig
 from ..data.pipeline import ExampleBatchSource
 from ..data.task_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
+from ..trainer.task import EvalRequest
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
 from .lm import DecoderTask, mean_loss
 from .registry import load_model, register
@@ -110,23 +111,25 @@ class PrefixLMTask(DecoderTask):
                          f"{list(unk['unknown_words'])[:5]}")
         return "\n".join(lines)
 
-    def evaluate_checkpoint(self, run: Path, args) -> dict:
+    EVAL_READS = frozenset({"step", "batch", "out", "splits", "task_dir", "max_examples"})
+
+    def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """Exact match of the checkpoint on whole splits; writes predictions + summary."""
         from ..data.task_data import resolve_eval_splits, task_splits
         from .checkpoints import load_checkpoint
 
-        cfg, model, step, tok, _ = load_checkpoint(run, args.step, args.batch)
-        task = dataclasses.replace(cfg.task, dir=args.task_dir or cfg.task.dir,
-                                   eval_splits=args.splits, eval_max=args.max)
+        cfg, model, step, tok, _ = load_checkpoint(run, request.step, request.batch)
+        task = dataclasses.replace(cfg.task, dir=request.task_dir or cfg.task.dir,
+                                   eval_splits=request.splits, eval_max=request.max_examples)
         all_splits, dev, gen = task_splits(task)
         names = resolve_eval_splits(task, all_splits, dev, gen)
-        chosen = {s: fixed_subset(all_splits[s], args.max, task.seed) for s in names}
+        chosen = {s: fixed_subset(all_splits[s], request.max_examples, task.seed) for s in names}
         geo = Geometry.fit([e for ex in chosen.values() for e in ex], tok,
-                           args.batch or cfg.task.eval_batch or cfg.data.batch_size)
+                           request.batch or cfg.task.eval_batch or cfg.data.batch_size)
         records = evaluate_splits(model, tok, chosen, geo)
         summary = {"run": str(run), "step": step, "task": task.name, "task_dir": task.dir,
                    **summarize(records, dev, gen)}
-        directory = Path(args.out) if args.out else run / "eval" / f"step{step}"
+        directory = Path(request.out) if request.out else run / "eval" / f"step{step}"
         from ..errors import writing_result
 
         with writing_result(summary, directory):  # eval.py prints it if it cannot be written

@@ -25,6 +25,7 @@ from ..data.probing import ROLE_NAMES, label_names, make_probe_data
 from ..data.prepare import run_tokenizer, tokenizer_source
 from ..models.classifier import EncoderClassifier
 from ..trainer.losses import softmax_xent as _xent
+from ..trainer.task import EvalRequest
 from .encoder_pretrain import EncoderTask
 from .registry import load_model, register, task_for
 
@@ -173,7 +174,9 @@ class ProbeTask(EncoderTask):
                 f"(dev {100 * p['dev']['accuracy']:.1f}%), mean iterations "
                 f"{p['test']['mean_iterations']:.2f}\nresults: {s['analysis']}")
 
-    def evaluate_checkpoint(self, run: Path, args) -> dict:
+    EVAL_READS = frozenset()  # its results are written while it trains
+
+    def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         raise ConfigError(f"--run: {run} fine-tunes an encoder on a probing task: its dev/test "
                           f"results are in {run / 'analysis' / 'probe.json'}", field="run")
 

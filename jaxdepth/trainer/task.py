@@ -8,8 +8,9 @@ Implementations live in ``jaxdepth/tasks/`` (one module per kind of run) and are
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 import equinox as eqx
 import grain
@@ -21,9 +22,24 @@ from jaxtyping import Array
 Objective = tuple[Callable[..., tuple[Array, dict]], Callable[[dict], dict]]
 
 
+@dataclass(frozen=True)
+class EvalRequest:
+    """What eval.py asks of a checkpoint. A kind of run reads some of these (its task's
+    EVAL_READS); eval.py refuses the others when they are given."""
+
+    step: int | None = None  # the checkpoint's step; None: the latest
+    data: str = ""  # comma-separated text/JSONL files to score instead of the run's validation
+    batch: int = 0  # sequences per batch; 0: the run's batch size
+    out: str = ""  # where the result goes; "": the run's default place
+    splits: str = ""  # comma-separated splits of the run's task; "": the run's
+    task_dir: str = ""  # read the task's files from here instead of the run's task.dir
+    max_examples: int = 0  # at most this many examples per split; 0: all
+
+
 class Task(Protocol):
     uses_dropout: bool  # the step draws a dropout key only when the model has dropout
     reports_perplexity: bool  # the train loss is a token NLL: log exp(loss) too
+    EVAL_READS: ClassVar[frozenset[str]]  # the EvalRequest fields evaluate_checkpoint reads
 
     def build_model(self, *, key: Array) -> eqx.Module:
         """A freshly initialised model (also traced abstractly, under eval_shape)."""
@@ -69,3 +85,10 @@ class Task(Protocol):
 
     def summary(self, model: eqx.Module) -> dict:
         """What summary.json adds for this kind of run."""
+
+    def report(self, summary: dict) -> str:
+        """What train.py prints of summary.json at the end, after the train loss."""
+
+    def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
+        """eval.py: evaluate a checkpoint of ``run`` (trained by this kind of run), write
+        its files and return the result it prints (naming the files)."""
