@@ -1,7 +1,7 @@
 """The package's import graph and its references, read from the source with ``ast`` (nothing
 is imported or run):
 
-(a) no import cycle between jaxdepth modules;
+(a) no import cycle between jaxdepth modules, nor between its packages;
 (b) ``jaxdepth/models/`` imports only ``jaxdepth.config``, ``jaxdepth.models.*``, the two
     leaf modules config is built on (``jaxdepth.errors``, ``jaxdepth.choices``) and Eq. 1
     (``jaxdepth.depth_family``, which imports only config) (and third-party modules): no
@@ -397,6 +397,30 @@ def test_no_import_cycles(package):
     assert not cycles, (f"{len(cycles)} import cycle(s) between jaxdepth modules (imports inside "
                         "functions included):\n" + "\n".join(_describe_cycle(c, imports)
                                                              for c in cycles))
+
+
+def package_graph(imports: list[Import], modules: set[str]) -> dict[str, set[str]]:
+    """The import graph between jaxdepth's packages (``jaxdepth.tasks``) and top-level modules
+    (``jaxdepth.config``): an edge wherever one of A's modules imports one of B's, imports
+    under TYPE_CHECKING excepted."""
+    def unit(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+    units = {unit(m) for m in modules}
+    out: dict[str, set[str]] = {}
+    for i in imports:
+        a, b = unit(i.source), unit(i.target)
+        if not i.type_only and a != b and b in units:
+            out.setdefault(a, set()).add(b)
+    return out
+
+
+def test_no_import_cycles_between_packages(package):
+    """A cycle between packages (analysis -> tasks -> analysis) is a design knot even when no
+    two modules import each other: neither package can be read, tested or replaced alone."""
+    files, imports = package
+    cycles = find_cycles(package_graph(imports, set(files)))
+    assert not cycles, "import cycles between jaxdepth packages:\n" + "\n".join(
+        " -> ".join(c) for c in cycles)
 
 
 def _layering(imports: list[Import], where: str, allowed=None, forbidden=None) -> list[str]:

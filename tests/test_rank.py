@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxdepth.analysis import rank
+from jaxdepth.experiments import run_rank
 from jaxdepth.config import Config, ModelConfig
 from jaxdepth.models.decoder import DecoderLM
 
@@ -155,12 +156,12 @@ def test_load_model_and_cli(tmp_path, capsys):
         load_model(tmp_path / "empty")
 
     out = tmp_path / "rank_out"
-    assert rank.main(["--run", str(run), "--out", str(out)]) == 0
+    assert run_rank.main(["--run", str(run), "--out", str(out)]) == 0
     with (out / "ff_rank.csv").open() as f:
         got = list(csv.DictReader(f))
     expected = rank.ff_rank_table(state.model)
     assert len(got) == 6
     for g, r in zip(got, expected):
         assert float(g["erank"]) == pytest.approx(r["erank"], rel=1e-12)
-    assert rank.main(["--run", str(run), "--step", "4"]) == 2
+    assert run_rank.main(["--run", str(run), "--step", "4"]) == 2
     assert "available" in capsys.readouterr().err

@@ -14,14 +14,12 @@ The model's gated MLP (``layers.GatedMLP``) already uses the t5x names: ``wi_0``
 the gate that goes through GELU, ``wi_1`` [D, F] the linear branch, ``wo`` [F, D] the output.
 In a ``DecoderLM`` they live at ``model.blocks.mlp.<name>`` with a leading layer axis L.
 
-    python -m jaxdepth.analysis.rank --run runs/x [--step N] [--out DIR]
+For a run's checkpoint: ``python -m jaxdepth.experiments.run_rank --run runs/x``.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -191,38 +189,3 @@ def write_rank_vs_depth(rows: Sequence[Mapping], out_dir) -> dict[str, Path]:
     fig.savefig(paths["png"], dpi=120)
     plt.close(fig)
     return paths
-
-
-def parse(argv):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, help="run directory written by train.py")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    p.add_argument("--out", default="", help="output directory (default: <run>/analysis/rank_step<N>)")
-    p.add_argument("--debug", action="store_true",
-                   help="print the traceback of an error as well as its one line")
-    return p.parse_args(argv)
-
-
-def main(argv) -> int:
-    from jaxdepth.errors import run_main
-    args = parse(argv)
-    return run_main(lambda: _run(args), debug=args.debug)  # a user's error: one line, exit 2
-
-
-def _run(args) -> int:
-    from jaxdepth.tasks import load_model
-    model, cfg, step = load_model(args.run, args.step)
-    rows = ff_rank_table(model)
-    out = Path(args.out) if args.out else Path(args.run) / "analysis" / f"rank_step{step}"
-    label = f"{Path(args.run).name} step {step} (L={cfg.model.n_layers}, d_ff={cfg.model.d_ff})"
-    paths = write_rank_outputs(rows, out, label=label)
-    for r in rows:
-        print(f"layer {r['layer']:3d} {r['matrix']:5s} erank {r['erank']:9.2f} "
-              f"/ {r['max_rank']:5d} = {r['erank_ratio']:.3f}")
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
