@@ -76,7 +76,7 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
 
     from jaxdepth.config import Config, ConfigError, kind_of, trial_configs
     from jaxdepth.tasks import task_for
-    from jaxdepth.tasks.checkpoints import saved_config
+    from jaxdepth.tasks.open_run import saved_config
 
     if trial is not None:
         from jaxdepth.trainer.trial_export import export_trial

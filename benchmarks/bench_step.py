@@ -50,7 +50,7 @@ from jaxdepth.config import (
 )
 from jaxdepth.depth_family import SIZE_CLASSES, depth_family, param_count
 from jaxdepth.models.flops import train_flops_per_token
-from jaxdepth.trainer.flops import device_peak_flops, measure_matmul_peak
+from jaxdepth.trainer.mfu import device_peak_flops, measure_matmul_peak
 
 
 def peak_memory() -> tuple[int, str]:

@@ -87,7 +87,7 @@ from jaxdepth.data.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import trials as tr
 from jaxdepth.models.flops import train_flops_per_token
-from jaxdepth.trainer.flops import measure_matmul_peak
+from jaxdepth.trainer.mfu import measure_matmul_peak
 from jaxdepth.trainer.memory import DoesNotFit, step_check, xla_estimate
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh

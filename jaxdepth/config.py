@@ -869,7 +869,7 @@ class EncoderConfig:
 
 @dataclass(frozen=True)
 class MLMConfig:
-    """How data/mlm.py makes ALBERT-style MLM + SOP examples."""
+    """How data/mlm_sop.py makes ALBERT-style MLM + SOP examples."""
     seq_len: int = 128
     mask_rate: float = 0.15
     max_predictions: int = 20

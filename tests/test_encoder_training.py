@@ -11,7 +11,7 @@ import pytest
 
 from jaxdepth.config import Config, MeshConfig
 from jaxdepth.config import MLMConfig
-from jaxdepth.data.mlm import grammar_documents, mlm_dataset, tokenize_mlm_documents
+from jaxdepth.data.mlm_sop import grammar_documents, mlm_dataset, tokenize_mlm_documents
 from jaxdepth.data.tokenizer import train_tokenizer
 from jaxdepth.data import grammar
 from jaxdepth.models import act

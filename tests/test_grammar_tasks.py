@@ -18,7 +18,7 @@ from jaxdepth.data.grammar_tasks import (
     passivization_example,
     semantic_parsing_example,
 )
-from jaxdepth.data.tasks import Example
+from jaxdepth.data.seq2seq_readers import Example
 
 N_TRAIN, N_EVAL = 600, 40
 

@@ -5,7 +5,7 @@ import pytest
 
 from jaxdepth.config import N_SPECIAL, MLMConfig
 from jaxdepth.data import grammar
-from jaxdepth.data.mlm import (
+from jaxdepth.data.mlm_sop import (
     KIND_MASK,
     KIND_NONE,
     KIND_ORIGINAL,

@@ -20,8 +20,8 @@ import pytest
 
 from jaxdepth.analysis import entity_f1
 from jaxdepth.config import Config, ConfigError
-from jaxdepth.data import ner
-from jaxdepth.data.ner import (CONLL_LABELS, LABELS, Sentence, decode_tags, detect_format,
+from jaxdepth.data import ner_sentences
+from jaxdepth.data.ner_sentences import (CONLL_LABELS, LABELS, Sentence, decode_tags, detect_format,
                                encode_sentences, ner_labels, read_split, read_wikiann,
                                split_path)
 
@@ -223,7 +223,7 @@ def test_wikiann_and_conll_directories(tmp_path):
     assert read_split(co, "test") == [  # IOB1 read as IOB2
         Sentence(("EU", "rejects", "Peter", "Blackburn"), ("B-ORG", "O", "B-PER", "I-PER")),
         Sentence(("Paris", "Berlin", "Lyon"), ("B-LOC", "I-LOC", "B-LOC"))]
-    assert ner.n_classes(LABELS) == 3 and ner.n_classes(CONLL_LABELS) == 4
+    assert ner_sentences.n_classes(LABELS) == 3 and ner_sentences.n_classes(CONLL_LABELS) == 4
 
     # the renamed layout: train.txt / valid.txt / test.txt
     rn = tmp_path / "renamed"
@@ -602,7 +602,7 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
     half of "UN ##ES ##CO"), random replacements above the leading specials, and no padding
     leaking into the text even though this tokenizer.json pads and truncates (as
     sentence-transformers' do)."""
-    from jaxdepth.data.mlm import KIND_RANDOM
+    from jaxdepth.data.mlm_sop import KIND_RANDOM
     from jaxdepth.models.hf_import import save_hf_checkpoint
     from jaxdepth.tasks import task_for
     from jaxdepth.tasks.mlm import FusionMLMTask
@@ -718,12 +718,12 @@ def test_hf_import_tokenizer_neither_pads_nor_truncates(tmp_path):
 
 
 def test_a_split_is_parsed_once_while_its_file_is_unchanged(tmp_path):
-    from jaxdepth.data import ner
+    from jaxdepth.data import ner_sentences
 
     _write_wikiann(tmp_path / "train", _sentences(5, 0))
-    first = ner.read_split(tmp_path, "train")
-    hits = ner._parsed.cache_info().hits
-    assert ner.read_split(tmp_path, "train") == first
-    assert ner._parsed.cache_info().hits == hits + 1
+    first = ner_sentences.read_split(tmp_path, "train")
+    hits = ner_sentences._parsed.cache_info().hits
+    assert ner_sentences.read_split(tmp_path, "train") == first
+    assert ner_sentences._parsed.cache_info().hits == hits + 1
     _write_wikiann(tmp_path / "train", _sentences(7, 1))  # another size: parsed again
-    assert ner.read_split(tmp_path, "train") == _sentences(7, 1)
+    assert ner_sentences.read_split(tmp_path, "train") == _sentences(7, 1)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import ModelConfig
-from jaxdepth.data.prefix_lm import batch_features, count_unk, pack_features, prefix_lm_features
-from jaxdepth.data.tasks import Example
+from jaxdepth.data.prefix_lm_features import batch_features, count_unk, pack_features, prefix_lm_features
+from jaxdepth.data.seq2seq_readers import Example
 from jaxdepth.data.tokenizer import train_tokenizer
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.trainer.losses import lm_loss_sums

@@ -26,7 +26,7 @@ import pytest
 from _train_helpers import REPO, TRAIN_PY, load_main, subprocess_env
 from jaxdepth.config import ConfigError, DataConfig
 from jaxdepth.data import grammar
-from jaxdepth.data.ner import LABELS, encode_sentences, read_split
+from jaxdepth.data.ner_sentences import LABELS, encode_sentences, read_split
 from jaxdepth.data.pipeline import tokenize_documents
 from jaxdepth.data.prepare import prepare_lm_data, prepare_streaming
 from jaxdepth.data.streaming import streaming_dataset

@@ -300,7 +300,7 @@ def _long_wikiann(root: Path) -> Path:
     """A tiny WikiAnn whose training split mixes 5- to 8-word sentences with 30-word ones: the
     few-shot samples and seeds draw batches with different numbers of words in use."""
     from test_ner_job import _sentences, _write_wikiann
-    from jaxdepth.data.ner import Sentence
+    from jaxdepth.data.ner_sentences import Sentence
 
     train = _sentences(40, 0)
     glued = [Sentence(sum((s.tokens for s in train[i:i + 5]), ()),

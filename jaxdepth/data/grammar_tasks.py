@@ -48,7 +48,7 @@ from jaxdepth.data.grammar import (
     generate,
     to_passive,
 )
-from jaxdepth.data.tasks import Example
+from jaxdepth.data.seq2seq_readers import Example
 
 GRAMMAR_TASKS = ("semantic_parsing", "passivization")
 SPLITS = ("train", "dev", "test", "gen_lexical", "gen_structural")

@@ -51,7 +51,7 @@ import numpy as np
 
 from jaxdepth.data import grammar
 from jaxdepth.data.grammar import GrammarConfig, Sentence
-from jaxdepth.data.mlm import word_start_table
+from jaxdepth.data.mlm_sop import word_start_table
 from jaxdepth.data.tokenizer import CLS_ID, PAD_ID, SEP_ID, UNK_ID, Tokenizer
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from ..models.fused import FusedModel
 from ..models.fusions import fusion_method
 from ..models.hf_import import CONFIG_FILE, config_from_hf, load_hf_encoder
 from ..models.flops import module_flops_per_token
-from .base import TaskBase
+from .task_base import TaskBase
 from .registry import load_model, task_for
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.exact_match import accuracy_by_type, exact_match
-from ..data.tasks import Example
+from ..data.seq2seq_readers import Example
 from ..data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from ..models.decoder import DecoderLM, greedy_generate
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from ..analysis.act_stats import evaluate_act, plot_cosine, write_cosine_table, write_table1
 from ..config import ACTConfig, Config, ConfigError, MLMConfig
 from ..data import grammar
-from ..data.mlm import (eval_mlm_batches, grammar_documents, mlm_dataset,
+from ..data.mlm_sop import (eval_mlm_batches, grammar_documents, mlm_dataset,
                         text_documents, tokenize_mlm_documents)
 from ..data.pipeline import split_documents
 from ..data.prepare import corpus_name, run_tokenizer, tokenizer_source
@@ -30,7 +30,7 @@ from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
 from ..trainer.losses import softmax_xent as _xent
 from ..trainer.task import EvalRequest
-from .base import TaskBase
+from .task_base import TaskBase
 from .registry import register
 
 EVAL_BATCHES = 4  # validation batches when run.eval_batches is 0
@@ -184,7 +184,7 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         """Table 1 (MLM / SOP accuracy, mean iterations per token group) and Fig. 2 (cosine
         of consecutive iteration states) of the checkpoint, on the run's validation batches
         or on MLM batches built from --data files."""
-        from .checkpoints import load_checkpoint, scored_on
+        from .open_run import load_checkpoint, scored_on
 
         cfg, model, step, _, _ = load_checkpoint(run, request.step, request.batch)
         cfg = scored_on(cfg, request)

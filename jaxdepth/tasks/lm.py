@@ -24,7 +24,7 @@ from ..models.flops import train_flops_per_token
 from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
 from ..trainer.task import EvalRequest
-from .base import TaskBase
+from .task_base import TaskBase
 from .registry import register
 
 
@@ -152,7 +152,7 @@ class LMTask(DecoderTask):
         from ..data.prepare import valid_documents
         from ..data.readers import read_corpus, resolve_paths
         from ..trainer.sharding import batch_sharding
-        from .checkpoints import load_checkpoint
+        from .open_run import load_checkpoint
 
         cfg, model, step, tok, mesh = load_checkpoint(run, request.step, request.batch)
         batch = request.batch or cfg.data.batch_size

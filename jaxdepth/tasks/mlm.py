@@ -1,6 +1,6 @@
 """Masked-LM training of the BERT encoder (``model.arch=encoder``, task empty) and MLM with a
 fusion module over a backbone (``task.name=mlm``, docs/design.md §4), on the MLM data of
-data/mlm.py (the embedded grammar, WikiText-2 or text / JSONL files; ALBERT-style n-gram
+data/mlm_sop.py (the embedded grammar, WikiText-2 or text / JSONL files; ALBERT-style n-gram
 masking; the sentence-order label is not used).
 
 Objective: the cross-entropy over the global batch's masked slots (their mean). Evaluation: on
@@ -26,7 +26,7 @@ from ..models.encoder_mlm import EncoderMLM
 from ..trainer.losses import softmax_xent as _xent
 from ..trainer.task import EvalRequest
 from .backbones import FusionTask, backbone_vocab, is_hf_dir, module_flops
-from .checkpoints import load_checkpoint, scored_on
+from .open_run import load_checkpoint, scored_on
 from .encoder_pretrain import MLMCorpus, mlm_config
 from .lm import write_json
 from .registry import register

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..analysis import entity_f1
 from ..config import Config, ConfigError
-from ..data import ner
+from ..data import ner_sentences
 from ..data.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
 from ..models.flops import module_flops_per_token
@@ -33,7 +33,7 @@ from ..trainer.losses import softmax_xent as _xent
 from ..trainer.task import EvalRequest
 from . import state_cache
 from .backbones import FusionTask, backbone_words
-from .checkpoints import load_checkpoint
+from .open_run import load_checkpoint
 from .registry import register
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def predict_tags(model, arrays: dict, n_words, labels, batch: int,
     by default this split's own."""
     n = len(arrays["tokens"])
     if "words" in arrays:
-        return ner.decode_tags(_predict_packed(model, arrays["words"]), arrays["labels"],
+        return ner_sentences.decode_tags(_predict_packed(model, arrays["words"]), arrays["labels"],
                                n_words, labels)
     if "states" in arrays:
         keys, predict = ("states", "mask", "positions"), _predict_from_states
@@ -176,7 +176,7 @@ def predict_tags(model, arrays: dict, n_words, labels, batch: int,
         part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
         preds.append(predict(model, *(part[k] for k in keys)))
     pred = np.concatenate([np.asarray(p) for p in preds])[:n]
-    return ner.decode_tags(pred, arrays["labels"], n_words, labels)
+    return ner_sentences.decode_tags(pred, arrays["labels"], n_words, labels)
 
 
 def _max_words(splits, seq_len: int) -> int:
@@ -190,7 +190,7 @@ class NERTask(FusionTask):
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
-        self.labels = ner.ner_labels(cfg.task.dir)
+        self.labels = ner_sentences.ner_labels(cfg.task.dir)
         self.n_labels = len(self.labels)
         self.cached = cfg.fusion.mode == "fe" and cfg.fusion.cache
         self.train_active = 0  # word slots in use in a training micro-batch, at most; 0: all
@@ -199,12 +199,12 @@ class NERTask(FusionTask):
         cfg = self.cfg
         self.run_dir, self.primary = run_dir, primary
         t = cfg.task
-        train = pool = ner.read_split(t.dir, "train")
+        train = pool = ner_sentences.read_split(t.dir, "train")
         if t.n_shot:
-            train = ner.few_shot_sample(pool, t.n_shot, ner.n_classes(self.labels), seed=t.seed)
+            train = ner_sentences.few_shot_sample(pool, t.n_shot, ner_sentences.n_classes(self.labels), seed=t.seed)
         self.sentences = {"train": train}
         for split in SPLITS:
-            sents = ner.read_split(t.dir, split)
+            sents = ner_sentences.read_split(t.dir, split)
             self.sentences[split] = sents[:t.eval_max] if t.eval_max else sents
         self.words = backbone_words(cfg, run_dir, primary, barrier,
                                     texts=lambda: [" ".join(s.tokens) for s in train])
@@ -214,7 +214,7 @@ class NERTask(FusionTask):
         P = _max_words([pool, *self.sentences.values()], cfg.data.seq_len)
         self.arrays, dropped = {}, {}
         for split, sents in self.sentences.items():
-            self.arrays[split], dropped[split] = ner.encode_sentences(
+            self.arrays[split], dropped[split] = ner_sentences.encode_sentences(
                 sents, self.words.word_ids, self.labels, seq_len=cfg.data.seq_len, max_words=P,
                 cls_id=self.words.cls_id, sep_id=self.words.sep_id, pad_id=self.words.pad_id)
             if dropped[split]:

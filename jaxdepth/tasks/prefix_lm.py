@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config import Config, ConfigError, ModelConfig
 from ..data.pipeline import ExampleBatchSource
-from ..data.task_data import TaskData, prepare_task_data, unk_summary
+from ..data.finetune_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
 from ..trainer.task import EvalRequest
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
@@ -115,8 +115,8 @@ class PrefixLMTask(DecoderTask):
 
     def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """Exact match of the checkpoint on whole splits; writes predictions + summary."""
-        from ..data.task_data import resolve_eval_splits, task_splits
-        from .checkpoints import load_checkpoint
+        from ..data.finetune_data import resolve_eval_splits, task_splits
+        from .open_run import load_checkpoint
 
         cfg, model, step, tok, _ = load_checkpoint(run, request.step, request.batch)
         task = dataclasses.replace(cfg.task, dir=request.task_dir or cfg.task.dir,

@@ -23,7 +23,7 @@ from ..config import Config, ConfigError, trial_configs
 from ..data.pipeline import lm_iterator
 from ..errors import Interrupted, RunFailed, warn, writing
 from . import checkpoint as ckpt
-from .flops import device_peak_flops
+from .mfu import device_peak_flops
 from .memory import step_check
 from .metrics import MetricsWriter, training_figures
 from .optim import make_optimizer, schedule

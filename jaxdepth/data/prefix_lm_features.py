@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jaxdepth.data.tasks import Example
+from jaxdepth.data.seq2seq_readers import Example
 from jaxdepth.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from jaxdepth.errors import DataError
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..config import ConfigError, TaskConfig
 from .grammar_tasks import make_task
-from .prefix_lm import UnkReport, batch_features, count_unk, pack_features
-from .tasks import Example, load_task, split_validation
+from .prefix_lm_features import UnkReport, batch_features, count_unk, pack_features
+from .seq2seq_readers import Example, load_task, split_validation
 from .prepare import run_tokenizer, tokenizer_source
 from .tokenizer import Tokenizer
 

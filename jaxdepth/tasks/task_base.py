@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..config import Config
 from ..models.fusion import fusion_trainable
-from ..trainer.flops import model_param_count
+from ..trainer.mfu import model_param_count
 
 
 class TaskBase:
