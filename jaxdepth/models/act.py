@@ -149,9 +149,9 @@ def ponder_cost(N_BT: Array, R_BT: Array, mask_BT: Array) -> Array:
 # ------------------------------------------------------------------------ embeddings and heads
 
 class ALBERTEmbeddings(eqx.Module):
+    """token + position + segment embeddings of size E, LayerNorm, dropout, then E -> d_model."""
     AXES = {"token_VE": ("vocab", "norm"), "position_LE": ("norm", "norm"),
             "segment_SE": ("norm", "norm")}
-    """token + position + segment embeddings of size E, LayerNorm, dropout, then E -> d_model."""
 
     token_VE: Array
     position_LE: Array

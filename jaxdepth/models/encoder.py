@@ -54,9 +54,9 @@ def bert_layer(cfg: EncoderConfig, *, key: Array) -> PostLNLayer:
 
 
 class BertEmbeddings(eqx.Module):
+    """word + position + token type embeddings (HF layout), LayerNorm, dropout."""
     AXES = {"word_VD": ("vocab", "norm"), "position_PD": ("norm", "norm"),
             "token_type_YD": ("norm", "norm")}
-    """word + position + token type embeddings (HF layout), LayerNorm, dropout."""
 
     word_VD: Array
     position_PD: Array

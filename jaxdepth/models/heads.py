@@ -14,10 +14,10 @@ def gather_positions(x_BTD: Array, positions_BP: Array) -> Array:
 
 
 class MLMHead(eqx.Module):
-    AXES, NO_DECAY = {"bias_V": ("vocab",)}, frozenset({"bias_V"})
     """dense d_model -> X, activation, LayerNorm, then the TIED input embedding (X -> vocab) plus
     an output bias; no vocab-sized matrix of its own. BERT: X = d_model, its config's activation
     and eps (HF ``cls.predictions``); ALBERT: X = the factorised embedding size E, "gelu_new"."""
+    AXES, NO_DECAY = {"bias_V": ("vocab",)}, frozenset({"bias_V"})
 
     dense: Dense  # d_model -> X
     norm: LayerNorm  # over X

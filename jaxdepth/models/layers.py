@@ -35,8 +35,8 @@ def split_or_none(key: Array | None, n: int) -> list:
 
 
 class RMSNorm(eqx.Module):
-    AXES, NO_DECAY = {"scale": ("norm",)}, frozenset({"scale"})
     """x * rsqrt(mean(x^2) + eps) * scale, computed in float32 (T5 LayerNorm)."""
+    AXES, NO_DECAY = {"scale": ("norm",)}, frozenset({"scale"})
 
     scale: Array
     eps: float = eqx.field(static=True, default=1e-6)
@@ -53,8 +53,8 @@ class RMSNorm(eqx.Module):
 
 
 class LayerNorm(eqx.Module):
-    AXES, NO_DECAY = {"scale": ("norm",), "bias": ("norm",)}, frozenset({"scale", "bias"})
     """(x - mean) * rsqrt(var + eps) * scale + bias over the last axis, in float32 (BERT/ALBERT)."""
+    AXES, NO_DECAY = {"scale": ("norm",), "bias": ("norm",)}, frozenset({"scale", "bias"})
 
     scale: Array
     bias: Array
@@ -93,8 +93,8 @@ def relative_position_bucket(rel_pos: np.ndarray | Array, n_buckets: int, max_di
 
 
 class RelativePositionBias(eqx.Module):
-    AXES = {"table": ("buckets", "heads")}
     """One (n_buckets, n_heads) table shared by every layer."""
+    AXES = {"table": ("buckets", "heads")}
 
     table: Array
     n_buckets: int = eqx.field(static=True)
@@ -162,9 +162,9 @@ def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, 
 
 
 class Attention(eqx.Module):
+    """Multi-head attention without biases; the query kernel carries the 1/sqrt(H) scale (t5x)."""
     AXES = {"wq": ("embed", "heads"), "wk": ("embed", "heads"), "wv": ("embed", "heads"),
             "wo": ("heads", "embed")}
-    """Multi-head attention without biases; the query kernel carries the 1/sqrt(H) scale (t5x)."""
 
     wq: Array  # [D, N*H]
     wk: Array
@@ -214,8 +214,8 @@ def same_segment_mask(segment_ids_BT: Array) -> Array:
 
 
 class GatedMLP(eqx.Module):
-    AXES = {"wi_0": ("embed", "mlp"), "wi_1": ("embed", "mlp"), "wo": ("mlp", "embed")}
     """T5.1.1 gated-GELU MLP: wo(gelu(wi_0 x) * wi_1 x)."""
+    AXES = {"wi_0": ("embed", "mlp"), "wi_1": ("embed", "mlp"), "wo": ("mlp", "embed")}
 
     wi_0: Array  # [D, F]
     wi_1: Array  # [D, F]
