@@ -66,11 +66,6 @@ def evaluate(run, step: int | None = None, data: str = "", batch: int = 0, split
     return _evaluate(Path(run), request, trial)
 
 
-# eval.py's flag for each EvalRequest field
-FLAGS = {"step": "--step", "data": "--data", "batch": "--batch", "out": "--out",
-         "splits": "--splits", "task_dir": "--task-dir", "max_examples": "--max"}
-
-
 def _evaluate(run: Path, request, trial: int | None) -> dict:
     import dataclasses
 
@@ -78,21 +73,28 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
     from jaxdepth.tasks import task_for
     from jaxdepth.tasks.open_run import saved_config
 
+    def task_of(run_dir: Path):
+        cfg = Config.from_dict(saved_config(run_dir))
+        cfgs = trial_configs(cfg)
+        cfg = cfgs[0] if len(cfgs) == 1 else cfg  # a solo run: {seed} paths as it trained
+        return cfg, task_for(cfg)
+
+    cfg, task = task_of(run)
+    # A flag this kind of run does not read would be silently ignored: refused before anything
+    # is written (a trial's export). A kind that reads none says why itself.
+    given = [f for f in dataclasses.fields(request)
+             if getattr(request, f.name) != f.default and f.name not in task.EVAL_READS]
+    if given and task.EVAL_READS:
+        reads = ", ".join(f.metadata["flag"] for f in dataclasses.fields(request)
+                          if f.name in task.EVAL_READS)
+        flag = given[0].metadata["flag"]
+        raise ConfigError(f"{flag}: a {kind_of(cfg)[0]} run's evaluation does not read it (it "
+                          f"reads: {reads})", field=flag)
     if trial is not None:
         from jaxdepth.trainer.trial_export import export_trial
 
         run = export_trial(run, trial, task_for)
-    cfg = Config.from_dict(saved_config(run))
-    cfgs = trial_configs(cfg)
-    if len(cfgs) == 1:  # a solo run: its {seed} paths resolved, as it trained
-        cfg = cfgs[0]
-    task = task_for(cfg)
-    given = [f.name for f in dataclasses.fields(request)
-             if getattr(request, f.name) != f.default and f.name not in task.EVAL_READS]
-    if given:  # a flag this kind of run does not read would be silently ignored
-        reads = ", ".join(FLAGS[f] for f in FLAGS if f in task.EVAL_READS) or "none"
-        raise ConfigError(f"{FLAGS[given[0]]}: a {kind_of(cfg)[0]} run's evaluation does not "
-                          f"read it (it reads: {reads})", field=FLAGS[given[0]])
+        cfg, task = task_of(run)
     return task.evaluate_checkpoint(run, request)
 
 

@@ -16,7 +16,7 @@
 #      parts, the few-shot grid and sweep slice run both ways, are left to the CPU runs);
 # then gpu_report.py merges the JSONs into OUT_DIR/gpu_results.json and gpu_results.md and
 # prints the targets: MFU >= 45% for 134M-L12 (against the datasheet bf16 peak,
-# jaxdepth.trainer.flops.device_peak_flops) and compile(L32) <= 1.3 x compile(L1).
+# jaxdepth.trainer.mfu.device_peak_flops) and compile(L32) <= 1.3 x compile(L1).
 #
 # Without a GPU visible to JAX it stops, unless --dry-run or GPU_SH_ALLOW_CPU=1: then it is a
 # smoke run with tiny sizes (any device) that checks the whole pipeline writes both files.

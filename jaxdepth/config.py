@@ -237,7 +237,8 @@ class OptimConfig:
         for f in OWN_FIELDS:
             if f in opt.DEFAULTS:
                 if f in unset:
-                    object.__setattr__(self, f, recipe.get(f, opt.DEFAULTS[f]))
+                    own = recipe["moments"].get(self.name, {})
+                    object.__setattr__(self, f, own.get(f, opt.DEFAULTS[f]))
                 continue
             # An optimizer left to the recipe may still become the run kind's (with_recipe),
             # which may read f: only a named optimizer refuses it.
@@ -263,8 +264,16 @@ class OptimConfig:
                               f"for {recipe['name']}; with optim.name {self.name} give "
                               f"--optim.lr too", field="optim.lr")
         given = {f: getattr(self, f) for f in RECIPE_FIELDS if f not in self.from_recipe}
-        reads = optimizer(given.get("name", recipe["name"])).DEFAULTS
-        taken = {**reads, **{f: v for f, v in recipe.items() if f not in OWN_FIELDS or f in reads}}
+        name = given.get("name", recipe["name"])
+        reads = optimizer(name).DEFAULTS
+        unread = [f for f in OWN_FIELDS if f in given and f not in reads]
+        if unread and "name" not in given:  # the user set a moment, not this optimizer
+            raise ConfigError(f"optim.{unread[0]}: the {kind} recipe's optimizer {name} does not "
+                              f"read it (read by: {', '.join(readers(unread[0])) or 'none'}); "
+                              f"name one that does with --optim.name", field=f"optim.{unread[0]}")
+        own = recipe["moments"].get(name, {})
+        taken = {**{f: own.get(f, default) for f, default in reads.items()},
+                 **{f: v for f, v in recipe.items() if f != "moments"}}
         out = OptimConfig(**{**taken, **given, "accum_steps": self.accum_steps})
         object.__setattr__(out, "from_recipe", self.from_recipe)  # the kind may change again
         return out
@@ -753,6 +762,14 @@ def kind_of(cfg: Config) -> tuple[str, dict]:
     return ("prefix_lm" if name else "lm"), {}
 
 
+def _moments(b1: float, b2: float, eps: float) -> dict[str, dict]:
+    """A recipe's b1/b2/eps (OWN_FIELDS), by optimizer: for its own optimizer and, as before
+    optimizers were classes, for AdamW or LAMB named instead; an optimizer added since (Lion)
+    takes its own DEFAULTS in every kind."""
+    m = {"b1": b1, "b2": b2, "eps": eps}
+    return {"adamw": m, "lamb": m}
+
+
 # Each run kind's optimizer recipe: its paper's, applied to the RECIPE_FIELDS a config leaves
 # unset (docs/design.md, "Recipes"). train.py prints which values came from here.
 RECIPES: dict[str, dict] = {
@@ -760,25 +777,25 @@ RECIPES: dict[str, dict] = {
     # (N(0, 1) embeddings next to 1/sqrt(fan-in) kernels); it learns the grammar's syntax
     # where AdamW at 1e-2 does not (docs/training.md).
     "lm": dict(name="adafactor", lr=6e-2, schedule="cosine", warmup_steps=50, min_lr_ratio=0.1,
-               weight_decay=0.0, b1=0.9, b2=0.99, eps=1e-8, clip_norm=1.0),
+               weight_decay=0.0, clip_norm=1.0, moments=_moments(0.9, 0.99, 1e-8)),
     # t5x fine-tuning (Petty et al.): Adafactor at a constant 1e-3, no warmup, no clipping.
     "prefix_lm": dict(name="adafactor", lr=1e-3, schedule="constant", warmup_steps=0,
-                      min_lr_ratio=0.1, weight_decay=0.0, b1=0.9, b2=0.99, eps=1e-8,
-                      clip_norm=0.0),
+                      min_lr_ratio=0.1, weight_decay=0.0, clip_norm=0.0,
+                      moments=_moments(0.9, 0.99, 1e-8)),
     # Simoulin & Crabbe (ALBERT's): LAMB, warmup then linear decay to 0, weight decay 0.01,
     # clipping 1.0; warmup 100 steps at CPU scale (the paper's 3125 is act-base's preset).
     "encoder_pretrain": dict(name="lamb", lr=1.76e-3, schedule="linear", warmup_steps=100,
-                             min_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6,
-                             clip_norm=1.0),
+                             min_lr_ratio=0.0, weight_decay=0.01, clip_norm=1.0,
+                             moments=_moments(0.9, 0.999, 1e-6)),
     # BERT's MLM pretraining: AdamW 1e-4, warmup then linear decay to 0, weight decay 0.01.
     "encoder_mlm": dict(name="adamw", lr=1e-4, schedule="linear", warmup_steps=100,
-                        min_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6,
-                        clip_norm=1.0),
+                        min_lr_ratio=0.0, weight_decay=0.01, clip_norm=1.0,
+                        moments=_moments(0.9, 0.999, 1e-6)),
     # The DWAtt paper's fine-tuning: AdamW 5e-5, no warmup, linear decay to 0, weight decay
     # 0.01. With a frozen backbone (fusion.mode fe) only a fresh fusion module and head
     # train, which 5e-5 barely moves in a few hundred steps: 1e-3 there (recipe_for).
     "ner": dict(name="adamw", lr=5e-5, schedule="linear", warmup_steps=0, min_lr_ratio=0.0,
-                weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0),
+                weight_decay=0.01, clip_norm=1.0, moments=_moments(0.9, 0.999, 1e-8)),
 }
 RECIPES["probe"] = RECIPES["encoder_pretrain"]  # the paper fine-tunes with its pretraining's
 RECIPES["mlm"] = RECIPES["ner"]

@@ -65,6 +65,10 @@ def test_lion_settings():
     assert (cfg.optim.name, cfg.optim.b1, cfg.optim.b2, cfg.optim.eps) == ("lion", 0.9, 0.98, None)
     with pytest.raises(ConfigError, match=r"^optim\.eps: optim\.name lion does not read it"):
         parse_args(ner + ["--optim.name", "lion", "--optim.lr", "1e-4", "--optim.eps", "1e-6"])
-    with pytest.raises(ConfigError, match=r"optim\.b1: optim\.name adafactor does not read it "
-                                          r"\(read by: adamw, lamb, lion\)"):
+    with pytest.raises(ConfigError, match=r"optim\.b1: the lm recipe's optimizer adafactor does "
+                                          r"not read it \(read by: adamw, lamb, lion\)"):
         parse_args(["--optim.b1", "0.95"])
+    # Lion's own moments in every kind, not those of the kind's AdamW or LAMB
+    for argv in ([], ner, ["--model.arch", "act"]):
+        lion = parse_args(argv + ["--optim.name", "lion", "--optim.lr", "1e-4"]).optim
+        assert (lion.b1, lion.b2, lion.eps) == (0.9, 0.99, None), argv

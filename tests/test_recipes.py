@@ -56,7 +56,13 @@ def test_a_value_given_is_kept_and_the_rest_comes_from_the_recipe():
     assert "lr" not in cfg.optim.from_recipe and "weight_decay" not in cfg.optim.from_recipe
     # a preset's optimizer values are the user's too
     act = parse_args(["--preset", "act-tiny"])
-    assert act.optim.from_recipe == frozenset() and act.optim.warmup_steps == 100
+    assert act.optim.warmup_steps == 100 and "warmup_steps" not in act.optim.from_recipe
+    # the preset leaves LAMB's moments to the kind's recipe, so naming another optimizer over
+    # it does not inherit them
+    assert act.optim.from_recipe == {"b1", "b2", "eps"}
+    assert (act.optim.b1, act.optim.b2, act.optim.eps) == (0.9, 0.999, 1e-6)
+    ada = parse_args(["--preset", "act-tiny", "--optim.name", "adafactor", "--optim.lr", "1e-2"])
+    assert (ada.optim.name, ada.optim.b1, ada.optim.eps) == ("adafactor", None, None)
 
 
 def test_changing_one_kinds_recipe_leaves_the_others(monkeypatch):
@@ -88,8 +94,8 @@ def test_another_optimizer_without_a_learning_rate_is_refused():
 
 
 def test_a_moment_the_optimizer_does_not_read_is_refused_naming_both():
-    with pytest.raises(ConfigError, match=r"^optim\.b1: optim\.name adafactor does not read it "
-                                          r"\(read by: adamw, lamb"):
+    with pytest.raises(ConfigError, match=r"^optim\.b1: the lm recipe's optimizer adafactor does "
+                                          r"not read it \(read by: adamw, lamb.*--optim\.name$"):
         parse_args(["--optim.b1", "0.95"])  # the lm recipe's Adafactor
     with pytest.raises(ConfigError, match=r"^optim\.eps: optim\.name adafactor does not"):
         parse_args(NER + ["--optim.name", "adafactor", "--optim.lr", "1e-2", "--optim.eps", "1e-6"])
@@ -114,7 +120,9 @@ def test_start_up_names_what_came_from_the_recipe():
     assert lines == ["recipe of run kind ner: optim: name=adamw, schedule=linear, warmup_steps=0, "
                      "min_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-08, "
                      "clip_norm=1.0"]
-    assert preset_lines(parse_args(["--preset", "act-tiny"]))[-1].startswith("preset act-tiny: optim:")
+    lines = preset_lines(parse_args(["--preset", "act-tiny"]))
+    assert lines[-2].startswith("preset act-tiny: optim: name=lamb")
+    assert lines[-1] == "recipe of run kind encoder_pretrain: optim: b1=0.9, b2=0.999, eps=1e-06"
 
 
 def test_experiments_pin_their_whole_recipe():

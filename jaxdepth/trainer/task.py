@@ -8,7 +8,7 @@ Implementations live in ``jaxdepth/tasks/`` (one module per kind of run) and are
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol
 
@@ -24,16 +24,21 @@ Objective = tuple[Callable[..., tuple[Array, dict]], Callable[[dict], dict]]
 
 @dataclass(frozen=True)
 class EvalRequest:
-    """What eval.py asks of a checkpoint. A kind of run reads some of these (its task's
-    EVAL_READS); eval.py refuses the others when they are given."""
+    """What eval.py asks of a checkpoint (each field's eval.py flag in its metadata). A kind of
+    run reads some of these (its task's EVAL_READS); eval.py refuses the others when given."""
 
-    step: int | None = None  # the checkpoint's step; None: the latest
-    data: str = ""  # comma-separated text/JSONL files to score instead of the run's validation
-    batch: int = 0  # sequences per batch; 0: the run's batch size
-    out: str = ""  # where the result goes; "": the run's default place
-    splits: str = ""  # comma-separated splits of the run's task; "": the run's
-    task_dir: str = ""  # read the task's files from here instead of the run's task.dir
-    max_examples: int = 0  # at most this many examples per split; 0: all
+    # the checkpoint's step; None: the latest
+    step: int | None = field(default=None, metadata={"flag": "--step"})
+    # comma-separated text/JSONL files to score instead of the run's validation set
+    data: str = field(default="", metadata={"flag": "--data"})
+    batch: int = field(default=0, metadata={"flag": "--batch"})  # 0: the run's batch size
+    out: str = field(default="", metadata={"flag": "--out"})  # "": the run's default place
+    # comma-separated splits of the run's task; "": the run's
+    splits: str = field(default="", metadata={"flag": "--splits"})
+    # read the task's files from here instead of the run's task.dir
+    task_dir: str = field(default="", metadata={"flag": "--task-dir"})
+    # at most this many examples per split; 0: all
+    max_examples: int = field(default=0, metadata={"flag": "--max"})
 
 
 class Task(Protocol):
