@@ -53,3 +53,17 @@ def test_every_registered_kind_reports_and_evaluates_its_checkpoints():
         for method in methods:  # the protocol is every method train.py, eval.py and the trainer call
             assert callable(getattr(cls, method, None)), (kind, method)
         assert cls.EVAL_READS <= requests, (kind, cls.EVAL_READS - requests)
+
+
+def test_each_kind_declares_the_eval_request_fields_it_reads():
+    """EVAL_READS is what eval.py lets through: it must be what each kind's
+    evaluate_checkpoint reads from its request (read here from its source), no more, no less."""
+    import inspect
+    import re
+
+    for kind, cls in registry._KINDS.items():
+        source = inspect.getsource(cls.evaluate_checkpoint)
+        read = set(re.findall(r"request\.(\w+)", source))
+        if "scored_on(cfg, request)" in source:  # tasks/open_run.py:scored_on
+            read |= {"data", "batch"}
+        assert read == set(cls.EVAL_READS), (kind, read, cls.EVAL_READS)
