@@ -192,9 +192,8 @@ class DataConfig:
 # they take the recipe of the run's kind, so a default tuned for one kind of run never changes
 # another's; a standalone OptimConfig takes the LM pretraining recipe. Of these, OWN_FIELDS
 # are read by some optimizers only (each optimizer's class says which, jaxdepth/optimizers/):
-# a recipe's value applies to an optimizer that reads the field, the optimizer's own default
-# where the recipe has none, and a field the optimizer does not read stays None (set, it is
-# refused).
+# a recipe gives them per optimizer (its "moments"), the optimizer's own DEFAULTS fill those
+# it does not give, and a field the optimizer does not read stays None (set, it is refused).
 RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay",
                  "b1", "b2", "eps", "clip_norm")
 
@@ -207,7 +206,8 @@ def _read_by(f: str):
 class OptimConfig:
     """The optimizer. Every field but accum_steps defaults to the run kind's recipe (RECIPES:
     None here means "the recipe's"); a value given here is kept whatever the kind."""
-    name: str = field(default=None, metadata={"choices": optimizer_names})  # one class each: jaxdepth/optimizers/
+    # one class each: jaxdepth/optimizers/
+    name: str = field(default=None, metadata={"choices": optimizer_names})
     lr: float = None  # adafactor: relative to each parameter's RMS
     # warmup, then the schedule's decay to lr * min_lr_ratio (one class each: jaxdepth/schedules/)
     schedule: str = field(default=None, metadata={"choices": schedule_names})
