@@ -23,7 +23,8 @@ def depth_family_dff(d_model: int, n0: int, d_ff0: int, n_layers: int) -> int:
     exact rationals so the rounding of .5 cases is not at the mercy of floating point.
     """
     if n_layers <= 0:
-        raise ConfigError(f"model.n_layers: must be positive, got {n_layers}", field="model.n_layers")
+        raise ConfigError(f"model.n_layers: must be positive, got {n_layers}",
+                          field="model.n_layers")
     beta, a = layer_constants(d_model)
     k = n_layers - n0
     w = round((1 - Fraction(n0, n0 + k)) * (d_ff0 + Fraction(a, beta)))

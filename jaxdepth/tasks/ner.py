@@ -201,7 +201,8 @@ class NERTask(FusionTask):
         t = cfg.task
         train = pool = ner_sentences.read_split(t.dir, "train")
         if t.n_shot:
-            train = ner_sentences.few_shot_sample(pool, t.n_shot, ner_sentences.n_classes(self.labels), seed=t.seed)
+            train = ner_sentences.few_shot_sample(
+                pool, t.n_shot, ner_sentences.n_classes(self.labels), seed=t.seed)
         self.sentences = {"train": train}
         for split in SPLITS:
             sents = ner_sentences.read_split(t.dir, split)
