@@ -43,6 +43,8 @@ class Optimizer:
             if unknown:
                 raise TypeError(f"optimizer {cls.NAME!r}: DEFAULTS names {sorted(unknown)}, "
                                 f"not among {OWN_FIELDS}")
+            if cls.OPTAX is None and cls.build.__func__ is Optimizer.build.__func__:
+                raise TypeError(f"optimizer {cls.NAME!r} defines neither OPTAX nor build")
             _OPTIMIZERS.add(cls)
 
     @classmethod

@@ -29,13 +29,11 @@ class Schedule:
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if "NAME" in cls.__dict__:
+            # after_warmup(cfg, rate, end, decay_steps): the schedule from the end of warmup,
+            # from rate to end over decay_steps; a schedule with its own warmup overrides build.
+            if not hasattr(cls, "after_warmup") and cls.build.__func__ is Schedule.build.__func__:
+                raise TypeError(f"schedule {cls.NAME!r} defines neither after_warmup nor build")
             _SCHEDULES.add(cls)
-
-    @classmethod
-    def after_warmup(cls, cfg: "OptimConfig", rate: Any, end: Any,
-                     decay_steps: int) -> optax.Schedule:
-        """The schedule from the end of warmup: from rate to end over decay_steps."""
-        raise NotImplementedError
 
     @classmethod
     def build(cls, cfg: "OptimConfig", total_steps: int, rate: Any) -> optax.Schedule:
