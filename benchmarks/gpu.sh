@@ -18,6 +18,8 @@
 # prints the targets: MFU >= 45% for 134M-L12 (against the datasheet bf16 peak,
 # jaxdepth.trainer.mfu.device_peak_flops) and compile(L32) <= 1.3 x compile(L1).
 #
+# Time: on an H200 (2026-11-26) XLA's GPU autotuning made each program's first compile take
+# 30-70 s, so the 15 programs need about 20 minutes; with less, name GPU_SH_PARTS in order of need.
 # Without a GPU visible to JAX it stops, unless --dry-run or GPU_SH_ALLOW_CPU=1: then it is a
 # smoke run with tiny sizes (any device) that checks the whole pipeline writes both files.
 # Environment: GPU_SH_PARTS (default "step act fusion trials"; the report always runs, so a session
@@ -31,7 +33,7 @@ SMOKE=${GPU_SH_ALLOW_CPU:-0}
 for arg in "$@"; do
     case "$arg" in
         --dry-run) SMOKE=1 ;;
-        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "gpu.sh: unknown option $arg" >&2; exit 2 ;;
         *) OUT=$arg ;;
     esac
