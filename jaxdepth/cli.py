@@ -20,8 +20,8 @@ import tokenize
 from pathlib import Path
 from typing import Sequence
 
-from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, apply_overrides,
-                     kind_of, recipe_lines)
+from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, TrialsConfig,
+                     apply_overrides, kind_of, recipe_lines)
 from .presets import from_preset, presets
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -159,7 +159,7 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
         if k in ("preset", "config"):
             continue
         sec, _, name = k.partition(".")
-        if sec == "trials" and name not in TRIAL_FIELDS:
+        if sec == "trials" and name not in {f.name for f in dataclasses.fields(TrialsConfig)}:
             can = ", ".join(f"trials.{n} ({f})" for n, (f, _) in TRIAL_FIELDS.items())
             raise ConfigError(f"{k}: not a trial field: the trials of a run share every array "
                               f"shape, so only run.seeds, {can} can vary between them",

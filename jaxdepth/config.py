@@ -356,8 +356,16 @@ class TrialsConfig:
     act_dropout: str = ""  # act.dropout
     fusion_dropout: str = ""  # fusion.dropout (on h before the NER head)
     tau: str = ""  # act.tau (the ponder-cost weight)
+    # How the trials are evaluated (trainer/task.py:Models): vmapped (one program over the
+    # trials' stacked models, where they evaluate on the same inputs) | trial_by_trial (each
+    # on its slice, sharing the solo programs) | auto: vmapped except on the CPU, where K
+    # independent programs overlap and were measured faster (docs/benchmarks.md). The same
+    # numbers either way (tests/test_trials.py).
+    evaluation: str = resumable("auto")
 
     def __post_init__(self):
+        _require(self.evaluation in TRIAL_EVALUATIONS, "trials.evaluation",
+                 f"must be one of {', '.join(TRIAL_EVALUATIONS)}, got {self.evaluation!r}")
         for name, (_, kind) in TRIAL_FIELDS.items():
             if name == "task_seed" and self.task_seed == FOLLOWS_SEED:
                 continue
@@ -368,6 +376,7 @@ class TrialsConfig:
 
 
 FOLLOWS_SEED = "seed"  # trials.task_seed: each trial's task.seed is its run.seed
+TRIAL_EVALUATIONS = ("auto", "vmapped", "trial_by_trial")  # trials.evaluation
 
 # trials.<name> -> (the setting it varies, its type)
 TRIAL_FIELDS = {"lr": ("optim.lr", float), "weight_decay": ("optim.weight_decay", float),

@@ -409,7 +409,8 @@ def test_which_changes_a_resume_accepts_is_declared_with_each_field(tmp_path):
                                 "process_id")),
         *(f"model.{f}" for f in ("remat", "scan_layers", "scan_unroll", "xent_chunk",
                                  "attention")),
-        "task.eval_splits", "task.eval_max", "task.eval_batch", "data.restart_stream"}
+        "task.eval_splits", "task.eval_max", "task.eval_batch", "data.restart_stream",
+        "trials.evaluation"}
     saved = Config().to_dict()
     check_compatible(saved, apply_overrides(Config(), {"run": {"steps": 800},
                                                        "model": {"remat": "full"}}), tmp_path)

@@ -18,6 +18,7 @@ from jaxdepth.data.seq2seq_readers import Example
 from jaxdepth.data.tokenizer import EOS_ID, train_tokenizer
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks.decoding import Geometry, predict, prompts
+from jaxdepth.trainer.task import Models
 
 TINY = {"vocab_size": 96, "d_model": 32, "n_layers": 2, "d_ff": 64, "n_heads": 2}
 
@@ -69,7 +70,7 @@ def test_batched_cached_predictions_equal_uncached_argmax(getkey):
     model = DecoderLM(Config.from_dict({"model": TINY}).model, key=getkey())
     ex = [Example(t, "x", "in_distribution") for t in texts[:3]]
     geo = Geometry(batch=2, width=32, max_new=7)  # 3 examples: the last batch is padded
-    got = predict(model, tok, ex, geo)
+    got = predict(Models(model), tok, ex, geo)[0]
     for e, text in zip(ex, got):
         p = [0, *tok.encode(e.source), EOS_ID]
         ids = naive_argmax(model, p, geo.max_new)

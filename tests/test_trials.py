@@ -39,7 +39,7 @@ RTOL = 1e-5
 def lm_args(run, tokenizer, steps: int = STEPS, **fields) -> list[str]:
     """A tiny-L2 run on one device: every step logged, evaluations and checkpoints at 4, 8."""
     more = {"mesh.data": 1, "run.eval_every": 4, "run.save_every": 4,
-            "run.grammar_samples": 0, **fields}
+            "run.grammar_samples": 0, "trials.evaluation": "vmapped", **fields}
     return [str(a) for a in base_args(run, tokenizer, steps, **more)]
 
 
@@ -177,6 +177,7 @@ def test_seed_trials_equal_their_solo_runs(lm):
 
     s = summary(trials)
     assert s["done"] and s["n_trials"] == 2 and s["n_frozen"] == 0 and "groups" not in s
+    assert s["evaluation"] == "vmapped"  # the same validation batches: one pass for both
     assert [(t["trial"], t["settings"], t["frozen"]) for t in s["trials"]] == [
         (0, {"run.seed": 0}, False), (1, {"run.seed": 1}, False)]
     for k, t in enumerate(s["trials"]):
@@ -233,10 +234,12 @@ def test_act_trials_of_ponder_weight_and_dropout_equal_their_solo_runs(tmp_path)
     def cfg(name, **act):
         return _cfg(tmp_path / name, act={"halting_bias_init": -1.0, **act},
                     run={"steps": 6, "eval_every": 6, "save_every": 6}, **(
-                        {"trials": {"act_dropout": "0.0,0.1", "tau": "0.0,0.05"}}
+                        {"trials": {"act_dropout": "0.0,0.1", "tau": "0.0,0.05",
+                                    "evaluation": "vmapped"}}
                         if name == "trials" else {}))
 
     s = train(cfg("trials"))
+    assert s["evaluation"] == "vmapped"
     assert [t["settings"] for t in s["trials"]] == [
         {"act.dropout": d, "act.tau": t, "run.seed": 0} for d in (0.0, 0.1) for t in (0.0, 0.05)]
     # trial 3 (dropout 0.1, tau 0.05); trial 0's rate-0 case is the dropout test's
@@ -271,6 +274,8 @@ def test_prefix_lm_trials_equal_their_solo_run(runs, tokenizer):
     trials = runs("ft-trials", lambda run: args(run, **{"run.seeds": "0,1",
                                                         "trials.task_seed": "0,1"}))
     one = runs("ft-solo", lambda run: args(run, **{"run.seed": 1, "task.seed": 1}))
+    # each task seed scores its own sample of the splits: evaluated one trial at a time
+    assert summary(trials)["evaluation"] == "trial by trial"
     assert [t["settings"] for t in summary(trials)["trials"]] == [
         {"run.seed": s, "task.seed": ts} for ts in (0, 1) for s in (0, 1)]
     close(losses(trials, 3, steps=4), losses(one, steps=4))
@@ -294,6 +299,44 @@ def test_prefix_lm_trials_equal_their_solo_run(runs, tokenizer):
     # the other task seed's dev split is another one
     assert (trials / "trials" / "0" / "predictions" / "dev.jsonl").read_text() != \
         (mine / "predictions" / "dev.jsonl").read_text()
+
+
+def test_prefix_lm_seed_trials_decode_side_by_side_as_their_solo_runs(runs, tokenizer):
+    """Trials that score the same examples (run seeds only) decode them vmapped, in one
+    program: trial 1's dev loss, exact match and every greedy prediction equal its solo run's."""
+    def args(run, **fields):
+        return base_args(run, tokenizer, 4, **{
+            "mesh.data": 1, "run.eval_every": 2, "run.save_every": 4, "model.dropout": 0.1,
+            "task.name": "passivization", "task.n_train": 16, "task.n_eval": 8,
+            "task.eval_max": 8, "task.eval_splits": "dev,gen_lexical", "task.truncate": "true",
+            "data.seq_len": 64, **fields})
+
+    trials = runs("ft-seed-trials", lambda run: args(run, **{"run.seeds": "0,1",
+                                                             "trials.evaluation": "vmapped"}))
+    one = runs("ft-solo-seed1", lambda run: args(run, **{"run.seed": 1}))
+    assert summary(trials)["evaluation"] == "vmapped"
+    for key in ("dev_loss", "id_accuracy", "gen_accuracy"):
+        same_evals(evals(trials, 1, key), evals(one, None, key), key)
+    for split in ("dev", "gen_lexical"):
+        got = (trials / "trials" / "1" / "predictions" / f"{split}.jsonl").read_text()
+        want = (one / "predictions" / f"{split}.jsonl").read_text()
+        assert got == want and got
+        # two models decoding: trial 0's predictions (long argmax chains here) are others
+        assert (trials / "trials" / "0" / "predictions" / f"{split}.jsonl").read_text() != got
+
+
+def test_trials_evaluation_is_per_trial_on_the_cpu_unless_asked(tmp_path, tokenizer):
+    """trials.evaluation auto: trial by trial on the CPU (K independent programs overlap
+    there, measured faster than one vmapped program); an unknown value is refused."""
+    from jaxdepth.tasks import task_for
+
+    cfg = parse_args(lm_args(tmp_path / "r", tokenizer, **{"run.seeds": "0,1",
+                                                           "trials.evaluation": "auto"}))
+    tasks = [task_for(c) for c in trial_configs(cfg)]
+    assert jax.default_backend() == "cpu" and not tasks[0].vmaps_evaluation(tasks)
+    with pytest.raises(ConfigError, match=r"^trials\.evaluation: must be one of auto, vmapped, "
+                                          r"trial_by_trial, got 'fast'$"):
+        parse_args(lm_args(tmp_path / "r", tokenizer, **{"trials.evaluation": "fast"}))
 
 
 def _long_wikiann(root: Path) -> Path:
@@ -348,10 +391,13 @@ def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_fac
     assert bounds[0] < bounds[1], bounds
 
     trials = runs("ner-trials", lambda run: args(run, **{"trials.n_shot": "1,8",
-                                                         "trials.fusion_dropout": "0.0,0.1"}))
+                                                         "trials.fusion_dropout": "0.0,0.1",
+                                                         "trials.evaluation": "vmapped"}))
     one = runs("ner-solo1", lambda run: args(run, **{"task.n_shot": 1}))  # dropout 0.1
     assert [(t["settings"]["task.n_shot"], t["settings"]["fusion.dropout"])
             for t in summary(trials)["trials"]] == [(1, 0.0), (1, 0.1), (8, 0.0), (8, 0.1)]
+    # the same dev and test sentences, their frozen states cached once: one vmapped pass
+    assert summary(trials)["evaluation"] == "vmapped"
     close(losses(trials, 1, steps=4), losses(one, steps=4), "trial 1 (1 shot, dropout 0.1)")
     for key in ("dev_f1", "test_f1"):
         same_evals(evals(trials, 1, key), evals(one, None, key), key)

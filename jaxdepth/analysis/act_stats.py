@@ -273,16 +273,40 @@ def evaluate_act(model, batches: Iterable[Mapping[str, Any]], *, use_while: bool
     "roles": IterationStats.roles()}. The forward (while-loop if ``use_while`` else scan, with
     the states, the embeddings h0 and both heads) is jitted once; it retraces only on new shapes.
     For fixed-depth models N = M on every real token."""
-    stats = IterationStats(role_names)
-    cos = CosineStats(model.cfg.max_iters)
+    return evaluate_act_each(_One(model), batches, use_while=use_while, role_names=role_names)[0]
+
+
+class _One:
+    """One model in the shape of trainer.task.Models (which analysis does not import)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __len__(self) -> int:
+        return 1
+
+    def __call__(self, fn, *args) -> list:
+        return [fn(self.model, *args)]
+
+
+def evaluate_act_each(models, batches: Iterable[Mapping[str, Any]], *, use_while: bool = True,
+                      role_names: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+    """``evaluate_act`` of each of `models` (a trainer.task.Models: one model, or a run's
+    trials stacked, whose forward runs vmapped over them), one result per model. Under vmap
+    the while-loop runs until every trial's tokens have halted; a trial whose tokens halted
+    earlier keeps its state (its predicate is false), so its statistics are its own."""
+    stats = [IterationStats(role_names) for _ in range(len(models))]
+    cos = [CosineStats(models.model.cfg.max_iters) for _ in range(len(models))]
     for batch in batches:
         arrays = [np.asarray(batch[k], np.int32)
                   for k in ("tokens", "segments", "mask", "mlm_positions")]
-        out, h0, mlm, sop = _forward(model, bool(use_while), *arrays)
-        N, R = np.asarray(out.N_BT), np.asarray(out.R_BT)
-        stats.add(batch, N, R, mlm_logits=mlm, sop_logits=sop)
-        cos.add(out.states_MBTD, h0, batch["mask"], token_groups(batch), out.iterations_run, N)
-    return {"table1": stats.table1(), "cosine": cos.result(), "roles": stats.roles()}
+        for k, (out, h0, mlm, sop) in enumerate(models(_forward, bool(use_while), *arrays)):
+            N, R = np.asarray(out.N_BT), np.asarray(out.R_BT)
+            stats[k].add(batch, N, R, mlm_logits=mlm, sop_logits=sop)
+            cos[k].add(out.states_MBTD, h0, batch["mask"], token_groups(batch),
+                       out.iterations_run, N)
+    return [{"table1": st.table1(), "cosine": c.result(), "roles": st.roles()}
+            for st, c in zip(stats, cos)]
 
 
 # ------------------------------------------------------------------------------------ writers

@@ -19,7 +19,8 @@ import numpy as np
 from ..analysis.exact_match import accuracy_by_type, exact_match
 from ..data.seq2seq_readers import Example
 from ..data.tokenizer import EOS_ID, PAD_ID, Tokenizer
-from ..models.decoder import DecoderLM, greedy_generate
+from ..models.decoder import DecoderLM, generate
+from ..trainer.task import Models
 
 SLACK = 4
 
@@ -57,23 +58,34 @@ def prompts(examples: Sequence[Example], tok: Tokenizer, width: int) -> tuple[np
     return out, lengths
 
 
-def predict(model: DecoderLM, tok: Tokenizer, examples: Sequence[Example], geo: Geometry) -> list[str]:
-    """Greedy predictions (text) for `examples`, in order."""
+def _without_dropout(model: DecoderLM) -> DecoderLM:
+    return model.with_options(dropout=0.0)
+
+
+def _greedy(model: DecoderLM, prompt_BT, lengths_B, max_new: int, stop_axis: str | None):
+    return generate(model, prompt_BT, lengths_B, max_new, stop_axis=stop_axis)
+
+
+def predict(models: Models, tok: Tokenizer, examples: Sequence[Example],
+            geo: Geometry) -> list[list[str]]:
+    """Greedy predictions (text) for `examples`, in order, of each model (one list per trial;
+    trials decode side by side, vmapped)."""
     if not examples:
-        return []
-    model = model.with_options(dropout=0.0)
+        return [[] for _ in range(len(models))]
+    models = models.map(_without_dropout)
     arr, lengths = prompts(examples, tok, geo.width)
     n = len(examples)
     pad = -n % geo.batch  # fill the last batch with copies of the first prompt, then drop them
     arr = np.concatenate([arr, np.repeat(arr[:1], pad, 0)])
     lengths = np.concatenate([lengths, np.repeat(lengths[:1], pad)])
-    outs = [greedy_generate(model, arr[b:b + geo.batch], lengths[b:b + geo.batch], geo.max_new)
+    outs = [models(_greedy, arr[b:b + geo.batch], lengths[b:b + geo.batch], geo.max_new,
+                   models.axis_name)
             for b in range(0, len(arr), geo.batch)]  # dispatch every batch before reading any
-    tokens = np.concatenate([np.asarray(o) for o in outs])[:n]
     texts = []
-    for row in tokens.tolist():
-        row = row[:row.index(EOS_ID)] if EOS_ID in row else row
-        texts.append(tok.decode(row))
+    for k in range(len(models)):
+        tokens = np.concatenate([np.asarray(o[k]) for o in outs])[:n]
+        rows = [row[:row.index(EOS_ID)] if EOS_ID in row else row for row in tokens.tolist()]
+        texts.append([tok.decode(row) for row in rows])
     return texts
 
 
@@ -83,9 +95,12 @@ def score(examples: Sequence[Example], predictions: Sequence[str]) -> list[dict]
             for e, p in zip(examples, predictions)]
 
 
-def evaluate_splits(model: DecoderLM, tok: Tokenizer, splits: dict[str, Sequence[Example]],
-                    geo: Geometry) -> dict[str, list[dict]]:
-    return {name: score(ex, predict(model, tok, ex, geo)) for name, ex in splits.items()}
+def evaluate_splits(models: Models, tok: Tokenizer, splits: dict[str, Sequence[Example]],
+                    geo: Geometry) -> list[dict[str, list[dict]]]:
+    """Each model's scored predictions of every split (one dict per trial)."""
+    preds = {name: predict(models, tok, ex, geo) for name, ex in splits.items()}
+    return [{name: score(ex, preds[name][k]) for name, ex in splits.items()}
+            for k in range(len(models))]
 
 
 def summarize(records: dict[str, list[dict]], dev_split: str | None,

@@ -18,7 +18,7 @@ import grain
 import jax
 import jax.numpy as jnp
 
-from ..analysis.act_stats import evaluate_act, plot_cosine, write_cosine_table, write_table1
+from ..analysis.act_stats import evaluate_act, evaluate_act_each, plot_cosine, write_cosine_table, write_table1
 from ..config import ACTConfig, Config, ConfigError, MLMConfig
 from ..data import grammar
 from ..data.mlm_sop import (eval_mlm_batches, grammar_documents, mlm_dataset,
@@ -29,8 +29,8 @@ from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
 from ..trainer.losses import softmax_xent as _xent
-from ..trainer.task import EvalRequest
-from .task_base import TaskBase
+from ..trainer.task import EvalRequest, Models
+from .task_base import TaskBase, same_arrays
 from .registry import register
 
 EVAL_BATCHES = 4  # validation batches when run.eval_batches is 0
@@ -150,8 +150,15 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
     def objective(self):
         return encoder_objective(self.cfg)
 
-    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
-        res = evaluate_act(model, self.valid, use_while=self.adaptive)
+    def evaluates_alike(self, tasks) -> bool:
+        return all(same_arrays(t.valid, self.valid) for t in tasks)
+
+    def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
+        """Table 1 and Fig. 2 statistics of each trial (the forward vmapped over them)."""
+        each = evaluate_act_each(models, self.valid, use_while=self.adaptive)
+        return [t.finish_evaluation(res, step, final) for t, res in zip(tasks, each)]
+
+    def finish_evaluation(self, res: dict, step: int, final: bool) -> tuple[dict, str]:
         t1 = res["table1"]
         scalars = {"mlm_accuracy": t1["mlm_accuracy"], "sop_accuracy": t1["sop_accuracy"],
                    "mean_iterations": t1["iterations"]["all"]}

@@ -24,7 +24,8 @@ from ..models.flops import train_flops_per_token
 from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
 from ..trainer.task import EvalRequest
-from .task_base import TaskBase
+from ..trainer.task import Models
+from .task_base import TaskBase, same_arrays
 from .registry import register
 
 
@@ -56,15 +57,24 @@ def eval_step(model: DecoderLM, batch):
     return nll, n
 
 
+def mean_losses(models: Models, batches: list[dict], sharding) -> list[tuple[float, float]]:
+    """Per trial (one for a solo run): (mean weighted NLL, total weight) over batches; one
+    host sync after all are dispatched."""
+    sums = jax.device_get([models(eval_step, to_global(local_rows(b), sharding))
+                           for b in batches])  # [batch][trial] -> (nll, weight)
+    out = []
+    for k in range(len(models)):
+        nll, n = sum(float(b[k][0]) for b in sums), sum(float(b[k][1]) for b in sums)
+        out.append((nll / max(n, 1.0), n))
+    return out
+
+
 def mean_loss(model: DecoderLM, batches: list[dict], sharding) -> tuple[float, float]:
-    """(mean weighted NLL, total weight) over batches; one host sync after all are dispatched."""
-    sums = jax.device_get([eval_step(model, to_global(local_rows(b), sharding)) for b in batches])
-    nll, n = sum(float(s) for s, _ in sums), sum(float(c) for _, c in sums)
-    return nll / max(n, 1.0), n
+    """(mean weighted NLL, total weight) of one model over batches."""
+    return mean_losses(Models(model), batches, sharding)[0]
 
 
-def evaluate(model: DecoderLM, batches: list[dict], sharding) -> dict:
-    loss, n = mean_loss(model, batches, sharding)
+def valid_metrics(loss: float, n: float) -> dict:
     return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0)), "valid_tokens": n}
 
 
@@ -119,16 +129,24 @@ class LMTask(DecoderTask):
         return lm_dataset(self.data.train, seq_len=cfg.data.seq_len,
                           global_batch=cfg.data.batch_size, seed=cfg.run.seed, **where)
 
-    def evaluate(self, model: DecoderLM, step: int, sharding, final: bool) -> tuple[dict, str]:
-        ev = evaluate(model, self.valid, sharding)
-        message = f"valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}"
-        n = self.cfg.run.grammar_samples
-        if self.cfg.data.corpus == "grammar" and n:
-            ev["grammatical"] = grammatical_share(model, self.data.tokenizer,
-                                                  self.data.valid_docs[:n],
-                                                  self.cfg.run.sample_tokens)
-            message += f", grammatical {ev['grammatical']:.0%}"
-        return ev, message
+    def evaluates_alike(self, tasks) -> bool:
+        return all(same_arrays(t.valid, self.valid) for t in tasks)
+
+    def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
+        """Validation perplexity of each trial, in one vmapped pass over the batches; the
+        share of grammatical samples (data.corpus grammar), trial by trial."""
+        out = []
+        for k, (loss, n) in enumerate(mean_losses(models, self.valid, sharding)):
+            ev = valid_metrics(loss, n)
+            message = f"valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}"
+            t, samples = tasks[k], self.cfg.run.grammar_samples
+            if t.cfg.data.corpus == "grammar" and samples:
+                ev["grammatical"] = grammatical_share(models.one(k), t.data.tokenizer,
+                                                      t.data.valid_docs[:samples],
+                                                      t.cfg.run.sample_tokens)
+                message += f", grammatical {ev['grammatical']:.0%}"
+            out.append((ev, message))
+        return out
 
     def summary(self, model: DecoderLM) -> dict:
         return {"samples": sampled_continuations(model, self.data.tokenizer, self.data.valid_docs,
@@ -172,7 +190,7 @@ class LMTask(DecoderTask):
             else:
                 tokens = load_tokens(run / "data" / "valid.npy")
             batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
-        result = evaluate(model, batches, batch_sharding(mesh))
+        result = valid_metrics(*mean_loss(model, batches, batch_sharding(mesh)))
         out = {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
                "tokens": result["valid_tokens"], "loss": result["valid_loss"],
                "perplexity": result["valid_ppl"]}

@@ -30,11 +30,12 @@ from ..data.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
 from ..models.flops import module_flops_per_token
 from ..trainer.losses import softmax_xent as _xent
-from ..trainer.task import EvalRequest
+from ..trainer.task import EvalRequest, Models
 from . import state_cache
 from .backbones import FusionTask, backbone_words
 from .open_run import load_checkpoint
 from .registry import register
+from .task_base import same_arrays
 
 log = logging.getLogger(__name__)
 SPLITS = ("dev", "test")
@@ -82,19 +83,23 @@ def _predict_words(model, words_KLD):
 EVAL_WORDS = 2048  # words per call when scoring packed states: one compilation for any split
 
 
-def _predict_packed(model, cache: state_cache.WordCache) -> np.ndarray:
+def _predict_packed(models: Models, cache: state_cache.WordCache) -> list[np.ndarray]:
     """Tags [n, P] of a split from its packed word states, EVAL_WORDS words per call (a
-    word's logits depend on its states alone; the slots not in use get 0)."""
+    word's logits depend on its states alone; the slots not in use get 0), per model."""
     W = int(cache.offsets[-1])
-    pred_W = np.zeros(W, np.int32)
+    pred_W = [np.zeros(W, np.int32) for _ in range(len(models))]
     for i in range(0, W, EVAL_WORDS):
         chunk = cache.array[i:i + EVAL_WORDS]
         pad = np.zeros((EVAL_WORDS - len(chunk), *chunk.shape[1:]), chunk.dtype)
-        pred_W[i:i + len(chunk)] = np.asarray(
-            _predict_words(model, np.concatenate([chunk, pad])))[:len(chunk)]
-    pred = np.zeros((cache.n, cache.width), np.int32)
-    pred[np.repeat(np.arange(cache.n), np.diff(cache.offsets)), cache.slot] = pred_W
-    return pred
+        for k, p in enumerate(models(_predict_words, np.concatenate([chunk, pad]))):
+            pred_W[k][i:i + len(chunk)] = np.asarray(p)[:len(chunk)]
+    rows = np.repeat(np.arange(cache.n), np.diff(cache.offsets))
+    preds = []
+    for p_W in pred_W:
+        pred = np.zeros((cache.n, cache.width), np.int32)
+        pred[rows, cache.slot] = p_W
+        preds.append(pred)
+    return preds
 
 
 def slots_in_use(arrays: dict) -> np.ndarray:
@@ -155,27 +160,32 @@ def eval_active(splits: list[dict], batch: int) -> int:
                             batch * a["positions"].shape[1]) for a in splits)
 
 
-def predict_tags(model, arrays: dict, n_words, labels, batch: int,
-                 n_active: int | None = None) -> list[list[str]]:
-    """Greedy tags for every sentence (from its cached states when `arrays` has them); the
-    last batch is padded so one compile serves all. n_active: the slot bound (eval_active),
-    by default this split's own."""
+def predict_ids(models: Models, arrays: dict, batch: int,
+                n_active: int | None = None) -> list[np.ndarray]:
+    """Greedy label ids [n, P] of every sentence, per model (from the cached states when
+    `arrays` has them); the last batch is padded so one compile serves all. n_active: the
+    slot bound (eval_active), by default this split's own."""
     n = len(arrays["tokens"])
     if "words" in arrays:
-        return ner_sentences.decode_tags(_predict_packed(model, arrays["words"]), arrays["labels"],
-                               n_words, labels)
+        return _predict_packed(models, arrays["words"])
     if "states" in arrays:
-        keys, predict = ("states", "mask", "positions"), _predict_from_states
+        keys, predict, extra = ("states", "mask", "positions"), _predict_from_states, ()
     else:
         if n_active is None:
             n_active = eval_active([arrays], batch)
-        keys = ("tokens", "segments", "mask", "positions")
-        predict = partial(_predict, n_active=n_active)
+        keys, predict = ("tokens", "segments", "mask", "positions"), _predict
+        extra = (n_active,)
     preds = []
     for i in range(0, n, batch):
         part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
-        preds.append(predict(model, *(part[k] for k in keys)))
-    pred = np.concatenate([np.asarray(p) for p in preds])[:n]
+        preds.append(models(predict, *(part[k] for k in keys), *extra))
+    return [np.concatenate([np.asarray(p[k]) for p in preds])[:n] for k in range(len(models))]
+
+
+def predict_tags(model, arrays: dict, n_words, labels, batch: int,
+                 n_active: int | None = None) -> list[list[str]]:
+    """Greedy tags of every sentence by one model (predict_ids)."""
+    pred = predict_ids(Models(model), arrays, batch, n_active)[0]
     return ner_sentences.decode_tags(pred, arrays["labels"], n_words, labels)
 
 
@@ -320,16 +330,32 @@ class NERTask(FusionTask):
         return module_flops_per_token((model.fusion, model.head), (spec.fusion, spec.head),
                                       self.cfg.data.seq_len, extra, model.backbone.width)
 
-    def score(self, model, split: str) -> dict:
-        sents = self.sentences[split]
-        pred = predict_tags(model, self.arrays[split], [len(s.tokens) for s in sents],
-                            self.labels, self.eval_batch, self.eval_active)
-        return entity_f1.f1([list(s.tags) for s in sents], pred)
+    def evaluates_alike(self, tasks) -> bool:
+        """The same dev and test sentences, and any cached states the same arrays (an
+        in-memory cache is shared by trials with the same frozen backbone)."""
+        def alike(a: dict, b: dict) -> bool:
+            cached = [k for k in ("words", "states") if k in a or k in b]
+            return (same_arrays({k: v for k, v in a.items() if k not in cached},
+                                {k: v for k, v in b.items() if k not in cached})
+                    and all(k in a and k in b and a[k].array is b[k].array for k in cached))
+        return all(t.eval_batch == self.eval_batch and t.eval_active == self.eval_active
+                   and all(alike(t.arrays[s], self.arrays[s]) for s in SPLITS) for t in tasks)
 
-    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+    def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
+        """Dev and test F1 of each trial (tagged side by side, vmapped); each trial's task
+        keeps its own curve and writes its own files."""
+        preds = {split: predict_ids(models, self.arrays[split], self.eval_batch, self.eval_active)
+                 for split in SPLITS}
+        return [t.finish_evaluation({s: preds[s][k] for s in SPLITS}, step, final)
+                for k, t in enumerate(tasks)]
+
+    def finish_evaluation(self, pred: dict, step: int, final: bool) -> tuple[dict, str]:
         res = {}
         for split in SPLITS:
-            for k, v in self.score(model, split).items():
+            sents = self.sentences[split]
+            tags = ner_sentences.decode_tags(pred[split], self.arrays[split]["labels"],
+                                             [len(s.tokens) for s in sents], self.labels)
+            for k, v in entity_f1.f1([list(s.tags) for s in sents], tags).items():
                 res[f"{split}_{k}"] = v
         if self.primary:
             with open(self.run_dir / "evals.jsonl", "a") as f:

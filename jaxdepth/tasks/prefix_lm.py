@@ -16,9 +16,10 @@ from ..config import Config, ConfigError, ModelConfig
 from ..data.pipeline import ExampleBatchSource
 from ..data.finetune_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
-from ..trainer.task import EvalRequest
+from ..trainer.task import EvalRequest, Models
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
-from .lm import DecoderTask, mean_loss
+from .lm import DecoderTask, mean_losses
+from .task_base import same_arrays
 from .registry import load_model, register
 
 def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
@@ -77,10 +78,21 @@ class PrefixLMTask(DecoderTask):
         model, self.init_step = load_pretrained(self.cfg, mesh)
         return model.with_options(**dataclasses.asdict(self.cfg.model))
 
-    def evaluate(self, model: DecoderLM, step: int, sharding, final: bool) -> tuple[dict, str]:
-        loss, _ = mean_loss(model, self.dev, sharding)
+    def evaluates_alike(self, tasks) -> bool:
+        return all(same_arrays(t.dev, self.dev) and t.scored == self.scored
+                   and t.geometry == self.geometry for t in tasks)
+
+    def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
+        """Dev loss and exact match of each trial (decoded side by side, vmapped); each
+        trial's task appends to its own evals.jsonl and writes its own predictions."""
+        losses = mean_losses(models, self.dev, sharding)
+        records = evaluate_splits(models, self.data.tokenizer, self.scored, self.geometry)
+        return [t.finish_evaluation(loss, rec, step, final)
+                for t, (loss, _), rec in zip(tasks, losses, records)]
+
+    def finish_evaluation(self, loss: float, records: dict, step: int,
+                          final: bool) -> tuple[dict, str]:
         d = self.data
-        records = evaluate_splits(model, d.tokenizer, self.scored, self.geometry)
         res = {"dev_loss": loss, **summarize(records, d.dev_split, d.gen_splits)}
         if self.primary:
             with open(self.run_dir / "evals.jsonl", "a") as f:
@@ -126,7 +138,7 @@ class PrefixLMTask(DecoderTask):
         chosen = {s: fixed_subset(all_splits[s], request.max_examples, task.seed) for s in names}
         geo = Geometry.fit([e for ex in chosen.values() for e in ex], tok,
                            request.batch or cfg.task.eval_batch or cfg.data.batch_size)
-        records = evaluate_splits(model, tok, chosen, geo)
+        records = evaluate_splits(Models(model), tok, chosen, geo)[0]
         summary = {"run": str(run), "step": step, "task": task.name, "task_dir": task.dir,
                    **summarize(records, dev, gen)}
         directory = Path(request.out) if request.out else run / "eval" / f"step{step}"

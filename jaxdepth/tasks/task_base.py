@@ -1,9 +1,13 @@
 """What every task shares: defaults of the trainer's Task interface (trainer/task.py)."""
 from __future__ import annotations
 
+import jax
+import numpy as np
+
 from ..config import Config
 from ..models.fusion import fusion_trainable
 from ..trainer.mfu import model_param_count
+from ..trainer.task import Models, select
 
 
 class TaskBase:
@@ -40,3 +44,37 @@ class TaskBase:
 
     def param_count(self, model) -> int:
         return model_param_count(model)
+
+    # Evaluation. A kind that writes ``evaluate_all(models: Models, tasks, ...)`` (one list
+    # entry per trial) evaluates a solo run through it and, when ``evaluates_alike`` says
+    # its trials' evaluation inputs are the same, every trial in one vmapped pass; otherwise
+    # (or for a kind that only writes ``evaluate``) trial by trial, sharing its programs.
+
+    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+        return self.evaluate_all(Models(model), [self], step, sharding, final)[0]
+
+    def vmaps_evaluation(self, tasks) -> bool:
+        how = self.cfg.trials.evaluation
+        if how == "trial_by_trial" or (how == "auto" and jax.default_backend() == "cpu"):
+            return False
+        return hasattr(self, "evaluate_all") and self.evaluates_alike(tasks)
+
+    def evaluate_trials(self, models, tasks, step: int, sharding, final: bool) -> list:
+        if self.vmaps_evaluation(tasks):
+            return self.evaluate_all(Models(models, len(tasks)), tasks, step, sharding, final)
+        return [t.evaluate(select(models, k), step, sharding, final) for k, t in enumerate(tasks)]
+
+    def evaluates_alike(self, tasks) -> bool:
+        """Whether every trial's task evaluates on the same inputs as this one."""
+        return False
+
+
+def same_arrays(a, b) -> bool:
+    """Whether two pytrees of arrays (evaluation batches, prompts) are equal, leaf for leaf;
+    the same objects are equal at once."""
+    if a is b:
+        return True
+    x, tx = jax.tree.flatten(a)
+    y, ty = jax.tree.flatten(b)
+    return tx == ty and all(u is v or (np.shape(u) == np.shape(v) and np.array_equal(u, v))
+                            for u, v in zip(x, y))

@@ -349,11 +349,13 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
                              **rates)
 
     def run_eval(step: int, final: bool = False) -> None:
-        """Each trial's evaluation by its own task, on its slice of the stacked model (the
-        trials share the task's compiled evaluation: same shapes)."""
+        """Each trial's evaluation by its own task (Task.evaluate_trials: vmapped over the
+        stacked model where the trials evaluate on the same inputs)."""
         t0 = time.perf_counter()
-        for k, t in enumerate(tasks):
-            ev, message = t.evaluate(model_of(k), step, eval_sharding, final)
+        results = ([task.evaluate(solo_state.model, step, eval_sharding, final)]
+                   if trials is None else
+                   task.evaluate_trials(solo_state.model, tasks, step, eval_sharding, final))
+        for k, (ev, message) in enumerate(results):
             trial = {} if trials is None else {"trial": k}
             (history if trials is None else trial_history[k]).update(ev)
             writer.write(step, **trial, **{n: v for n, v in ev.items()
@@ -441,7 +443,8 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
             per_trial = [{"trial": k, "settings": tr.settings(cfgs[k], fields),
                           "frozen": bool(frozen[k]), **trial_history[k],
                           **t.summary(model_of(k))} for k, t in enumerate(tasks)]
-            summary.update(tr.aggregate(per_trial))
+            summary.update(tr.aggregate(per_trial), evaluation=(
+                "vmapped" if task.vmaps_evaluation(tasks) else "trial by trial"))
     summary.update(run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"),
                    metrics=str(run_dir / "metrics.jsonl"), tensorboard=str(run_dir / "tb"))
     if primary and summary["done"]:

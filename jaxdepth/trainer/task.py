@@ -8,12 +8,14 @@ Implementations live in ``jaxdepth/tasks/`` (one module per kind of run) and are
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol
 
 import equinox as eqx
 import grain
+import jax
 from jaxtyping import Array
 
 # (fn, totals): totals(batch) gives the normalisers of a whole batch (e.g. its target-token
@@ -39,6 +41,56 @@ class EvalRequest:
     task_dir: str = field(default="", metadata={"flag": "--task-dir"})
     # at most this many examples per split; 0: all
     max_examples: int = field(default=0, metadata={"flag": "--max"})
+
+
+def select(tree, k: int):
+    """Trial k of a stacked pytree (arrays [K, ...] -> [...]); other leaves as they are."""
+    return jax.tree.map(lambda x: x[k] if eqx.is_array(x) else x, tree)
+
+
+TRIAL_AXIS = "trials"  # the vmapped axis's name, for a function that reduces over trials
+
+
+@functools.cache
+def _over_trials(fn: Callable, n_args: int) -> Callable:
+    # one program per device function and argument shapes, as the solo function has
+    return eqx.filter_jit(eqx.filter_vmap(fn, in_axes=(eqx.if_array(0),) + (None,) * n_args,
+                                          axis_name=TRIAL_AXIS))
+
+
+class Models:
+    """The model(s) an evaluation runs: one (a solo run) or a run's K trials, stacked on a
+    leading axis. ``models(fn, *args)`` gives one output of ``fn(model, *args)`` per trial:
+    for one model it is that call, unchanged; for K it is one call of fn vmapped over the
+    trial axis, the arguments (a batch, prompts) shared. So a task writes its evaluation once
+    and a run with trials evaluates every trial in one program per device function. `fn`
+    must be a module-level function (its vmapped program is cached by identity) taking its
+    arguments positionally."""
+
+    def __init__(self, model: eqx.Module, n_trials: int | None = None):
+        self.model, self.n_trials = model, n_trials
+
+    def __len__(self) -> int:
+        return 1 if self.n_trials is None else self.n_trials
+
+    @property
+    def axis_name(self) -> str | None:
+        """The trial axis's name inside ``models(fn, ...)``; None for one model."""
+        return None if self.n_trials is None else TRIAL_AXIS
+
+    def __call__(self, fn: Callable, *args) -> list:
+        if self.n_trials is None:
+            return [fn(self.model, *args)]
+        out = _over_trials(fn, len(args))(self.model, *args)
+        return [select(out, k) for k in range(self.n_trials)]
+
+    def one(self, k: int) -> eqx.Module:
+        """Trial k's model (the model itself for a solo run)."""
+        return self.model if self.n_trials is None else select(self.model, k)
+
+    def map(self, f: Callable[[eqx.Module], eqx.Module]) -> "Models":
+        """f applied to the model(s); f may change static fields only (with_options)."""
+        return Models(f(self.model), self.n_trials)
 
 
 class Task(Protocol):
@@ -87,6 +139,17 @@ class Task(Protocol):
 
     def evaluate(self, model: eqx.Module, step: int, sharding, final: bool) -> tuple[dict, str]:
         """(metrics, one-line message) at an evaluation point."""
+
+    def evaluate_trials(self, models: eqx.Module, tasks: list["Task"], step: int, sharding,
+                        final: bool) -> list[tuple[dict, str]]:
+        """A run with trials: each trial's ``evaluate``, in order, the K trials' models
+        stacked on a leading axis (`models`) and their tasks given (this one first). A kind
+        whose trials evaluate on the same inputs runs the device work vmapped over the trials
+        (``Models``); each trial's task still writes its own outputs."""
+
+    def vmaps_evaluation(self, tasks: list["Task"]) -> bool:
+        """Whether evaluate_trials runs these trials' evaluation vmapped (summary.json's
+        "evaluation"), rather than trial by trial."""
 
     def summary(self, model: eqx.Module) -> dict:
         """What summary.json adds for this kind of run."""

@@ -31,7 +31,7 @@ from ..config import (DROPOUT_SETTINGS, SCALAR_SETTINGS, TRIAL_FIELDS, Config, K
                       trial_values)
 from .optim import make_optimizer
 from .step import TrainState, init_state, make_update, state_shardings, with_compile_check
-from .task import Task
+from .task import Task, select  # noqa: F401 (select: the trainer's)
 
 # Optimizer settings a trial may vary, as make_optimizer's keyword arguments.
 OPTIM_HPARAMS = {"optim.lr": "lr", "optim.weight_decay": "weight_decay"}
@@ -195,11 +195,6 @@ def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task
         return eqx.filter_shard(new, shardings), m
 
     return with_compile_check(step, on_compile)
-
-
-def select(tree, k: int):
-    """Trial k of a stacked pytree (arrays [K, ...] -> [...]); other leaves as they are."""
-    return jax.tree.map(lambda x: x[k] if eqx.is_array(x) else x, tree)
 
 
 class TrialIterator:
