@@ -49,7 +49,11 @@ def test_cached_fe_trains_and_scores_like_the_uncached(ner_dir, tmp_path, method
 
 def test_memory_mapped_cache_and_resume(ner_dir, tmp_path, capsys, uncached_dwatt):
     """Over fusion.cache_mib (0: always) the states go to <run>/cache/*.npy; a run interrupted at step 6
-    and resumed (the cache recomputed) matches an uninterrupted uncached one."""
+    and resumed (the cache reused in this process, recomputed in a new one) matches an
+    uninterrupted uncached one."""
+    from jaxdepth.tasks import state_cache
+
+    state_cache._REUSED.clear()  # else the states an earlier test held in memory are reused
     run = tmp_path / "mm"
     _run(run, ner_dir, "dwatt", cache_mib=0, run={"stop_after": 6})
     assert "memory-mapped under" in capsys.readouterr().out

@@ -410,6 +410,24 @@ def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_fac
     last = [losses(trials, k, steps=4)[-1] for k in range(4)]
     assert abs(last[3] - last[1]) > 1e-3 and abs(last[0] - last[1]) > 1e-5
 
+    # the frozen backbone's states on disk (fusion.cache_mib 0): each set of sentences
+    # written once, dev and test by trial 0 for all four, the training sample by the first
+    # trial of each N (1 shot: trial 0, 8 shots: trial 2); the same numbers as in memory
+    from jaxdepth.tasks import state_cache
+
+    state_cache._REUSED.clear()  # the run above left its states for this process to reuse
+    on_disk = runs("ner-trials-disk", lambda run: args(run, **{
+        "trials.n_shot": "1,8", "trials.fusion_dropout": "0.0,0.1",
+        "trials.evaluation": "vmapped", "fusion.cache_mib": 0}))
+    files = sorted(p.relative_to(on_disk).as_posix() for p in on_disk.rglob("cache/*.npy"))
+    assert files == [f"trials/{k}/cache/{split}.process0.npy"
+                     for k, split in ((0, "dev"), (0, "test"), (0, "train"), (2, "train"))]
+    assert summary(on_disk)["evaluation"] == "vmapped"
+    for k in range(4):
+        close(losses(on_disk, k, steps=4), losses(trials, k, steps=4), f"trial {k}")
+        for key in ("dev_f1", "test_f1"):
+            assert evals(on_disk, k, key) == evals(trials, k, key), (k, key)
+
 
 # ----------------------------------------------------------------------------- 3. resume
 

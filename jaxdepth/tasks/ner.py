@@ -289,21 +289,20 @@ class NERTask(FusionTask):
                   f"({size / 2**20:.1f} MiB, {place}; fusion.cache_mib="
                   f"{self.cfg.fusion.cache_mib})", flush=True)
         batch = self.cfg.task.eval_batch or self.cfg.data.batch_size
-        reused, digest = [], None if on_disk else state_cache.backbone_digest(model)
+        reused, digest = [], state_cache.backbone_digest(model)
         for split, arrays in self.arrays.items():
             cache = _cache(arrays)
             # the training split at the width the uncached step feeds the backbone, so that
             # training is the same bit for bit; the others (scored only) by length
             by_length = split != "train"
-            if on_disk:
-                path = where / f"{split}.process{jax.process_index()}.npy"
-                state_cache.fill(cache, model, arrays, batch, spec, path, by_length)
-            elif state_cache.fill_or_reuse(cache, model, arrays, batch, spec, by_length, digest):
+            path = where / f"{split}.process{jax.process_index()}.npy" if on_disk else None
+            if state_cache.fill_or_reuse(cache, model, arrays, batch, spec, by_length, digest,
+                                         path):
                 reused.append(split)
         if reused and self.primary:
             print(f"fusion.mode=fe: the states of {', '.join(reused)} were computed by an "
-                  f"earlier run in this process (same backbone and sentences): reused",
-                  flush=True)
+                  f"earlier run or trial in this process (same backbone and sentences): "
+                  f"reused, not stored again", flush=True)
 
     def dataset(self) -> grain.MapDataset:
         train = self.arrays["train"]

@@ -187,16 +187,19 @@ def states_key(backbone: bytes, arrays: dict, by_length: bool) -> str:
 
 
 def fill_or_reuse(cache: StateCache | WordCache, model, arrays: dict, batch: int,
-                  spec: jax.ShapeDtypeStruct, by_length: bool, backbone: bytes) -> bool:
-    """fill() into memory, or the states an earlier run in this process computed for the
-    same key (states_key; backbone: backbone_digest(model)): the frozen backbone runs once
-    per sentence per process, not once per run. Returns whether they were reused."""
+                  spec: jax.ShapeDtypeStruct, by_length: bool, backbone: bytes,
+                  path: Path | None = None) -> bool:
+    """fill() into memory (or the .npy file at `path`), or take the states an earlier run
+    or trial in this process computed for the same key (states_key; backbone:
+    backbone_digest(model)): the frozen backbone runs once per sentence per process, and
+    its states are stored once (the trials of a run share one array or one file), not once
+    per run. Returns whether they were reused."""
     key = states_key(backbone, arrays, by_length)
     if key in _REUSED:
         _REUSED.move_to_end(key)
         cache.array = _REUSED[key]
         return True
-    fill(cache, model, arrays, batch, spec, None, by_length)
+    fill(cache, model, arrays, batch, spec, path, by_length)
     _REUSED[key] = cache.array
     cache.array.flags.writeable = False  # shared by later runs
     while len(_REUSED) > _REUSED_MAX:
