@@ -219,8 +219,36 @@ def test_scored_splits_are_reused_within_a_process_and_only_for_the_same_backbon
                                 digest)
     assert not sc.fill_or_reuse(sc.WordCache(arrays["positions"]), model, arrays, 4, spec,
                                 False, digest)
+    assert not sc.fill_or_reuse(sc.WordCache(arrays["positions"]), model, arrays, 2, spec,
+                                True, digest)  # other batches: other widths
     # Base+n reads other states from the same backbone
     assert sc.backbone_digest(_small_model("base+n")) != digest
+    sc._REUSED.clear()
+
+
+def test_a_reused_file_is_never_rewritten_under_its_readers(tmp_path):
+    """States memory-mapped from a file are shared (trials, units); a later fill of the same
+    path with other states drops the old entry first, so the old key computes afresh instead
+    of reading the new states."""
+    from jaxdepth.tasks import state_cache as sc
+
+    arrays, other = _sentences(seed=0), _sentences(seed=1)
+    model = _small_model("dwatt")
+    spec, digest = sc.row_spec(model, arrays), sc.backbone_digest(model)
+    path = tmp_path / "dev.process0.npy"
+    sc._REUSED.clear()
+    first = sc.WordCache(arrays["positions"])
+    assert not sc.fill_or_reuse(first, model, arrays, 4, spec, True, digest, path)
+    kept = np.array(first.array)
+    shared = sc.WordCache(arrays["positions"])
+    assert sc.fill_or_reuse(shared, model, arrays, 4, spec, True, digest, tmp_path / "unused.npy")
+    assert shared.array is first.array and not (tmp_path / "unused.npy").exists()
+    # the same path, other sentences: the file is rewritten and the first key forgotten
+    assert not sc.fill_or_reuse(sc.WordCache(other["positions"]), model, other, 4, spec, True,
+                                digest, path)
+    again = sc.WordCache(arrays["positions"])
+    assert not sc.fill_or_reuse(again, model, arrays, 4, spec, True, digest, tmp_path / "b.npy")
+    np.testing.assert_array_equal(np.asarray(again.array), kept)
     sc._REUSED.clear()
 
 

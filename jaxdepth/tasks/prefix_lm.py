@@ -79,8 +79,11 @@ class PrefixLMTask(DecoderTask):
         return model.with_options(**dataclasses.asdict(self.cfg.model))
 
     def evaluates_alike(self, tasks) -> bool:
+        # the prompts are encoded, and every trial's output decoded, with this tokenizer
+        proto = self.data.tokenizer.model_proto
         return all(same_arrays(t.dev, self.dev) and t.scored == self.scored
-                   and t.geometry == self.geometry for t in tasks)
+                   and t.geometry == self.geometry
+                   and t.data.tokenizer.model_proto == proto for t in tasks)
 
     def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Dev loss and exact match of each trial (decoded side by side, vmapped); each

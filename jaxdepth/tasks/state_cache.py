@@ -172,7 +172,7 @@ def backbone_digest(model) -> bytes:
     return h.digest()
 
 
-def states_key(backbone: bytes, arrays: dict, by_length: bool) -> str:
+def states_key(backbone: bytes, arrays: dict, by_length: bool, batch: int) -> str:
     """A digest of everything a split's frozen states depend on: the backbone
     (backbone_digest), the inputs and the batching. Units of an experiment that score the
     same sentences on the same backbone (a few-shot grid: every method but Base+n, every N
@@ -183,6 +183,7 @@ def states_key(backbone: bytes, arrays: dict, by_length: bool) -> str:
         h.update(f"{k}{a.dtype}{a.shape}".encode())
         h.update(a.view(np.uint8).data)
     h.update(b"by_length" if by_length else b"full")
+    h.update(f"batch{batch}".encode())  # the batches, and so the widths, it was run in
     return h.hexdigest()
 
 
@@ -194,11 +195,16 @@ def fill_or_reuse(cache: StateCache | WordCache, model, arrays: dict, batch: int
     backbone_digest(model)): the frozen backbone runs once per sentence per process, and
     its states are stored once (the trials of a run share one array or one file), not once
     per run. Returns whether they were reused."""
-    key = states_key(backbone, arrays, by_length)
+    key = states_key(backbone, arrays, by_length, batch)
     if key in _REUSED:
         _REUSED.move_to_end(key)
         cache.array = _REUSED[key]
         return True
+    if path is not None:  # fill() rewrites the file: no earlier entry may still map it
+        mine = Path(path).resolve()
+        for k in [k for k, a in _REUSED.items()
+                  if getattr(a, "filename", None) and Path(a.filename).resolve() == mine]:
+            del _REUSED[k]
     fill(cache, model, arrays, batch, spec, path, by_length)
     _REUSED[key] = cache.array
     cache.array.flags.writeable = False  # shared by later runs

@@ -98,7 +98,8 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
         s = json.loads(summary.read_text())
         mine = s["trials"][k]
         run_level = {n: v for n, v in s.items()
-                     if n not in ("trials", "mean", "ci95", "groups", "n_trials", "n_frozen")}
+                     if n not in ("trials", "mean", "ci95", "groups", "n_trials", "n_frozen",
+                                  "evaluation")}
         with writing(dest / "summary.json"):
             (dest / "summary.json").write_text(json.dumps(
                 {**run_level, **{n: v for n, v in mine.items() if n != "trial"},
