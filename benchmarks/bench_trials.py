@@ -37,6 +37,13 @@ with the reason instead of being run, and XLA's estimate of what each step adds
 JSON is rewritten after every K (``complete``: false until the end), so a run killed part way
 keeps what it measured.
 
+Evaluation (``--parts eval``): one evaluation point of K (``--eval-ks``) fresh tiny-L2 trials,
+``Task.evaluate_trials`` vmapped against each trial's ``evaluate`` on its slice (the two
+``trials.evaluation`` settings), interleaved, for prefix-LM fine-tuning on the grammar's
+passivization (dev loss and greedy exact match of ``--eval-examples`` per split) and LM
+validation perplexity; with the first (compiling) call's time and whether both give the same
+accuracies (and how far apart the losses are).
+
 Experiments (``--parts``; by default all three parts, the grid only with ``--ner-dir``): each
 runs one experiment command twice in fresh processes, ``--sequential`` (one program per unit,
 as before trials) and then with trials (the default), and reports both wall times, ``speedup``
@@ -278,7 +285,79 @@ def bench_model(name: str, args, data_dir: Path | None, report) -> dict:
 
 
 GRID_TARGET = 5.0  # the FE grid: sequential wall / trials wall >= this
-PARTS = ("steps", "grid", "slice")
+PARTS = ("steps", "eval", "grid", "slice")
+EVAL_KINDS = ("prefix_lm", "lm")
+
+
+def eval_tasks(kind: str, k: int, work: Path, tokenizer: Path, n_eval: int) -> list:
+    """K prepared tasks of tiny-L2 trials of `kind` (seeds 0..K-1), each in its own directory:
+    prefix-LM fine-tuning on the grammar's passivization (n_eval examples of dev and both
+    generalization splits scored) or LM pretraining on the grammar (its validation batches)."""
+    args = ["--preset", "tiny-L2", "--run.dir", str(work), "--data.tokenizer", str(tokenizer),
+            "--run.seeds", ",".join(map(str, range(k))), "--trials.evaluation", "vmapped",
+            "--data.grammar_docs", "20000"]
+    if kind == "prefix_lm":
+        args += ["--task.name", "passivization", "--task.n_train", "64", "--task.n_eval",
+                 str(n_eval), "--task.eval_max", str(n_eval), "--data.seq_len", "96"]
+    tasks = [task_for(c) for c in trial_configs(parse_args(args))]
+    for i, t in enumerate(tasks):
+        t.prepare(work / f"trial{i}", True, lambda: None)
+    return tasks
+
+
+def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
+    """One evaluation point of K fresh trials (random weights, as at step 0), vmapped
+    (Task.evaluate_trials, one program over the stacked models) against trial by trial (each
+    trial's evaluate on its slice, the solo programs), interleaved; and whether both give the
+    same numbers."""
+    import equinox as eqx
+
+    from jaxdepth.trainer.task import select
+
+    tasks = eval_tasks(kind, k, work / kind, tokenizer, args.eval_examples)
+    models = [tasks[0].build_model(key=jax.random.key(i)) for i in range(k)]
+    stacked = jax.tree.map(lambda *xs: jax.numpy.stack(xs) if eqx.is_array(xs[0]) else xs[0],
+                           *models)
+    assert tasks[0].vmaps_evaluation(tasks), "the trials do not evaluate alike"
+    sh = batch_sharding(make_mesh(tasks[0].cfg.mesh))  # as the training loop evaluates
+    calls = {"vmapped": lambda: tasks[0].evaluate_trials(stacked, tasks, 0, sh, False),
+             "trial_by_trial": lambda: [t.evaluate(select(stacked, i), 0, sh, False)
+                                        for i, t in enumerate(tasks)]}
+    first = {n: timed(c)[1] for n, c in calls.items()}  # compiles
+    results = {n: c() for n, c in calls.items()}
+    times = interleaved_times(calls, args.eval_repeats)
+    keys = ("id_accuracy", "gen_accuracy", "lexical", "structural")
+    same = (all(results["vmapped"][i][0].get(n) == results["trial_by_trial"][i][0].get(n)
+                for i in range(k) for n in keys) if kind == "prefix_lm" else None)
+    loss = "dev_loss" if kind == "prefix_lm" else "valid_loss"
+    rel = max(abs(a[0][loss] - b[0][loss]) / abs(b[0][loss])
+              for a, b in zip(results["vmapped"], results["trial_by_trial"]))
+    med = {n: statistics.median(t) for n, t in times.items()}
+    rec = {"kind": kind, "k": k, "first_call_s": first, "eval_s": med,
+           "eval_s_all": times, "speedup": med["trial_by_trial"] / med["vmapped"],
+           "same_accuracies": bool(same), "largest_rel_loss_difference": rel}
+    print(f"eval {kind}, K={k}: vmapped {med['vmapped']:.3f} s, trial by trial "
+          f"{med['trial_by_trial']:.3f} s ({rec['speedup']:.2f}x); same accuracies: {same}, "
+          f"loss apart by {rel:.1e}", flush=True)
+    return rec
+
+
+def evaluations(args, work: Path, report) -> list[dict]:
+    """The eval part: each kind at each K of --eval-ks."""
+    from jaxdepth.data.grammar import corpus_texts
+    from jaxdepth.data.tokenizer import train_tokenizer
+
+    if "eval" not in args.parts:
+        return []
+    tok = work / "eval_tokenizer.model"
+    work.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(corpus_texts(3000, seed=0), 512).save(tok)
+    out = []
+    for kind in EVAL_KINDS:
+        for k in args.eval_ks:
+            out.append(bench_eval(kind, k, work / f"eval_k{k}", tok, args))
+            report(out)
+    return out
 WAYS = {"sequential": ["--sequential"], "trials": []}
 
 
@@ -357,6 +436,10 @@ def main(argv: list[str] | None = None) -> dict:
                    "(seconds)")
     p.add_argument("--parts", default=None, help=f"comma-separated, of {', '.join(PARTS)} "
                    "(default: all three with --ner-dir, else steps,slice; --quick: steps)")
+    p.add_argument("--eval-ks", default="5", help="numbers of trials K of the eval part")
+    p.add_argument("--eval-examples", type=int, default=100,
+                   help="examples scored per split in the eval part's prefix-LM evaluation")
+    p.add_argument("--eval-repeats", type=int, default=5, help="timed rounds of the eval part")
     p.add_argument("--ner-dir", default="", help="WikiAnn or CoNLL-2003 directory (the grid part)")
     p.add_argument("--backbone", default="", help="a pretrained run or HF directory for the grid "
                    "part; empty: the experiment's miniature pretraining, once, untimed")
@@ -375,6 +458,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("the grid part needs --ner-dir (a WikiAnn or CoNLL-2003 directory); "
                          "--parts steps,slice leaves it out")
     args.ks = [int(k) for k in (args.ks or ("1,2" if q else "1,2,4,8,16")).split(",") if k.strip()]
+    args.eval_ks = [int(k) for k in args.eval_ks.split(",") if k.strip()]
     args.models = [m.strip() for m in (args.models or ("tiny" if q else "tiny,small")).split(",")
                    if m.strip()]
     args.steps = args.steps if args.steps is not None else (3 if q else 10)
@@ -418,8 +502,11 @@ def main(argv: list[str] | None = None) -> dict:
         for m in args.models if "steps" in args.parts else []:
             models.append(bench_model(m, args, data_dir, report))
         work = Path(args.workdir) if args.workdir else Path(tmp) / "experiments"
+        evals = evaluations(args, work, lambda done: write_json(args.out, {
+            **head, "complete": False, "models": models, "eval": done,
+            "wall_s": time.perf_counter() - t0}))
         exps = experiments(args, work, lambda done: write_json(args.out, {
-            **head, "complete": False, "models": models, **done,
+            **head, "complete": False, "models": models, "eval": evals, **done,
             "wall_s": time.perf_counter() - t0}))
 
     target = None
@@ -443,7 +530,7 @@ def main(argv: list[str] | None = None) -> dict:
         "target_k8_tiny_le_3x": target["met"] if target else None,
         "target_k8_tiny_ratio": target["ratio"] if target else None,
         "target_k8_tiny_ratio_vs_k1_trial_step": target["ratio_vs_k1_trial_step"] if target else None,
-        "models": models, **exps,
+        "models": models, "eval": evals, **exps,
     }
     out["wall_s"] = time.perf_counter() - t0
     if target:

@@ -12,8 +12,10 @@
 #   3. bench_fusion.py: a BERT-base-shaped encoder (12 x 768), batch 32, T=128, 32 labelled;
 #   4. bench_trials.py: K = 1, 2, 4, 8, 16 trials (--run.seeds 0,...,K-1) of the tiny-L2 and
 #      small-L4 LMs against K solo steps, T=128, batch 32, grammar data (target: K=8 tiny
-#      trials <= 3 x one solo step; in its JSON, not in the merged report; its experiment
-#      parts, the few-shot grid and sweep slice run both ways, are left to the CPU runs);
+#      trials <= 3 x one solo step), and K = 5, 16 trials' evaluation vmapped against trial
+#      by trial (trials.evaluation auto picks vmapped on a GPU: this checks that choice); in
+#      its JSON, not in the merged report; its experiment parts, the few-shot grid and sweep
+#      slice run both ways, are left to the CPU runs;
 # then gpu_report.py merges the JSONs into OUT_DIR/gpu_results.json and gpu_results.md and
 # prints the targets: MFU >= 45% for 134M-L12 (against the datasheet bf16 peak,
 # jaxdepth.trainer.mfu.device_peak_flops) and compile(L32) <= 1.3 x compile(L1).
@@ -33,7 +35,7 @@ SMOKE=${GPU_SH_ALLOW_CPU:-0}
 for arg in "$@"; do
     case "$arg" in
         --dry-run) SMOKE=1 ;;
-        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "gpu.sh: unknown option $arg" >&2; exit 2 ;;
         *) OUT=$arg ;;
     esac
@@ -69,7 +71,7 @@ else
     STEP_ARGS=(--family 134M --seq-len 1024 --batch "${GPU_SH_BATCH:-32}" --steps 10 --warmup 2)
     ACT_ARGS=(--preset base --batch 32 --seq-len 128)
     FUSION_ARGS=(--d-model 768 --layers 12 --heads 12 --seq-len 128 --batch 32 --labelled 32)
-    TRIALS_ARGS=(--parts steps --ks 1,2,4,8,16 --models tiny,small --steps 20)
+    TRIALS_ARGS=(--parts steps,eval --ks 1,2,4,8,16 --models tiny,small --steps 20 --eval-ks 5,16)
     REPORT_ARGS=(--mfu-depth 12 --compile-depths 1,32)
 fi
 
