@@ -260,16 +260,22 @@ def test_act_trials_of_ponder_weight_and_dropout_equal_their_solo_runs(tmp_path)
                                                                 rel=1e-4)
 
 
+def ft_args(run, tokenizer, n_eval: int, splits: str, **fields) -> list[str]:
+    """Prefix-LM fine-tuning of tiny-L2 on the grammar's passivization, 4 steps with dropout,
+    evaluated at 2 and 4 on n_eval examples of each of `splits`."""
+    return base_args(run, tokenizer, 4, **{
+        "mesh.data": 1, "run.eval_every": 2, "run.save_every": 4, "model.dropout": 0.1,
+        "task.name": "passivization", "task.n_train": 16, "task.n_eval": n_eval,
+        "task.eval_max": n_eval, "task.eval_splits": splits, "task.truncate": "true",
+        "data.seq_len": 64, **fields})
+
+
 def test_prefix_lm_trials_equal_their_solo_run(runs, tokenizer):
     """Fine-tuning on the embedded grammar's passivization task with dropout: trial 3 (task
     seed 1, run seed 1) prepares its own splits (trials/3/data) and equals the solo run of
     those seeds: losses, the dev loss and exact match of each evaluation, its predictions."""
     def args(run, **fields):
-        return base_args(run, tokenizer, 4, **{
-            "mesh.data": 1, "run.eval_every": 2, "run.save_every": 4, "model.dropout": 0.1,
-            "task.name": "passivization", "task.n_train": 16, "task.n_eval": 4,
-            "task.eval_max": 4, "task.eval_splits": "dev", "task.truncate": "true",
-            "data.seq_len": 64, **fields})
+        return ft_args(run, tokenizer, n_eval=4, splits="dev", **fields)
 
     trials = runs("ft-trials", lambda run: args(run, **{"run.seeds": "0,1",
                                                         "trials.task_seed": "0,1"}))
@@ -305,11 +311,7 @@ def test_prefix_lm_seed_trials_decode_side_by_side_as_their_solo_runs(runs, toke
     """Trials that score the same examples (run seeds only) decode them vmapped, in one
     program: trial 1's dev loss, exact match and every greedy prediction equal its solo run's."""
     def args(run, **fields):
-        return base_args(run, tokenizer, 4, **{
-            "mesh.data": 1, "run.eval_every": 2, "run.save_every": 4, "model.dropout": 0.1,
-            "task.name": "passivization", "task.n_train": 16, "task.n_eval": 8,
-            "task.eval_max": 8, "task.eval_splits": "dev,gen_lexical", "task.truncate": "true",
-            "data.seq_len": 64, **fields})
+        return ft_args(run, tokenizer, n_eval=8, splits="dev,gen_lexical", **fields)
 
     trials = runs("ft-seed-trials", lambda run: args(run, **{"run.seeds": "0,1",
                                                              "trials.evaluation": "vmapped"}))
