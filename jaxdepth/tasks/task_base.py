@@ -54,10 +54,15 @@ class TaskBase:
         return self.evaluate_all(Models(model), [self], step, sharding, final)[0]
 
     def vmaps_evaluation(self, tasks) -> bool:
-        how = self.cfg.trials.evaluation
-        if how == "trial_by_trial" or (how == "auto" and jax.default_backend() == "cpu"):
-            return False
-        return hasattr(self, "evaluate_all") and self.evaluates_alike(tasks)
+        # Decided once per run: the trials' evaluation inputs are fixed after prepare and
+        # model_ready, and comparing them (whole validation sets) is not free.
+        key = tuple(map(id, tasks))
+        if getattr(self, "_vmaps", (None,))[0] != key:
+            how = self.cfg.trials.evaluation
+            vmaps = (how == "vmapped" or (how == "auto" and jax.default_backend() != "cpu")) \
+                and hasattr(self, "evaluate_all") and self.evaluates_alike(tasks)
+            self._vmaps = (key, vmaps)
+        return self._vmaps[1]
 
     def evaluate_trials(self, models, tasks, step: int, sharding, final: bool) -> list:
         if self.vmaps_evaluation(tasks):
