@@ -312,7 +312,7 @@ def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
     same numbers."""
     import equinox as eqx
 
-    from jaxdepth.trainer.task import select
+    from jaxdepth.trainer.task import Models
 
     tasks = eval_tasks(kind, k, work / kind, tokenizer, args.eval_examples)
     models = [tasks[0].build_model(key=jax.random.key(i)) for i in range(k)]
@@ -320,8 +320,9 @@ def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
                            *models)
     assert tasks[0].vmaps_evaluation(tasks), "the trials do not evaluate alike"
     sh = batch_sharding(make_mesh(tasks[0].cfg.mesh))  # as the training loop evaluates
+    stacked = Models(stacked, k)
     calls = {"vmapped": lambda: tasks[0].evaluate_trials(stacked, tasks, 0, sh, False),
-             "trial_by_trial": lambda: [t.evaluate(select(stacked, i), 0, sh, False)
+             "trial_by_trial": lambda: [t.evaluate(stacked.one(i), 0, sh, False)
                                         for i, t in enumerate(tasks)]}
     first = {n: timed(c)[1] for n, c in calls.items()}  # compiles
     results = {n: c() for n, c in calls.items()}

@@ -359,14 +359,11 @@ def _long_wikiann(root: Path) -> Path:
     return root
 
 
-def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_factory):
-    """Few-shot NER on a frozen backbone (fusion.mode fe, DWAtt): of the trials of N = 1 and
-    8 shots, whose solo runs bound the word slots a batch uses differently, and of head
-    dropout 0 and 0.1 (fusion.dropout, traced per trial), the 1-shot one at 0.1 runs at the
-    8-shot one's larger bound (NERTask.share_shapes) and still equals its solo run: losses,
-    dev and test F1 of each evaluation."""
+@pytest.fixture(scope="module")
+def ner_args(tmp_path_factory):
+    """ner_args(run, **fields): a tiny few-shot NER run on a frozen backbone (fusion.mode fe,
+    DWAtt) over a WikiAnn-like corpus, evaluated at steps 2 and 4."""
     from jaxdepth.data.tokenizer import train_tokenizer
-    from jaxdepth.tasks import task_for
     from test_ner_job import _sentences
 
     root = tmp_path_factory.mktemp("ner")
@@ -383,6 +380,20 @@ def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_fac
                "run.samples": 0, "task.name": "ner", "task.dir": task_dir,
                "fusion.method": "dwatt", "fusion.mode": "fe", **fields}
         return [x for k, v in out.items() for x in (f"--{k}", str(v))]
+
+    args.root = root
+    return args
+
+
+def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, ner_args):
+    """Few-shot NER on a frozen backbone (fusion.mode fe, DWAtt): of the trials of N = 1 and
+    8 shots, whose solo runs bound the word slots a batch uses differently, and of head
+    dropout 0 and 0.1 (fusion.dropout, traced per trial), the 1-shot one at 0.1 runs at the
+    8-shot one's larger bound (NERTask.share_shapes) and still equals its solo run: losses,
+    dev and test F1 of each evaluation."""
+    from jaxdepth.tasks import task_for
+
+    root, args = ner_args.root, ner_args
 
     # the case this is about: each solo run's own bound differs
     bounds = []
@@ -429,6 +440,60 @@ def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, tmp_path_fac
         close(losses(on_disk, k, steps=4), losses(trials, k, steps=4), f"trial {k}")
         for key in ("dev_f1", "test_f1"):
             assert evals(on_disk, k, key) == evals(trials, k, key), (k, key)
+
+
+def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
+    """Two seed trials over one pretrained backbone (task.init_from, fusion.mode fe) keep its
+    arrays once, without a trial axis (TrialState.shared), in memory and in the checkpoint,
+    while the head and fusion are stacked; each trial still equals its solo run (losses, dev
+    and test F1, evaluated vmapped), and an exported trial holds the whole model."""
+    from jaxdepth.config import Config
+    from jaxdepth.tasks import load_model, task_for
+    from jaxdepth.trainer import checkpoint as ckpt
+    from jaxdepth.trainer import trials as tr
+    from jaxdepth.trainer.optim import make_optimizer
+    from jaxdepth.trainer.sharding import make_mesh
+    from jaxdepth.trainer.trial_export import export_trial
+
+    pre = runs("ner-solo1", lambda run: ner_args(run, **{"task.n_shot": 1}))
+    mine = {"task.init_from": pre, "task.n_shot": 1}
+    trials = runs("ner-shared", lambda run: ner_args(run, **mine, **{
+        "run.seeds": "0,1", "trials.evaluation": "vmapped"}))
+    one = runs("ner-shared-solo1", lambda run: ner_args(run, **mine, **{"run.seed": 1}))
+    assert summary(trials)["evaluation"] == "vmapped"
+    close(losses(trials, 1, steps=4), losses(one, steps=4), "trial 1")
+    for key in ("dev_f1", "test_f1"):
+        same_evals(evals(trials, 1, key), evals(one, None, key), key)
+
+    cfg = Config.from_dict(json.loads((trials / "config.json").read_text()))
+    cfgs = trial_configs(cfg)
+    abstract, shardings = tr.trial_shardings(cfgs, make_optimizer(cfgs[0].optim, 4),
+                                             make_mesh(MeshConfig(data=1)), task_for(cfgs[0]))
+    mngr = ckpt.open_manager(trials, read_only=True)
+    try:
+        state = ckpt.restore(mngr, 4, abstract, shardings)
+    finally:
+        mngr.close()
+
+    def arrays(tree):
+        return jax.tree.leaves(eqx.filter(tree, eqx.is_array))
+
+    pretrained = arrays(load_model(pre)[0].backbone)
+    assert not arrays(state.state.model.backbone)  # not in the stacked model
+    shared = arrays(state.shared.backbone)
+    assert [a.shape for a in shared] == [a.shape for a in pretrained]  # no trial axis
+    for a, b in zip(shared, pretrained):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    stacked = arrays(state.state.model)
+    assert stacked and all(a.shape[0] == 2 for a in stacked)
+    assert not arrays(state.shared.head) and not arrays(state.shared.fusion)
+
+    dest = export_trial(trials, 1, task_for)
+    exported, _, _ = load_model(dest)
+    for a, b in zip(arrays(exported), arrays(state.trial(1).model), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(arrays(exported.backbone), pretrained, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 # ----------------------------------------------------------------------------- 3. resume

@@ -115,6 +115,14 @@ class FusionTask(TaskBase):
     def flops_per_token(self, model) -> int:
         return module_flops(model, self.trainable(model), self.cfg.data.seq_len)
 
+    def trial_shared(self, model):
+        # task.init_from's backbone, when it stays frozen (fusion.mode fe): the same arrays in
+        # every trial, which no trial updates (the head, even one loaded too, trains)
+        if not self.cfg.task.init_from or not model.frozen_backbone:
+            return None
+        spec = jax.tree.map(lambda _: False, model)
+        return eqx.tree_at(lambda m: m.backbone, spec, jax.tree.map(lambda _: True, spec.backbone))
+
     def initial_model(self, mesh, fresh):
         """fresh with task.init_from's backbone weights, and the source's trained MLM head
         when the task is MLM and it has one (None without a source)."""

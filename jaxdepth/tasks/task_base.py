@@ -7,7 +7,7 @@ import numpy as np
 from ..config import Config
 from ..models.fusion import fusion_trainable
 from ..trainer.mfu import model_param_count
-from ..trainer.task import Models, select
+from ..trainer.task import Models
 
 
 class TaskBase:
@@ -39,6 +39,9 @@ class TaskBase:
     def initial_model(self, mesh, fresh):
         return None
 
+    def trial_shared(self, model):
+        return None  # each trial holds all of its arrays
+
     def model_ready(self, model) -> None:
         pass
 
@@ -66,8 +69,8 @@ class TaskBase:
 
     def evaluate_trials(self, models, tasks, step: int, sharding, final: bool) -> list:
         if self.vmaps_evaluation(tasks):
-            return self.evaluate_all(Models(models, len(tasks)), tasks, step, sharding, final)
-        return [t.evaluate(select(models, k), step, sharding, final) for k, t in enumerate(tasks)]
+            return self.evaluate_all(models, tasks, step, sharding, final)
+        return [t.evaluate(models.one(k), step, sharding, final) for k, t in enumerate(tasks)]
 
     def evaluates_alike(self, tasks) -> bool:
         """Whether every trial's task evaluates on the same inputs as this one."""

@@ -106,7 +106,7 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task, tasks=No
         task.model_ready(state.model)
     else:
         for k, t in enumerate(tasks):
-            t.model_ready(tr.select(state.state.model, k))
+            t.model_ready(state.trial(k).model)
     if data_state is not None:
         data_iter.set_state(data_state)
     data_iter.start_prefetch()  # loader threads or workers start while the step compiles
@@ -144,9 +144,7 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task, tasks=None):
     if cfgs is None:
         pretrained = task.initial_model(mesh, abstract.model)
         return sharded_init(cfg, tx, mesh, task, shardings, pretrained), shardings, None
-    # one trial's abstract model: the stacked one without its trial axis
-    model = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
-                         abstract.state.model)
+    model = tr.one_abstract_model(abstract)
     if len({c.task.init_from for c in cfgs}) > 1:  # each trial its own (init_from "...{seed}")
         pretrained = [t.initial_model(mesh, model) for t in tasks]
     else:
@@ -218,10 +216,9 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
     else:
         data_iter = tr.TrialIterator([lm_iterator(t.dataset()) for t in tasks])
     state, shardings = restore_or_init(cfgs[0], tx, mesh, mngr, data_iter, task, trials)
-    solo_state = state if trials is None else state.state  # its leaves [K, ...] with trials
-    model_of = ((lambda k: solo_state.model) if trials is None
-                else (lambda k: tr.select(solo_state.model, k)))
-    start = int(np.asarray(solo_state.step).flat[0])
+    model_of = ((lambda k: state.model) if trials is None
+                else (lambda k: state.trial(k).model))
+    start = int(np.asarray(state.step if trials is None else state.state.step).flat[0])
     if primary:
         ckpt.write_config(run_dir, cfg)
 
@@ -352,9 +349,9 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
         """Each trial's evaluation by its own task (Task.evaluate_trials: vmapped over the
         stacked model where the trials evaluate on the same inputs)."""
         t0 = time.perf_counter()
-        results = ([task.evaluate(solo_state.model, step, eval_sharding, final)]
+        results = ([task.evaluate(state.model, step, eval_sharding, final)]
                    if trials is None else
-                   task.evaluate_trials(solo_state.model, tasks, step, eval_sharding, final))
+                   task.evaluate_trials(state.models(), tasks, step, eval_sharding, final))
         for k, (ev, message) in enumerate(results):
             trial = {} if trials is None else {"trial": k}
             (history if trials is None else trial_history[k]).update(ev)
@@ -384,7 +381,6 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
                         raise
                 batch = to_global(next(data_iter), b_sharding)
                 state, metrics = step_fn(state, batch)
-                solo_state = state if trials is None else state.state
                 if pending is not None:  # step N is dispatched; now read step N-1 without stalling
                     record(*pending)
                 pending = (step, metrics)
@@ -423,7 +419,7 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
         raise Interrupted(f"stopped at step {step} by {signal.Signals(signum).name}: checkpoint "
                           f"of step {step} saved; rerun the same command to resume")
 
-    final_step = int(np.asarray(solo_state.step).flat[0])
+    final_step = int(np.asarray(state.step if trials is None else state.state.step).flat[0])
     summary = {"step": final_step, "done": final_step >= cfg.run.steps}
     if final_step >= cfg.run.steps:
         run_eval(final_step, final=True)

@@ -229,7 +229,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     mesh.model), frozen parts (no gradient), and any model other than the decoder and the
     ACT family beyond its model section's dimensions."""
     layers, d, f, h, remat = _model_dims(cfg)
-    trials = 1
+    trials, whole = 1, state
     if isinstance(state, TrialState):  # K trials' states and batches, stacked
         trials, state = state.frozen.shape[0], state.state
         batch = {n: v[0] for n, v in batch.items()}
@@ -245,7 +245,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     chunk = cfg.model.xent_chunk if cfg.model_section == "model" else 0
     acts += 3 * 4 * cfg.vocab_size * (min(chunk, tokens) if chunk else tokens)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array)))
-    state_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(state, eqx.is_array)))
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(whole, eqx.is_array)))
     per_device = param_bytes / data_shards if cfg.mesh.fsdp else param_bytes
     grads = per_device * (3 if cfg.optim.accum_steps > 1 else 2)
     return Estimate(int((acts + grads) * devices_sharing), state_bytes, "config")

@@ -52,10 +52,22 @@ TRIAL_AXIS = "trials"  # the vmapped axis's name, for a function that reduces ov
 
 
 @functools.cache
-def _over_trials(fn: Callable, n_args: int) -> Callable:
-    # one program per device function and argument shapes, as the solo function has
-    return eqx.filter_jit(eqx.filter_vmap(fn, in_axes=(eqx.if_array(0),) + (None,) * n_args,
+def _over_trials(fn: Callable, n_args: int, shares: bool) -> Callable:
+    # one program per device function and argument shapes, as the solo function has; the
+    # arrays every trial shares (Models.shared) enter once, unbatched
+    if shares:
+        def call(stacked, shared, *args):
+            return fn(eqx.combine(stacked, shared), *args)
+    else:
+        def call(stacked, shared, *args):
+            return fn(stacked, *args)
+    return eqx.filter_jit(eqx.filter_vmap(call, in_axes=(eqx.if_array(0), None) + (None,) * n_args,
                                           axis_name=TRIAL_AXIS))
+
+
+def shared_spec(shared) -> Any:
+    """Filter spec of the leaves `shared` holds (Models.shared, TrialState.shared)."""
+    return jax.tree.map(lambda x: x is not None, shared, is_leaf=lambda x: x is None)
 
 
 class Models:
@@ -65,10 +77,14 @@ class Models:
     trial axis, the arguments (a batch, prompts) shared. So a task writes its evaluation once
     and a run with trials evaluates every trial in one program per device function. `fn`
     must be a module-level function (its vmapped program is cached by identity) taking its
-    arguments positionally."""
+    arguments positionally.
 
-    def __init__(self, model: eqx.Module, n_trials: int | None = None):
-        self.model, self.n_trials = model, n_trials
+    shared: with trials, the arrays every trial holds alike (a frozen pretrained backbone),
+    kept once: a model-shaped pytree holding them, None elsewhere, where the stacked model
+    holds None (trainer/trials.py)."""
+
+    def __init__(self, model: eqx.Module, n_trials: int | None = None, shared=None):
+        self.model, self.n_trials, self.shared = model, n_trials, shared
 
     def __len__(self) -> int:
         return 1 if self.n_trials is None else self.n_trials
@@ -81,16 +97,21 @@ class Models:
     def __call__(self, fn: Callable, *args) -> list:
         if self.n_trials is None:
             return [fn(self.model, *args)]
-        out = _over_trials(fn, len(args))(self.model, *args)
+        out = _over_trials(fn, len(args), self.shared is not None)(self.model, self.shared,
+                                                                      *args)
         return [select(out, k) for k in range(self.n_trials)]
 
     def one(self, k: int) -> eqx.Module:
         """Trial k's model (the model itself for a solo run)."""
-        return self.model if self.n_trials is None else select(self.model, k)
+        if self.n_trials is None:
+            return self.model
+        one = select(self.model, k)
+        return one if self.shared is None else eqx.combine(one, self.shared)
 
     def map(self, f: Callable[[eqx.Module], eqx.Module]) -> "Models":
         """f applied to the model(s); f may change static fields only (with_options)."""
-        return Models(f(self.model), self.n_trials)
+        return Models(f(self.model), self.n_trials,
+                      None if self.shared is None else f(self.shared))
 
 
 class Task(Protocol):
@@ -103,6 +124,12 @@ class Task(Protocol):
 
     def trainable(self, model: eqx.Module) -> Any:
         """Filter spec of the arrays the optimiser updates."""
+
+    def trial_shared(self, model: eqx.Module) -> Any:
+        """Filter spec of the arrays that every trial of a run with trials holds alike and
+        that never train (task.init_from's frozen backbone), so that they are stored once,
+        not K times (trainer/trials.py); None: each trial holds all of its arrays. Asked
+        only when every trial has the same task.init_from."""
 
     def prepare(self, run_dir: Path, primary: bool, barrier: Callable[[], None]) -> None:
         """Read or build the data (tokenizer, datasets, evaluation sets) into run_dir."""
@@ -140,10 +167,10 @@ class Task(Protocol):
     def evaluate(self, model: eqx.Module, step: int, sharding, final: bool) -> tuple[dict, str]:
         """(metrics, one-line message) at an evaluation point."""
 
-    def evaluate_trials(self, models: eqx.Module, tasks: list["Task"], step: int, sharding,
+    def evaluate_trials(self, models: Models, tasks: list["Task"], step: int, sharding,
                         final: bool) -> list[tuple[dict, str]]:
         """A run with trials: each trial's ``evaluate``, in order, the K trials' models
-        stacked on a leading axis (`models`) and their tasks given (this one first). A kind
+        given as ``Models`` and their tasks (this one first). A kind
         whose trials evaluate on the same inputs runs the device work vmapped over the trials
         (``Models``); each trial's task still writes its own outputs."""
 

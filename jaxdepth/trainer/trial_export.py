@@ -78,7 +78,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
                     warn(f"checkpoint {step} in {run / 'checkpoints'} is unreadable "
                          f"({ckpt.unreadable_because(e)}); not exported")
                     continue
-                ckpt.save(solo, step, tr.select(state.state, k),
+                ckpt.save(solo, step, state.trial(k),
                           _SavedState(data["trials"][k]), cfgs[k])
                 solo.wait_until_finished()
         finally:

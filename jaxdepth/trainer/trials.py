@@ -9,7 +9,10 @@ dropout), the settings that vary (``hparams``: the learning-rate schedule and we
 built inside the vmapped step from them; dropout rates and ACT's ponder weight reach the model
 through config.setting), and each trial's batches (each trial has its own Task and so its own
 data iterator: ``TrialIterator``). A trial whose loss, gradient or updated parameters turn
-non-finite is frozen: its update is masked from then on and the others go on.
+non-finite is frozen: its update is masked from then on and the others go on. The arrays
+every trial holds alike and never trains (Task.trial_shared: a frozen pretrained backbone) are
+kept once, outside the trial axis (``TrialState.shared``), and enter the vmapped step and
+evaluation unbatched.
 
 With several devices the trial axis is sharded over the mesh's data axis when the trials
 divide over it (each device trains its own trials: no cross-device traffic); otherwise it is
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -31,7 +35,7 @@ from ..config import (DROPOUT_SETTINGS, SCALAR_SETTINGS, TRIAL_FIELDS, Config, K
                       trial_values)
 from .optim import make_optimizer
 from .step import TrainState, init_state, make_update, state_shardings, with_compile_check
-from .task import Task, select  # noqa: F401 (select: the trainer's)
+from .task import Models, Task, select, shared_spec  # noqa: F401 (select: the trainer's)
 
 # Optimizer settings a trial may vary, as make_optimizer's keyword arguments.
 OPTIM_HPARAMS = {"optim.lr": "lr", "optim.weight_decay": "weight_decay"}
@@ -43,6 +47,25 @@ class TrialState(eqx.Module):
     # setting's name for one a model reads (a dropout rate as its keep probability 1 - rate)
     hparams: dict
     frozen: Array  # bool[K]: trials stopped by a non-finite value; their updates are masked
+    # the arrays every trial holds alike and never trains, once (no trial axis): a
+    # model-shaped pytree holding them, None elsewhere (where `state.model` holds None);
+    # None when the trials share nothing
+    shared: Any = None
+
+    @property
+    def n_trials(self) -> int:
+        return self.frozen.shape[0]
+
+    def models(self) -> Models:
+        """The K trials' models, for an evaluation."""
+        return Models(self.state.model, self.n_trials, self.shared)
+
+    def trial(self, k: int) -> TrainState:
+        """Trial k's state, as its solo run holds it."""
+        one = select(self.state, k)
+        if self.shared is None:
+            return one
+        return TrainState(one.step, eqx.combine(one.model, self.shared), one.opt_state, one.key)
 
 
 def trial_dir(run_dir: Path, k: int) -> Path:
@@ -120,22 +143,50 @@ def batch_sharding(mesh: Mesh, k: int) -> NamedSharding:
     return NamedSharding(mesh, P(axis) if axis else P(None, "data"))
 
 
+def _shared_spec(cfgs: list[Config], task: Task, model) -> Any:
+    """Filter spec of the model's arrays that every trial shares (Task.trial_shared), or None:
+    never when the trials start from different pretrained runs."""
+    if len({c.task.init_from for c in cfgs}) > 1:
+        return None
+    spec = task.trial_shared(model)
+    return spec if spec is not None and any(jax.tree.leaves(spec)) else None
+
+
+def _split_model(state: TrainState, spec) -> tuple[TrainState, Any]:
+    """(state with the shared arrays taken out of its model, the shared arrays)."""
+    shared, own = eqx.partition(state.model, spec)
+    return TrainState(state.step, own, state.opt_state, state.key), shared
+
+
 def trial_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
     """(abstract TrialState, matching pytree of NamedShardings)."""
     k, axis = len(cfgs), trial_axis(mesh, len(cfgs))
     abstract, solo = state_shardings(cfgs[0], tx, mesh, task)
+    shared = shared_sh = None
+    spec = _shared_spec(cfgs, task, abstract.model)
+    if spec is not None:  # kept once, placed as a solo run places them
+        abstract, shared = _split_model(abstract, spec)
+        solo, shared_sh = _split_model(solo, spec)
     stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), abstract)
     sh = jax.tree.map(lambda s: _stacked(s, axis), solo)
     hp = {n: jax.ShapeDtypeStruct((k,), jnp.float32) for n in hparams(cfgs)}
     vec = NamedSharding(mesh, P(axis))
-    return (TrialState(stacked, hp, jax.ShapeDtypeStruct((k,), jnp.bool_)),
-            TrialState(sh, {n: vec for n in hp}, vec))
+    return (TrialState(stacked, hp, jax.ShapeDtypeStruct((k,), jnp.bool_), shared),
+            TrialState(sh, {n: vec for n in hp}, vec, shared_sh))
+
+
+def one_abstract_model(abstract: TrialState):
+    """One trial's abstract model (ShapeDtypeStruct leaves), shared arrays included."""
+    model = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                         abstract.state.model)
+    return model if abstract.shared is None else eqx.combine(model, abstract.shared)
 
 
 def trials_init(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) -> TrialState:
     """The K fresh states, each trial's weights those of a solo run of its seed, placed with
     `shardings`; `pretrained` (as step.sharded_init) enters every trial, or a list of them,
-    trial k's the k-th.
+    trial k's the k-th. The arrays `shardings` keeps once (TrialState.shared) are trial 0's:
+    every trial's are the same pretrained arrays.
 
     One init program with the seed as an argument, called once per trial, then stacked: the
     same weights as one filter_vmap over the seeds (the seed is traced either way), but a
@@ -147,12 +198,17 @@ def trials_init(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) 
         [None if pretrained is None else eqx.filter(pretrained, eqx.is_array)] * len(cfgs))
     one = eqx.filter_jit(lambda seed, g: init_state(cfgs[0], tx, task, g, seed=seed))
     states = [one(jnp.int32(c.run.seed), g) for c, g in zip(cfgs, given)]
+    spec = None if shardings.shared is None else shared_spec(shardings.shared)
 
     @eqx.filter_jit
     def stack(states, hp):
+        shared = None
+        if spec is not None:
+            states, shared = zip(*(_split_model(s, spec) for s in states))
+            shared = shared[0]
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
-        return eqx.filter_shard(TrialState(stacked, hp, jnp.zeros(len(states), jnp.bool_)),
-                                shardings)
+        return eqx.filter_shard(TrialState(stacked, hp, jnp.zeros(len(states), jnp.bool_),
+                                           shared), shardings)
 
     return stack(states, hp)
 
@@ -172,13 +228,19 @@ def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task
     update = make_update(cfg, task, None if axis else NamedSharding(mesh, P(None, "data")),
                          dropout=any(t.uses_dropout for t in tasks))
 
-    def one(state: TrainState, batch, hp: dict, frozen):
+    def one(state: TrainState, batch, hp: dict, frozen, shared):
+        own = state.model
+        if shared is not None:  # the trial's whole model; only its own arrays come back
+            state = TrainState(state.step, eqx.combine(own, shared), state.opt_state, state.key)
         tx = make_optimizer(cfg.optim, cfg.run.steps,
                             **{n: v for n, v in hp.items() if n in OPTIM_HPARAMS.values()})
         model_values = {n: Keep(v) if n in DROPOUT_SETTINGS else v
                         for n, v in hp.items() if n not in OPTIM_HPARAMS.values()}
         with trial_values(model_values):
             new, m = update(state, batch, tx)
+        if shared is not None:  # never trained: the same arrays as went in
+            new, _ = _split_model(new, shared_spec(shared))
+            state = TrainState(state.step, own, state.opt_state, state.key)
         bad = ~(jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"])
                 & jnp.isfinite(m["param_norm"]))
         stop = frozen | bad
@@ -190,8 +252,9 @@ def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task
 
     @eqx.filter_jit(donate="all-except-first")
     def step(batch, ts: TrialState):
-        states, m = jax.vmap(one)(ts.state, batch, ts.hparams, ts.frozen)
-        new = TrialState(states, ts.hparams, m["frozen"])
+        states, m = jax.vmap(one, in_axes=(0, 0, 0, 0, None))(ts.state, batch, ts.hparams,
+                                                              ts.frozen, ts.shared)
+        new = TrialState(states, ts.hparams, m["frozen"], ts.shared)
         return eqx.filter_shard(new, shardings), m
 
     return with_compile_check(step, on_compile)
