@@ -6,19 +6,22 @@ XLA_FLAGS must be set before jax is imported anywhere, so this runs at conftest 
 import os
 
 # The suite compiles hundreds of small programs and runs each for a few steps, so most of its
-# time is compilation, and LLVM's optimisation passes are the largest part of a CPU compile.
-# Level 0 keeps every XLA (HLO) pass and the program's semantics; on 2 cores it took the suite
-# from 28.8 to 21.1 minutes. (Level 1 compiles about as fast and runs the few compute-heavy
-# tests faster, but a worker died in the ACT encoder's step, segfault then abort, in both full
-# runs at level 1, and in none at 0 or 2.) train.py subprocesses get it too
-# (_train_helpers.subprocess_env); an XLA_FLAGS that sets a level keeps its own.
-FAST_COMPILE = "--xla_backend_optimization_level=0"
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_backend_optimization_level" in _flags:  # the caller's choice
-    FAST_COMPILE = next(f for f in _flags.split() if "xla_backend_optimization_level" in f)
-os.environ["XLA_FLAGS"] = (
-    _flags.replace(FAST_COMPILE, "") + f" --xla_force_host_platform_device_count=8 {FAST_COMPILE}"
-).strip()
+# time is compilation (a test's profile: 29 of 75 s in XLA's backend compile). Two flags make a
+# CPU compile cheaper and keep every XLA (HLO) pass and the program's semantics:
+# - LLVM optimisation level 0: on 2 cores it took the suite from 28.8 to 21.1 minutes. (Level 1
+#   compiles about as fast and runs the few compute-heavy tests faster, but a worker died in the
+#   ACT encoder's step, segfault then abort, in both full runs at level 1, and in none at 0 or 2.)
+# - the classic elemental emitters instead of the fusion emitters: the tiny and small models'
+#   train step compiled in 3.2-4.2 s against 4.4-7.5 s, their steps ran as fast.
+# train.py subprocesses get them too (_train_helpers.subprocess_env); an XLA_FLAGS that sets
+# either flag keeps its own value of it.
+_flags = os.environ.get("XLA_FLAGS", "").split()
+_FAST = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+_names = [f.split("=")[0] for f in _FAST]
+FAST_COMPILE = " ".join(next((g for g in _flags if g.split("=")[0] == f.split("=")[0]), f)
+                        for f in _FAST)
+os.environ["XLA_FLAGS"] = " ".join([g for g in _flags if g.split("=")[0] not in _names]
+                                   + ["--xla_force_host_platform_device_count=8", FAST_COMPILE])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # One persistent XLA compilation cache for the session, made by the process that starts it and
