@@ -312,7 +312,7 @@ def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
     same numbers."""
     import equinox as eqx
 
-    from jaxdepth.trainer.task import Models
+    from jaxdepth.trial_axis import Models
 
     tasks = eval_tasks(kind, k, work / kind, tokenizer, args.eval_examples)
     models = [tasks[0].build_model(key=jax.random.key(i)) for i in range(k)]

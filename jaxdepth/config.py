@@ -356,7 +356,7 @@ class TrialsConfig:
     act_dropout: str = ""  # act.dropout
     fusion_dropout: str = ""  # fusion.dropout (on h before the NER head)
     tau: str = ""  # act.tau (the ponder-cost weight)
-    # How the trials are evaluated (trainer/task.py:Models): vmapped (one program over the
+    # How the trials are evaluated (trial_axis.py:Models): vmapped (one program over the
     # trials' stacked models, where they evaluate on the same inputs) | trial_by_trial (each
     # on its slice, sharing the solo programs) | auto: vmapped except on the CPU, where K
     # independent programs overlap and were measured faster (docs/benchmarks.md). The same

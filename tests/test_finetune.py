@@ -18,7 +18,7 @@ from jaxdepth.data.seq2seq_readers import Example
 from jaxdepth.data.tokenizer import EOS_ID, train_tokenizer
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks.decoding import Geometry, predict, prompts
-from jaxdepth.trainer.task import Models
+from jaxdepth.trial_axis import Models
 
 TINY = {"vocab_size": 96, "d_model": 32, "n_layers": 2, "d_ff": 64, "n_heads": 2}
 

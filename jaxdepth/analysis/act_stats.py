@@ -37,6 +37,7 @@ import equinox as eqx
 import numpy as np
 
 from jaxdepth.data.tokenizer import CLS_ID, SEP_ID
+from jaxdepth.trial_axis import Models
 
 GROUPS = ("all", "unmasked", "[MASK/MASK]", "[MASK/random]", "[MASK/original]", "[CLS]", "[SEP]")
 MASK_KINDS = {"[MASK/MASK]": 1, "[MASK/random]": 2, "[MASK/original]": 3}
@@ -273,25 +274,12 @@ def evaluate_act(model, batches: Iterable[Mapping[str, Any]], *, use_while: bool
     "roles": IterationStats.roles()}. The forward (while-loop if ``use_while`` else scan, with
     the states, the embeddings h0 and both heads) is jitted once; it retraces only on new shapes.
     For fixed-depth models N = M on every real token."""
-    return evaluate_act_each(_One(model), batches, use_while=use_while, role_names=role_names)[0]
-
-
-class _One:
-    """One model in the shape of trainer.task.Models (which analysis does not import)."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __len__(self) -> int:
-        return 1
-
-    def __call__(self, fn, *args) -> list:
-        return [fn(self.model, *args)]
+    return evaluate_act_each(Models(model), batches, use_while=use_while, role_names=role_names)[0]
 
 
 def evaluate_act_each(models, batches: Iterable[Mapping[str, Any]], *, use_while: bool = True,
                       role_names: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
-    """``evaluate_act`` of each of `models` (a trainer.task.Models: one model, or a run's
+    """``evaluate_act`` of each of `models` (a trial_axis.Models: one model, or a run's
     trials stacked, whose forward runs vmapped over them), one result per model. Under vmap
     the while-loop runs until every trial's tokens have halted; a trial whose tokens halted
     earlier keeps its state (its predicate is false), so its statistics are its own."""

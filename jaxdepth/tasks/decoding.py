@@ -20,7 +20,7 @@ from ..analysis.exact_match import accuracy_by_type, exact_match
 from ..data.seq2seq_readers import Example
 from ..data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from ..models.decoder import DecoderLM, generate
-from ..trainer.task import Models
+from ..trial_axis import Models
 
 SLACK = 4
 

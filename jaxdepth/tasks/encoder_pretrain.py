@@ -29,7 +29,8 @@ from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
 from ..trainer.losses import softmax_xent as _xent
-from ..trainer.task import EvalRequest, Models
+from ..trainer.task import EvalRequest
+from ..trial_axis import Models
 from .task_base import TaskBase, same_arrays
 from .registry import register
 

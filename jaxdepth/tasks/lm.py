@@ -24,7 +24,7 @@ from ..models.flops import train_flops_per_token
 from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
 from ..trainer.task import EvalRequest
-from ..trainer.task import Models
+from ..trial_axis import Models
 from .task_base import TaskBase, same_arrays
 from .registry import register
 

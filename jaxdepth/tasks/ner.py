@@ -30,7 +30,8 @@ from ..data.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
 from ..models.flops import module_flops_per_token
 from ..trainer.losses import softmax_xent as _xent
-from ..trainer.task import EvalRequest, Models
+from ..trainer.task import EvalRequest
+from ..trial_axis import Models
 from . import state_cache
 from .backbones import FusionTask, backbone_words
 from .open_run import load_checkpoint

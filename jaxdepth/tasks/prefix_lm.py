@@ -16,7 +16,8 @@ from ..config import Config, ConfigError, ModelConfig
 from ..data.pipeline import ExampleBatchSource
 from ..data.finetune_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
-from ..trainer.task import EvalRequest, Models
+from ..trainer.task import EvalRequest
+from ..trial_axis import Models
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
 from .lm import DecoderTask, mean_losses
 from .task_base import same_arrays

@@ -7,7 +7,7 @@ import numpy as np
 from ..config import Config
 from ..models.fusion import fusion_trainable
 from ..trainer.mfu import model_param_count
-from ..trainer.task import Models
+from ..trial_axis import Models
 
 
 class TaskBase:

@@ -35,7 +35,8 @@ from ..config import (DROPOUT_SETTINGS, SCALAR_SETTINGS, TRIAL_FIELDS, Config, K
                       trial_values)
 from .optim import make_optimizer
 from .step import TrainState, init_state, make_update, state_shardings, with_compile_check
-from .task import Models, Task, select, shared_spec  # noqa: F401 (select: the trainer's)
+from ..trial_axis import Models, select, shared_spec  # noqa: F401 (select: the trainer's)
+from .task import Task
 
 # Optimizer settings a trial may vary, as make_optimizer's keyword arguments.
 OPTIM_HPARAMS = {"optim.lr": "lr", "optim.weight_decay": "weight_decay"}
