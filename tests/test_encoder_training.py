@@ -141,14 +141,11 @@ def test_pretraining_learns_and_tau_sets_the_depth(tmp_path):
 
 
 @pytest.mark.slow
-def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path):
+def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys):
     """Pretrain a tiny ACT encoder, fine-tune it on tense and on roles: the encoder starts from
     the checkpoint under a fresh head, and the reported accuracy and per-role
     iterations equal an independent recomputation from the saved model; eval.py reproduces the
     final Table 1 of the pretraining run."""
-    import subprocess
-    import sys
-
     from jaxdepth.data.probing import ROLE_NAMES
     from jaxdepth.data.tokenizer import Tokenizer
     from jaxdepth.data.probing import make_probe_data
@@ -159,11 +156,11 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path):
     s_pre = train(_cfg(pre, run={"steps": 6, "eval_every": 6, "save_every": 3}))
     enc, _, _ = load_model(pre, 6)
 
-    # eval.py on the pretraining run = the trainer's own final evaluation
-    out = subprocess.run([sys.executable, "eval.py", "--run", str(pre)], capture_output=True,
-                         text=True, cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout)["table1"]
+    # eval.py on the pretraining run = the trainer's own final evaluation (its main in this
+    # process: a subprocess would import and compile everything again)
+    capsys.readouterr()
+    assert eval_main(["--run", str(pre)]) == 0
+    got = json.loads(capsys.readouterr().out)["table1"]
     assert got["mlm_accuracy"] == s_pre["table1"]["mlm_accuracy"]
     assert got["iterations"]["all"] == pytest.approx(s_pre["table1"]["iterations"]["all"], abs=1e-9)
 
