@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, TrialsConfig,
-                     apply_overrides, kind_of, recipe_lines)
+                     apply_overrides, kind_of, kinds_reading, recipe_lines,
+                     refuse_unread)
 from .presets import from_preset, presets
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -117,6 +118,8 @@ def help_text(prog: str = "train.py") -> str:
                 else "",
                 "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
                 else "",
+                "run kinds: " + ", ".join(kinds_reading(sec, f.name))
+                if sec in SECTIONS and kinds_reading(sec, f.name) else "",
                 "may change when a run resumes" if f.metadata.get("resumable") else ""]))
             lines += textwrap.wrap(doc, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
         lines.append("")
@@ -169,6 +172,9 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
     cfg = apply_overrides(cfg, overrides) if overrides else cfg
     kind_of(cfg)  # refuse a model.arch / task.name combination no task runs, before any work
+    # a field given here that this kind of run does not read would be silently ignored (a
+    # config file or preset may hold every field: only what is given here is checked)
+    refuse_unread(cfg, [(sec, name) for sec, names in overrides.items() for name in names])
     return cfg
 
 

@@ -56,6 +56,35 @@ def resumable(default: Any) -> Any:
     return field(default=default, metadata={"resumable": True})
 
 
+def read_by(*kinds: str, default: Any = dataclasses.MISSING) -> Any:
+    """A field that only these run kinds (``kind_of``) read: given on the command line for
+    another kind it is refused (``refuse_unread``), not silently ignored. A section whose
+    every field is so declares ``KINDS`` instead."""
+    return field(default=default, metadata={"kinds": kinds})
+
+
+def kinds_reading(section: str, name: str) -> tuple[str, ...] | None:
+    """The run kinds that read ``section.name``; None: every kind that has the section."""
+    cls = SECTIONS[section]
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.metadata.get("kinds", getattr(cls, "KINDS", None))
+
+
+def refuse_unread(cfg: "Config", given) -> None:
+    """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
+    explicitly, trial lists as the field they vary) that cfg's run kind does not read."""
+    kind = kind_of(cfg)[0]
+    for section, name in given:
+        what = f"{section}.{name}"
+        if section == "trials" and name in TRIAL_FIELDS:  # the field it varies
+            what += f" (varies {TRIAL_FIELDS[name][0]})"
+            section, name = TRIAL_FIELDS[name][0].split(".")
+        kinds = kinds_reading(section, name)
+        if kinds is not None and kind not in kinds:
+            raise ConfigError(f"{what}: a run of kind {kind} does not read it (read by: "
+                              f"{', '.join(kinds)})", field=what.split(" ")[0])
+
+
 def resumable_fields() -> frozenset[str]:
     """Every ``section.field`` declared ``resumable``."""
     return frozenset(f"{sec}.{f.name}" for sec, cls in SECTIONS.items()
@@ -538,7 +567,8 @@ class TaskConfig:
     # same loss per example, several times the examples per step on short tasks. Dev loss
     # and decoding stay one example per row.
     pack: bool = False
-    n_shot: int = 0  # ner: train on N * C sentences drawn with task.seed (C entity types); 0: all
+    # ner: train on N * C sentences drawn with task.seed (C entity types); 0: all
+    n_shot: int = read_by("ner", default=0)
 
     def __post_init__(self):
         names = TASKS + PROBE_TASKS + FUSION_TASKS
@@ -566,6 +596,7 @@ class FusionConfig:
 
     The backbone is task.init_from: a Hugging Face BERT/RoBERTa directory, or a run of this
     project (encoder, act/albert/bert, or decoder); empty: a fresh model.arch backbone."""
+    KINDS: ClassVar[tuple[str, ...]] = FUSION_TASKS  # the run kinds that read this section
     # base (last layer) | base+n (n fresh layers) | concat | dwatt | any class of
     # models/fusions/ (checked when the task is built)
     method: str = "dwatt"

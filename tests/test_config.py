@@ -417,3 +417,44 @@ def test_which_changes_a_resume_accepts_is_declared_with_each_field(tmp_path):
     with pytest.raises(ConfigError, match=r"^optim\.lr: cannot resume .* with a different config "
                                           r"\(optim\.lr: checkpoint 0\.06 vs now 0\.1\)"):
         check_compatible(saved, apply_overrides(Config(), {"optim": {"lr": 0.1}}), tmp_path)
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["--fusion.method", "concat"], r"fusion\.method: a run of kind lm does not read it \(read by: ner, mlm\)"),
+    (["--fusion.cache", "false"], r"fusion\.cache: a run of kind lm"),
+    (["--task.n_shot", "8"], r"task\.n_shot: a run of kind lm does not read it \(read by: ner\)"),
+    (["--trials.fusion_dropout", "0.0,0.1"],
+     r"trials\.fusion_dropout \(varies fusion\.dropout\): a run of kind lm"),
+    (["--preset", "act-tiny", "--task.name", "tense", "--task.n_shot", "2"],
+     r"task\.n_shot: a run of kind probe does not read it"),
+])
+def test_a_field_the_run_kind_does_not_read_is_refused(argv, culprit):
+    """Given on the command line, a field the run's kind never reads is refused, naming it
+    and the kinds that read it, where it was silently ignored (the last --preset wins)."""
+    with pytest.raises(ConfigError, match=culprit):
+        parse_args(["--preset", "tiny-L2", *argv])
+
+
+def test_a_field_is_checked_only_where_the_user_gave_it(tmp_path):
+    """The kinds that read a field take it; a config file (a run's config.json holds every
+    section it was built with) or a preset is not checked field by field."""
+    ner = parse_args(["--task.name", "ner", "--task.dir", "d", "--model.arch", "encoder",
+                      "--fusion.method", "concat", "--task.n_shot", "8"])
+    assert (ner.fusion.method, ner.task.n_shot) == ("concat", 8)
+    mlm = parse_args(["--task.name", "mlm", "--model.arch", "encoder", "--fusion.mode", "ft"])
+    assert mlm.fusion.mode == "ft"
+    saved = dataclasses.replace(Config(), fusion=dataclasses.replace(Config().fusion,
+                                                                     method="concat"))
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(saved.to_dict()))
+    lm = parse_args(["--config", str(path), "--run.steps", "3"])
+    assert lm.fusion.method == "concat" and lm.run.steps == 3
+
+
+def test_help_names_the_run_kinds_of_a_field(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--task.n_shot int default 0 ner: train on N * C sentences" in text
+    assert "run kinds: ner;" not in text and "(C entity types); 0: all; run kinds: ner" in text
+    assert "--fusion.cache_mib int default 2048" in text and text.count("run kinds: ner, mlm") == 6
