@@ -56,11 +56,11 @@ def resumable(default: Any) -> Any:
     return field(default=default, metadata={"resumable": True})
 
 
-def read_by(*kinds: str, default: Any = dataclasses.MISSING) -> Any:
+def read_by(*kinds: str, default: Any = dataclasses.MISSING, may_resume: bool = False) -> Any:
     """A field that only these run kinds (``kind_of``) read: given on the command line for
     another kind it is refused (``refuse_unread``), not silently ignored. A section whose
-    every field is so declares ``KINDS`` instead."""
-    return field(default=default, metadata={"kinds": kinds})
+    every field is so declares ``KINDS`` instead. may_resume: also ``resumable``."""
+    return field(default=default, metadata={"kinds": kinds, "resumable": may_resume})
 
 
 def kinds_reading(section: str, name: str) -> tuple[str, ...] | None:
@@ -553,20 +553,23 @@ class TaskConfig:
     dir: str = ""  # directory of a published task's files; empty: the embedded grammar's task
     init_from: str = ""  # run directory of a pretrained model; empty: fresh weights
     init_step: int = 0  # checkpoint of init_from to start from; 0: its latest
-    n_train: int = 2000  # embedded grammar: training examples
-    n_eval: int = 200  # embedded grammar: dev/test size, and examples per generalization type
+    n_train: int = read_by("prefix_lm", "probe", default=2000)  # embedded grammar: training examples
+    # embedded grammar: dev/test size, and examples per generalization type
+    n_eval: int = read_by("prefix_lm", "probe", default=200)
     seed: int = 0  # embedded grammar splits; GeoQuery's held-out dev; periodic eval subsets
-    dev_fraction: float = 0.1  # GeoQuery (no dev split): share of train held out as dev
+    # GeoQuery (no dev split): share of train held out as dev
+    dev_fraction: float = read_by("prefix_lm", default=0.1)
     # comma-separated; empty: dev + the task's generalization splits
-    eval_splits: str = resumable("")
+    eval_splits: str = read_by("prefix_lm", default="", may_resume=True)
     # evaluations in training score at most this many examples per split
-    eval_max: int = resumable(0)
+    eval_max: int = read_by("prefix_lm", "ner", default=0, may_resume=True)
     eval_batch: int = resumable(0)  # sequences per decoding batch; 0: data.batch_size
-    truncate: bool = False  # cut over-long examples (seqio style) instead of refusing them
+    # cut over-long examples (seqio style) instead of refusing them
+    truncate: bool = read_by("prefix_lm", default=False)
     # Training rows hold several examples, attention kept inside each (seqio pack=True): the
     # same loss per example, several times the examples per step on short tasks. Dev loss
     # and decoding stay one example per row.
-    pack: bool = False
+    pack: bool = read_by("prefix_lm", default=False)
     # ner: train on N * C sentences drawn with task.seed (C entity types); 0: all
     n_shot: int = read_by("ner", default=0)
 

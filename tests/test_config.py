@@ -425,6 +425,9 @@ def test_which_changes_a_resume_accepts_is_declared_with_each_field(tmp_path):
     (["--task.n_shot", "8"], r"task\.n_shot: a run of kind lm does not read it \(read by: ner\)"),
     (["--trials.fusion_dropout", "0.0,0.1"],
      r"trials\.fusion_dropout \(varies fusion\.dropout\): a run of kind lm"),
+    (["--task.eval_max", "8"], r"task\.eval_max: a run of kind lm does not read it \(read by: prefix_lm, ner\)"),
+    (["--task.name", "ner", "--task.dir", "d", "--model.arch", "encoder", "--task.n_train", "9"],
+     r"task\.n_train: a run of kind ner does not read it \(read by: prefix_lm, probe\)"),
     (["--preset", "act-tiny", "--task.name", "tense", "--task.n_shot", "2"],
      r"task\.n_shot: a run of kind probe does not read it"),
 ])

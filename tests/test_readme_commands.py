@@ -233,6 +233,19 @@ SHORTEN = ("--run.steps 2 --run.eval_every 2 --run.save_every 2 --run.log_every 
            "--mesh.data 1").split()
 
 
+def shorten(argv: list[str]) -> list[str]:
+    """SHORTEN, less the fields that argv's kind of run does not read (train.py refuses them)."""
+    from jaxdepth.config import kind_of, kinds_reading
+
+    kind = kind_of(parse_args(argv))[0]
+    out = []
+    for flag, value in zip(SHORTEN[::2], SHORTEN[1::2]):
+        kinds = kinds_reading(*flag[2:].split("."))
+        if kinds is None or kind in kinds:
+            out += [flag, value]
+    return out
+
+
 def producer(run: str) -> Command:
     """The first documented command that writes run directory `run` (as written), which the
     commands that read `run` (--config, --task.init_from) take as made by it."""
@@ -394,7 +407,7 @@ class Runs:
             return done
         argv = self.substitute(cmd, for_run=True)  # may skip: then nothing is recorded
         run_dir = self.root / f"run{len(self.done)}"
-        argv += SHORTEN + ["--run.dir", str(run_dir)]
+        argv += shorten(argv) + ["--run.dir", str(run_dir)]
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
