@@ -488,6 +488,33 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
     assert stacked and all(a.shape[0] == 2 for a in stacked)
     assert not arrays(state.shared.head) and not arrays(state.shared.fusion)
 
+    # a checkpoint of the layout before (K stacked copies of the backbone) is refused in one
+    # line that says so, and left where it is
+    import jax.numpy as jnp
+
+    from jaxdepth.trainer.step import TrainState
+    from jaxdepth.trainer.trial_export import _SavedState
+
+    old = runs.root / "ner-shared-old-layout"
+    shutil.copytree(trials, old)
+    shutil.rmtree(old / "checkpoints")
+    copies = jax.tree.map(lambda x: jnp.stack([x, x]), state.shared)
+    s = state.state
+    layout = tr.TrialState(TrainState(s.step, eqx.combine(s.model, copies), s.opt_state, s.key),
+                           state.hparams, state.frozen)
+    mngr = ckpt.open_manager(old, 1)
+    data = json.loads((trials / "checkpoints" / "4" / "data" / "process_0-of-1.json").read_text())
+    ckpt.save(mngr, 4, layout, _SavedState(data), cfg)
+    mngr.wait_until_finished()
+    mngr.close()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = runs.train_main([str(a) for a in ner_args(old, **mine, **{
+            "run.seeds": "0,1", "run.steps": 6})])
+    assert code == 2 and "written before the trials kept their frozen backbone once" in \
+        err.getvalue(), err.getvalue()[-2000:]
+    assert sorted(p.name for p in (old / "checkpoints").iterdir()) == ["4"]
+
     dest = export_trial(trials, 1, task_for)
     exported, _, _ = load_model(dest)
     for a, b in zip(arrays(exported), arrays(state.trial(1).model), strict=True):

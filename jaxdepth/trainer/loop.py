@@ -122,7 +122,8 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task, tasks=None):
         def restore_one(step: int):
             ckpt.saved_config(mngr, step)  # a checkpoint is read whole: its config and data
             data_state = ckpt.read_data_state(mngr, step)  # state too, before anything moves
-            state = ckpt.restore(mngr, step, abstract, shardings)
+            state = (ckpt.restore(mngr, step, abstract, shardings) if cfgs is None
+                     else tr.restore(mngr, step, abstract, shardings))
             ckpt.verify(mngr, step, state)
             return state, data_state
 

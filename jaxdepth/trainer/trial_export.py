@@ -72,7 +72,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
                     continue
                 try:
                     data = ckpt.read_data_state(mngr, step)
-                    state = ckpt.restore(mngr, step, abstract, shardings)
+                    state = tr.restore(mngr, step, abstract, shardings)
                     ckpt.verify(mngr, step, state)
                 except Exception as e:
                     warn(f"checkpoint {step} in {run / 'checkpoints'} is unreadable "

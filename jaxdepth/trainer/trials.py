@@ -33,6 +33,7 @@ from jaxtyping import Array
 
 from ..config import (DROPOUT_SETTINGS, SCALAR_SETTINGS, TRIAL_FIELDS, Config, Keep,
                       trial_values)
+from . import checkpoint as ckpt
 from .optim import make_optimizer
 from .step import TrainState, init_state, make_update, state_shardings, with_compile_check
 from ..trial_axis import Models, select, shared_spec  # noqa: F401 (select: the trainer's)
@@ -174,6 +175,21 @@ def trial_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
     vec = NamedSharding(mesh, P(axis))
     return (TrialState(stacked, hp, jax.ShapeDtypeStruct((k,), jnp.bool_), shared),
             TrialState(sh, {n: vec for n in hp}, vec, shared_sh))
+
+
+def restore(mngr, step: int, abstract: TrialState, shardings: TrialState) -> TrialState:
+    """checkpoint.restore of a run with trials. A checkpoint written before the shared arrays
+    were kept once (jaxdepth up to commit ebc47d7: K stacked copies of a frozen backbone)
+    has another tree: it is refused saying so, not converted."""
+    try:
+        return ckpt.restore(mngr, step, abstract, shardings)
+    except Exception as e:
+        # Orbax names the tree that differs; only the layout of `shared` is known to change
+        if abstract.shared is None or "do not match" not in str(e) or "shared" not in str(e):
+            raise
+        raise ValueError("written before the trials kept their frozen backbone once (it holds "
+                         "a copy per trial): resume or export it with jaxdepth at commit "
+                         "ebc47d7 or earlier") from None
 
 
 def one_abstract_model(abstract: TrialState):
