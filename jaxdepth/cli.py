@@ -112,14 +112,14 @@ def help_text(prog: str = "train.py") -> str:
             lines.append(f"  --{sec}.{f.name:<20} {ftype:<6} {shown}")
             # A field whose values or readers are a registry's (jaxdepth/optimizers/) lists
             # them as the registry holds them now, so a new choice needs no edit here.
+            kinds = kinds_reading(sec, f.name)
             doc = "; ".join(filter(None, [
                 docs.get(f.name, ""),
                 "choices: " + ", ".join(f.metadata["choices"]()) if "choices" in f.metadata
                 else "",
                 "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
                 else "",
-                "run kinds: " + ", ".join(kinds_reading(sec, f.name))
-                if sec in SECTIONS and kinds_reading(sec, f.name) else "",
+                "run kinds: " + ", ".join(kinds) if kinds else "",
                 "may change when a run resumes" if f.metadata.get("resumable") else ""]))
             lines += textwrap.wrap(doc, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
         lines.append("")

@@ -75,14 +75,14 @@ def refuse_unread(cfg: "Config", given) -> None:
     explicitly, trial lists as the field they vary) that cfg's run kind does not read."""
     kind = kind_of(cfg)[0]
     for section, name in given:
-        what = f"{section}.{name}"
+        given_as = what = f"{section}.{name}"
         if section == "trials" and name in TRIAL_FIELDS:  # the field it varies
             what += f" (varies {TRIAL_FIELDS[name][0]})"
             section, name = TRIAL_FIELDS[name][0].split(".")
         kinds = kinds_reading(section, name)
         if kinds is not None and kind not in kinds:
             raise ConfigError(f"{what}: a run of kind {kind} does not read it (read by: "
-                              f"{', '.join(kinds)})", field=what.split(" ")[0])
+                              f"{', '.join(kinds)})", field=given_as)
 
 
 def resumable_fields() -> frozenset[str]:

@@ -106,7 +106,7 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task, tasks=No
         task.model_ready(state.model)
     else:
         for k, t in enumerate(tasks):
-            t.model_ready(state.trial(k).model)
+            t.model_ready(state.models().one(k))
     if data_state is not None:
         data_iter.set_state(data_state)
     data_iter.start_prefetch()  # loader threads or workers start while the step compiles
@@ -146,7 +146,7 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task, tasks=None):
         pretrained = task.initial_model(mesh, abstract.model)
         return sharded_init(cfg, tx, mesh, task, shardings, pretrained), shardings, None
     model = tr.one_abstract_model(abstract)
-    if len({c.task.init_from for c in cfgs}) > 1:  # each trial its own (init_from "...{seed}")
+    if tr.own_pretrained(cfgs):
         pretrained = [t.initial_model(mesh, model) for t in tasks]
     else:
         pretrained = task.initial_model(mesh, model)
@@ -218,8 +218,8 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
         data_iter = tr.TrialIterator([lm_iterator(t.dataset()) for t in tasks])
     state, shardings = restore_or_init(cfgs[0], tx, mesh, mngr, data_iter, task, trials)
     model_of = ((lambda k: state.model) if trials is None
-                else (lambda k: state.trial(k).model))
-    start = int(np.asarray(state.step if trials is None else state.state.step).flat[0])
+                else (lambda k: state.models().one(k)))
+    start = int(np.asarray(state.step).flat[0])  # [K] with trials
     if primary:
         ckpt.write_config(run_dir, cfg)
 
@@ -420,7 +420,7 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
         raise Interrupted(f"stopped at step {step} by {signal.Signals(signum).name}: checkpoint "
                           f"of step {step} saved; rerun the same command to resume")
 
-    final_step = int(np.asarray(state.step if trials is None else state.state.step).flat[0])
+    final_step = int(np.asarray(state.step).flat[0])
     summary = {"step": final_step, "done": final_step >= cfg.run.steps}
     if final_step >= cfg.run.steps:
         run_eval(final_step, final=True)

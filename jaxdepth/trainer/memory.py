@@ -231,7 +231,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     layers, d, f, h, remat = _model_dims(cfg)
     trials, whole = 1, state
     if isinstance(state, TrialState):  # K trials' states and batches, stacked
-        trials, state = state.frozen.shape[0], state.state
+        trials, state = state.n_trials, state.state
         batch = {n: v[0] for n, v in batch.items()}
     rows, seq = next(iter(batch.values())).shape[:2]
     tokens = rows // cfg.optim.accum_steps * seq / data_shards  # per device and micro-batch

@@ -58,6 +58,11 @@ class TrialState(eqx.Module):
     def n_trials(self) -> int:
         return self.frozen.shape[0]
 
+    @property
+    def step(self) -> Array:
+        """int32[K]: each trial's optimizer steps (the same in every trial)."""
+        return self.state.step
+
     def models(self) -> Models:
         """The K trials' models, for an evaluation."""
         return Models(self.state.model, self.n_trials, self.shared)
@@ -65,9 +70,8 @@ class TrialState(eqx.Module):
     def trial(self, k: int) -> TrainState:
         """Trial k's state, as its solo run holds it."""
         one = select(self.state, k)
-        if self.shared is None:
-            return one
-        return TrainState(one.step, eqx.combine(one.model, self.shared), one.opt_state, one.key)
+        return one if self.shared is None else _with_model(one, eqx.combine(one.model,
+                                                                           self.shared))
 
 
 def trial_dir(run_dir: Path, k: int) -> Path:
@@ -145,19 +149,28 @@ def batch_sharding(mesh: Mesh, k: int) -> NamedSharding:
     return NamedSharding(mesh, P(axis) if axis else P(None, "data"))
 
 
+def own_pretrained(cfgs: list[Config]) -> bool:
+    """Whether each trial starts from its own pretrained run (task.init_from "...{seed}")."""
+    return len({c.task.init_from for c in cfgs}) > 1
+
+
 def _shared_spec(cfgs: list[Config], task: Task, model) -> Any:
     """Filter spec of the model's arrays that every trial shares (Task.trial_shared), or None:
     never when the trials start from different pretrained runs."""
-    if len({c.task.init_from for c in cfgs}) > 1:
+    if own_pretrained(cfgs):
         return None
     spec = task.trial_shared(model)
     return spec if spec is not None and any(jax.tree.leaves(spec)) else None
 
 
+def _with_model(state: TrainState, model) -> TrainState:
+    return TrainState(state.step, model, state.opt_state, state.key)
+
+
 def _split_model(state: TrainState, spec) -> tuple[TrainState, Any]:
     """(state with the shared arrays taken out of its model, the shared arrays)."""
     shared, own = eqx.partition(state.model, spec)
-    return TrainState(state.step, own, state.opt_state, state.key), shared
+    return _with_model(state, own), shared
 
 
 def trial_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
@@ -246,9 +259,9 @@ def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task
                          dropout=any(t.uses_dropout for t in tasks))
 
     def one(state: TrainState, batch, hp: dict, frozen, shared):
-        own = state.model
+        mine = state  # this trial's own arrays
         if shared is not None:  # the trial's whole model; only its own arrays come back
-            state = TrainState(state.step, eqx.combine(own, shared), state.opt_state, state.key)
+            state = _with_model(state, eqx.combine(state.model, shared))
         tx = make_optimizer(cfg.optim, cfg.run.steps,
                             **{n: v for n, v in hp.items() if n in OPTIM_HPARAMS.values()})
         model_values = {n: Keep(v) if n in DROPOUT_SETTINGS else v
@@ -257,7 +270,7 @@ def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task
             new, m = update(state, batch, tx)
         if shared is not None:  # never trained: the same arrays as went in
             new, _ = _split_model(new, shared_spec(shared))
-            state = TrainState(state.step, own, state.opt_state, state.key)
+        state = mine
         bad = ~(jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"])
                 & jnp.isfinite(m["param_norm"]))
         stop = frozen | bad
