@@ -69,7 +69,8 @@ def evaluate(run, step: int | None = None, data: str = "", batch: int = 0, split
 def _evaluate(run: Path, request, trial: int | None) -> dict:
     import dataclasses
 
-    from jaxdepth.config import Config, ConfigError, kind_of, trial_configs
+    from jaxdepth.config import Config, ConfigError, trial_configs
+    from jaxdepth.run_kinds import kind_of
     from jaxdepth.tasks import task_for
     from jaxdepth.tasks.open_run import saved_config
 
@@ -88,7 +89,7 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
         reads = ", ".join(f.metadata["flag"] for f in dataclasses.fields(request)
                           if f.name in task.EVAL_READS)
         flag = given[0].metadata["flag"]
-        raise ConfigError(f"{flag}: a {kind_of(cfg)[0]} run's evaluation does not read it (it "
+        raise ConfigError(f"{flag}: a {kind_of(cfg).NAME} run's evaluation does not read it (it "
                           f"reads: {reads})", field=flag)
     if trial is not None:
         from jaxdepth.trainer.trial_export import export_trial

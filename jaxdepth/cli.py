@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Sequence
 
 from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, TrialsConfig,
-                     apply_overrides, kind_of, kinds_reading, recipe_lines,
-                     refuse_unread)
+                     apply_overrides, kinds_reading, recipe_lines, refuse_unread)
 from .presets import from_preset, presets
+from .run_kinds import kind_of
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 

@@ -18,8 +18,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .errors import ConfigError
+from .run_kinds import kind_of
+from .run_kinds.lm_pretraining import LMPretraining
 from .optimizers import OWN_FIELDS, optimizer, optimizer_names, readers
 from .schedules import schedule_class, schedule_names
+from .task_names import FUSION_TASKS, GRAMMAR_TASKS, PROBE_TASKS, TASKS  # noqa: F401  (re-exported)
 
 
 def _require(cond: bool, name: str, msg: str) -> None:
@@ -73,7 +76,7 @@ def kinds_reading(section: str, name: str) -> tuple[str, ...] | None:
 def refuse_unread(cfg: "Config", given) -> None:
     """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
     explicitly, trial lists as the field they vary) that cfg's run kind does not read."""
-    kind = kind_of(cfg)[0]
+    kind = kind_of(cfg).NAME
     for section, name in given:
         given_as = what = f"{section}.{name}"
         if section == "trials" and name in TRIAL_FIELDS:  # the field it varies
@@ -217,7 +220,7 @@ class DataConfig:
                      f"{self.streams} streams do not divide data.batch_size={self.batch_size}")
 
 
-# The optimizer fields a run kind's recipe sets (RECIPES below). Left unset (None) in a config,
+# The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/run_kinds/). Left unset (None) in a config,
 # they take the recipe of the run's kind, so a default tuned for one kind of run never changes
 # another's; a standalone OptimConfig takes the LM pretraining recipe. Of these, OWN_FIELDS
 # are read by some optimizers only (each optimizer's class says which, jaxdepth/optimizers/):
@@ -233,8 +236,9 @@ def _read_by(f: str):
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """The optimizer. Every field but accum_steps defaults to the run kind's recipe (RECIPES:
-    None here means "the recipe's"); a value given here is kept whatever the kind."""
+    """The optimizer. Every field but accum_steps defaults to the run kind's recipe
+    (RunKind.RECIPE; None here means "the recipe's"); a value given here is kept whatever the
+    kind."""
     # one class each: jaxdepth/optimizers/
     name: str = field(default=None, metadata={"choices": optimizer_names})
     lr: float = None  # adafactor: relative to each parameter's RMS
@@ -255,7 +259,7 @@ class OptimConfig:
 
     def __post_init__(self):
         unset = frozenset(f for f in RECIPE_FIELDS if getattr(self, f) is None)
-        recipe = RECIPES["lm"]
+        recipe = LMPretraining.RECIPE  # a standalone OptimConfig: the default run's
         for f in unset - set(OWN_FIELDS):
             object.__setattr__(self, f, recipe[f])
         opt = optimizer(self.name)  # a ConfigError naming optim.name
@@ -533,14 +537,6 @@ ACT_PRESETS: dict[str, dict] = {
 }
 
 
-TASKS = ("semantic_parsing", "passivization", "cogs", "cogs_vf", "geoquery")
-GRAMMAR_TASKS = ("semantic_parsing", "passivization")
-# Encoder fine-tuning / probing tasks from the embedded grammar (data/probing.py).
-PROBE_TASKS = ("tense", "subj_number", "obj_number", "roles")
-# Layer fusion over any backbone (docs/design.md §4): NER from task.dir, MLM on data.corpus.
-FUSION_TASKS = ("ner", "mlm")
-
-
 @dataclass(frozen=True)
 class TaskConfig:
     """Fine-tuning as a prefix LM (empty name: language-model pretraining).
@@ -578,6 +574,9 @@ class TaskConfig:
         _require(self.name in ("",) + names, "task.name",
                  f"must be empty (pretraining) or one of {', '.join(names)}; got {self.name!r}")
         _require(self.n_shot >= 0, "task.n_shot", f"must be >= 0, got {self.n_shot}")
+        _require(not self.pack or self.name in TASKS, "task.pack",  # only fine-tuning has rows
+                 f"packs the examples of prefix-LM fine-tuning (task.name one of "
+                 f"{', '.join(TASKS)}); task.name={self.name!r} has none to pack")
         _require(not self.name or bool(self.dir) or self.name in GRAMMAR_TASKS + PROBE_TASKS + ("mlm",),
                  "task.dir",
                  f"task {self.name!r} is read from its published files: set task.dir (the "
@@ -648,7 +647,7 @@ class Config:
                 raise ConfigError(f"{other}.{f.name}: model.arch={self.model.arch!r} is described "
                                   f"by the {mine} section; {hint}", field=f"{other}.{f.name}")
         # Which sections must agree for a given model.arch and task.name is decided by
-        # kind_of below, the one place that dispatches on them.
+        # run_kinds.kind_of, the one place that dispatches on them.
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
         # An encoder's rate comes from its checkpoint as often as from model.dropout, so only
@@ -659,12 +658,12 @@ class Config:
                                         if self.model_section == "act" else ""))
         if self.optim.from_recipe:
             try:
-                kind = kind_of(self)[0]
+                kind = kind_of(self)
             except ConfigError:  # no task runs this config: kind_of says why where it is asked
                 kind = None
             if kind is not None:
                 object.__setattr__(self, "optim",
-                                   self.optim.with_recipe(recipe_for(kind, self), kind))
+                                   self.optim.with_recipe(kind.recipe(self), kind.NAME))
 
     @property
     def model_section(self) -> str:
@@ -767,91 +766,6 @@ SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
             "fusion": FusionConfig, "trials": TrialsConfig}
 
 
-# ----------------------------------------------------------------------------- run kinds
-
-def kind_of(cfg: Config) -> tuple[str, dict]:
-    """(kind of run, keyword options of its Task's constructor), or ConfigError for a config no
-    task can run. The one place that looks at model.arch and task.name together; the Task
-    classes register under these kinds (jaxdepth/tasks/registry.py)."""
-    arch, name = cfg.model.arch, cfg.task.name
-    if cfg.task.pack and name not in TASKS:  # only prefix-LM fine-tuning has rows to pack
-        raise ConfigError(f"task.pack: packs the examples of prefix-LM fine-tuning (task.name "
-                          f"one of {', '.join(TASKS)}); task.name={name!r} has none to pack")
-    if name in FUSION_TASKS:  # any backbone: its shape comes from task.init_from or the config
-        return name, {}
-    if arch == "encoder":
-        if name:
-            raise ConfigError(f"task.name: model.arch='encoder' pretrains with MLM (empty "
-                              f"task.name) or is the backbone of {', '.join(FUSION_TASKS)}; "
-                              f"got {name!r}")
-        return "encoder_mlm", {}
-    if cfg.model_section == "act":  # the ALBERT family
-        if cfg.act.max_len < cfg.data.seq_len:
-            raise ConfigError(f"act.max_len: {cfg.act.max_len} position embeddings cannot hold "
-                              f"data.seq_len={cfg.data.seq_len}")
-        if name and name not in PROBE_TASKS:
-            raise ConfigError(f"task.name: {name!r} is a decoder task; encoders (model.arch="
-                              f"{arch!r}) fine-tune on {', '.join(PROBE_TASKS)}")
-        # ALBERT is the ACT layer iterated exactly M times; BERT unties the M layers.
-        options = {"arch": arch, "untied": arch == "bert", "adaptive": arch == "act",
-                   "halting": "fixed" if arch == "albert" else cfg.act.halting}
-        if name:  # roles labels every token; the other probing tasks classify [CLS]
-            return "probe", {**options, "token_level": name == "roles"}
-        return "encoder_pretrain", options
-    if name in PROBE_TASKS:
-        raise ConfigError(f"task.name: {name!r} fine-tunes an encoder: set model.arch to act, "
-                          f"albert or bert")
-    assert not name or name in TASKS, name  # TaskConfig validated the name
-    return ("prefix_lm" if name else "lm"), {}
-
-
-def _moments(b1: float, b2: float, eps: float) -> dict[str, dict]:
-    """A recipe's b1/b2/eps (OWN_FIELDS), by optimizer: for its own optimizer and, as before
-    optimizers were classes, for AdamW or LAMB named instead; an optimizer added since (Lion)
-    takes its own DEFAULTS in every kind."""
-    m = {"b1": b1, "b2": b2, "eps": eps}
-    return {"adamw": m, "lamb": m}
-
-
-# Each run kind's optimizer recipe: its paper's, applied to the RECIPE_FIELDS a config leaves
-# unset (docs/design.md, "Recipes"). train.py prints which values came from here.
-RECIPES: dict[str, dict] = {
-    # The default run: Adafactor's parameter-relative updates suit the t5x initialisation
-    # (N(0, 1) embeddings next to 1/sqrt(fan-in) kernels); it learns the grammar's syntax
-    # where AdamW at 1e-2 does not (docs/training.md).
-    "lm": dict(name="adafactor", lr=6e-2, schedule="cosine", warmup_steps=50, min_lr_ratio=0.1,
-               weight_decay=0.0, clip_norm=1.0, moments=_moments(0.9, 0.99, 1e-8)),
-    # t5x fine-tuning (Petty et al.): Adafactor at a constant 1e-3, no warmup, no clipping.
-    "prefix_lm": dict(name="adafactor", lr=1e-3, schedule="constant", warmup_steps=0,
-                      min_lr_ratio=0.1, weight_decay=0.0, clip_norm=0.0,
-                      moments=_moments(0.9, 0.99, 1e-8)),
-    # Simoulin & Crabbe (ALBERT's): LAMB, warmup then linear decay to 0, weight decay 0.01,
-    # clipping 1.0; warmup 100 steps at CPU scale (the paper's 3125 is act-base's preset).
-    "encoder_pretrain": dict(name="lamb", lr=1.76e-3, schedule="linear", warmup_steps=100,
-                             min_lr_ratio=0.0, weight_decay=0.01, clip_norm=1.0,
-                             moments=_moments(0.9, 0.999, 1e-6)),
-    # BERT's MLM pretraining: AdamW 1e-4, warmup then linear decay to 0, weight decay 0.01.
-    "encoder_mlm": dict(name="adamw", lr=1e-4, schedule="linear", warmup_steps=100,
-                        min_lr_ratio=0.0, weight_decay=0.01, clip_norm=1.0,
-                        moments=_moments(0.9, 0.999, 1e-6)),
-    # The DWAtt paper's fine-tuning: AdamW 5e-5, no warmup, linear decay to 0, weight decay
-    # 0.01. With a frozen backbone (fusion.mode fe) only a fresh fusion module and head
-    # train, which 5e-5 barely moves in a few hundred steps: 1e-3 there (recipe_for).
-    "ner": dict(name="adamw", lr=5e-5, schedule="linear", warmup_steps=0, min_lr_ratio=0.0,
-                weight_decay=0.01, clip_norm=1.0, moments=_moments(0.9, 0.999, 1e-8)),
-}
-RECIPES["probe"] = RECIPES["encoder_pretrain"]  # the paper fine-tunes with its pretraining's
-RECIPES["mlm"] = RECIPES["ner"]
-
-
-def recipe_for(kind: str, cfg: Config) -> dict:
-    """The optimizer recipe of run kind `kind` for cfg."""
-    recipe = RECIPES[kind]
-    if kind in FUSION_TASKS and cfg.fusion.mode == "fe":
-        recipe = {**recipe, "lr": 1e-3}
-    return recipe
-
-
 def recipe_lines(cfg: Config) -> list[str]:
     """What the run kind's recipe set (printed at start-up): nothing when the config set every
     optimizer field itself."""
@@ -860,7 +774,7 @@ def recipe_lines(cfg: Config) -> list[str]:
     if not taken:
         return []
     values = ", ".join(f"{f}={getattr(cfg.optim, f)}" for f in taken)
-    return [f"recipe of run kind {kind_of(cfg)[0]}: optim: {values}"]
+    return [f"recipe of run kind {kind_of(cfg).NAME}: optim: {values}"]
 
 
 # ----------------------------------------------------------------------------- model specs

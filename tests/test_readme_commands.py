@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 
 from jaxdepth.cli import parse_args, preset_lines
-from jaxdepth.config import kind_of
+from jaxdepth.run_kinds import kind_of
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))
@@ -235,9 +235,10 @@ SHORTEN = ("--run.steps 2 --run.eval_every 2 --run.save_every 2 --run.log_every 
 
 def shorten(argv: list[str]) -> list[str]:
     """SHORTEN, less the fields that argv's kind of run does not read (train.py refuses them)."""
-    from jaxdepth.config import kind_of, kinds_reading
+    from jaxdepth.config import kinds_reading
+    from jaxdepth.run_kinds import kind_of
 
-    kind = kind_of(parse_args(argv))[0]
+    kind = kind_of(parse_args(argv)).NAME
     out = []
     for flag, value in zip(SHORTEN[::2], SHORTEN[1::2]):
         kinds = kinds_reading(*flag[2:].split("."))
@@ -502,7 +503,7 @@ def test_extract_on_a_sample(tmp_path):
 
 def _check_recipe(cfg, want, where: str) -> None:
     kind, name, lr, schedule = want
-    got = (kind_of(cfg)[0], cfg.optim.name, cfg.optim.lr, cfg.optim.schedule)
+    got = (kind_of(cfg).NAME, cfg.optim.name, cfg.optim.lr, cfg.optim.schedule)
     assert got[:2] == (kind, name) and math.isclose(got[2], lr, rel_tol=1e-9) \
         and got[3] == schedule, f"{where}: (kind, optim.name, lr, schedule) {got}, expected {want}"
 

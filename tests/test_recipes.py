@@ -1,4 +1,4 @@
-"""Each run kind's optimizer recipe (config.RECIPES): applied only to the fields a config leaves
+"""Each run kind's optimizer recipe (RunKind.RECIPE, jaxdepth/run_kinds/): applied only to the fields a config leaves
 unset, printed at start-up, saved resolved, and independent of every other kind's recipe."""
 import dataclasses
 import json
@@ -8,12 +8,13 @@ import pytest
 from jaxdepth import config as C
 from jaxdepth.cli import parse_args, preset_lines
 from jaxdepth.config import Config, ConfigError, OptimConfig, TaskConfig, apply_overrides
+from jaxdepth.run_kinds import run_kind
 
 NER = ["--task.name", "ner", "--task.dir", "wikiann"]
 
 # (command line, kind, the optimizer it must resolve to: name, lr, schedule, warmup,
 # min_lr_ratio, weight decay, b2, clip) -- the papers' recipes, written out independently of
-# config.RECIPES. Adafactor reads no b2: None.
+# the kinds' RECIPEs. Adafactor reads no b2: None.
 CASES = [
     ([], "lm", ("adafactor", 6e-2, "cosine", 50, 0.1, 0.0, None, 1.0)),
     (["--task.name", "semantic_parsing"], "prefix_lm",
@@ -40,7 +41,7 @@ def _optim(cfg):
 @pytest.mark.parametrize("argv,kind,expected", CASES, ids=[c[1] + str(i) for i, c in enumerate(CASES)])
 def test_each_kind_resolves_its_own_recipe(argv, kind, expected):
     cfg = parse_args(argv)
-    assert C.kind_of(cfg)[0] == kind
+    assert C.kind_of(cfg).NAME == kind
     assert _optim(cfg) == expected
     # saved resolved: a resumed run keeps it whatever the recipes become
     saved = cfg.to_dict()["optim"]
@@ -67,7 +68,8 @@ def test_a_value_given_is_kept_and_the_rest_comes_from_the_recipe():
 
 def test_changing_one_kinds_recipe_leaves_the_others(monkeypatch):
     before = {kind: _optim(parse_args(argv)) for argv, kind, _ in CASES}
-    monkeypatch.setitem(C.RECIPES, "lm", {**C.RECIPES["lm"], "name": "adamw", "lr": 0.5})
+    lm = run_kind("lm")
+    monkeypatch.setattr(lm, "RECIPE", {**lm.RECIPE, "name": "adamw", "lr": 0.5})
     after = {kind: _optim(parse_args(argv)) for argv, kind, _ in CASES}
     assert after["lm"][:2] == ("adamw", 0.5)
     assert {k: v for k, v in after.items() if k != "lm"} == \

@@ -1,8 +1,17 @@
-"""The task registry: the one dispatch on model.arch / task.name, and what every kind provides."""
+"""The run kinds: the one dispatch on model.arch / task.name, and what every kind provides."""
+import itertools
+
 import pytest
 
-from jaxdepth.config import Config, ConfigError, apply_overrides
-from jaxdepth.tasks import kind_of, registry
+from jaxdepth.config import ARCHS, FUSION_TASKS, PROBE_TASKS, TASKS, Config, ConfigError, \
+    apply_overrides
+from jaxdepth.run_kinds import kind_names, kind_of, run_kind
+from jaxdepth.tasks import registry
+from jaxdepth.tasks.task_base import TaskBase
+
+
+def _task_classes():
+    return [(k, registry.task_class(run_kind(k))) for k in kind_names()]
 
 
 def _cfg(arch="decoder", name="", **task):
@@ -14,15 +23,20 @@ def _cfg(arch="decoder", name="", **task):
     ("act", "", "encoder_pretrain"), ("albert", "roles", "probe"), ("encoder", "", "encoder_mlm"),
     ("encoder", "mlm", "mlm"), ("act", "mlm", "mlm")])
 def test_kind_of(arch, name, kind):
-    assert kind_of(_cfg(arch, name))[0] == kind
+    assert kind_of(_cfg(arch, name)).NAME == kind
+
+
+def _options(arch, name=""):
+    cfg = _cfg(arch, name)
+    return kind_of(cfg).options(cfg)
 
 
 def test_encoder_options_follow_the_architecture():
-    assert kind_of(_cfg("albert"))[1] == {"arch": "albert", "untied": False, "adaptive": False,
-                                          "halting": "fixed"}
-    assert kind_of(_cfg("bert", "roles"))[1] == {"arch": "bert", "untied": True, "adaptive": False,
-                                                 "halting": "act", "token_level": True}
-    assert kind_of(_cfg("act", "tense"))[1]["token_level"] is False
+    assert _options("albert") == {"arch": "albert", "untied": False, "adaptive": False,
+                                  "halting": "fixed"}
+    assert _options("bert", "roles") == {"arch": "bert", "untied": True, "adaptive": False,
+                                         "halting": "act", "token_level": True}
+    assert _options("act", "tense")["token_level"] is False
 
 
 @pytest.mark.parametrize("arch, name", [("act", "cogs"), ("decoder", "roles"), ("encoder", "roles")])
@@ -33,7 +47,7 @@ def test_impossible_combinations_are_refused(arch, name):
 
 @pytest.mark.parametrize("arch, name", [("decoder", ""), ("act", "roles"), ("encoder", "ner")])
 def test_packing_outside_prefix_lm_fine_tuning_is_refused(arch, name):
-    assert kind_of(_cfg("decoder", "cogs", dir="x", pack=True))[0] == "prefix_lm"
+    assert kind_of(_cfg("decoder", "cogs", dir="x", pack=True)).NAME == "prefix_lm"
     with pytest.raises(ConfigError, match="task.pack"):
         kind_of(_cfg(arch, name, dir="x", pack=True))
 
@@ -41,15 +55,15 @@ def test_packing_outside_prefix_lm_fine_tuning_is_refused(arch, name):
 def test_every_registered_kind_reports_and_evaluates_its_checkpoints():
     """train.py prints task.report(summary) and eval.py calls task.evaluate_checkpoint: every
     registered class defines both itself or through a base of its own kind."""
-    assert set(registry._KINDS) == {"lm", "prefix_lm", "encoder_pretrain", "probe", "encoder_mlm",
-                                    "mlm", "ner"}
+    assert set(kind_names()) == {"lm", "prefix_lm", "encoder_pretrain", "probe", "encoder_mlm",
+                                 "mlm", "ner"}
     import dataclasses
 
     from jaxdepth.trainer.task import EvalRequest, Task
     methods = [n for n, v in vars(Task).items() if callable(v) and not n.startswith("_")]
     assert {"report", "evaluate_checkpoint", "build_model", "evaluate"} <= set(methods)
     requests = {f.name for f in dataclasses.fields(EvalRequest)}
-    for kind, cls in registry._KINDS.items():
+    for kind, cls in _task_classes():
         for method in methods:  # the protocol is every method train.py, eval.py and the trainer call
             assert callable(getattr(cls, method, None)), (kind, method)
         assert cls.EVAL_READS <= requests, (kind, cls.EVAL_READS - requests)
@@ -61,9 +75,34 @@ def test_each_kind_declares_the_eval_request_fields_it_reads():
     import inspect
     import re
 
-    for kind, cls in registry._KINDS.items():
+    for kind, cls in _task_classes():
         source = inspect.getsource(cls.evaluate_checkpoint)
         read = set(re.findall(r"request\.(\w+)", source))
         if "scored_on(cfg, request)" in source:  # tasks/open_run.py:scored_on
             read |= {"data", "batch"}
         assert read == set(cls.EVAL_READS), (kind, read, cls.EVAL_READS)
+
+
+def test_exactly_one_kind_claims_each_architecture_and_task():
+    """Every model.arch with every task.name is claimed by one kind (checked or refused by it
+    alone), so the kinds' order never decides a run."""
+    for arch, name in itertools.product(ARCHS, ("",) + TASKS + PROBE_TASKS + FUSION_TASKS):
+        cfg = _cfg(arch, name, dir="x")
+        claimed = [k for k in kind_names() if run_kind(k).claims(cfg)]
+        assert len(claimed) == 1, (arch, name, claimed)
+
+
+def test_each_kind_names_a_task_class_that_runs_it():
+    for kind, cls in _task_classes():
+        assert isinstance(cls, type) and issubclass(cls, TaskBase), kind
+        assert all(cls is not other for k, other in _task_classes() if k != kind), kind
+
+
+def test_the_kinds_that_fields_declare_exist():
+    """config.read_by names run kinds by their NAME: a misspelt one would never refuse."""
+    import dataclasses
+
+    from jaxdepth.config import SECTIONS, kinds_reading
+    named = {k for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+             for k in (kinds_reading(sec, f.name) or ())}
+    assert named and named <= set(kind_names()), named - set(kind_names())

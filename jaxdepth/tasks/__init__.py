@@ -1,5 +1,5 @@
-"""One module per kind of run, each a Task (trainer/task.py); ``task_for(config)`` (registry.py)
-is the one place that decides which.
+"""The Task (trainer/task.py) that runs each kind of run (jaxdepth/run_kinds/ declares the
+kinds and names their Task); ``task_for(config)`` (registry.py) builds it.
 
     lm                causal LM pretraining of the decoder           (lm.py)
     prefix_lm         prefix-LM fine-tuning on a seq2seq task        (prefix_lm.py)
@@ -11,8 +11,8 @@ is the one place that decides which.
 from __future__ import annotations
 
 from ..config import Config, trial_configs
-from . import encoder_pretrain, lm, mlm, ner, prefix_lm, probe  # noqa: F401  (they register)
-from .registry import kind_of, load_model, task_for
+from ..run_kinds import kind_of
+from .registry import load_model, task_for
 
 __all__ = ["kind_of", "load_model", "task_for", "train"]
 

@@ -32,7 +32,6 @@ from ..trainer.losses import softmax_xent as _xent
 from ..trainer.task import EvalRequest
 from ..trial_axis import Models
 from .task_base import TaskBase, same_arrays
-from .registry import register
 
 EVAL_BATCHES = 4  # validation batches when run.eval_batches is 0
 
@@ -136,7 +135,6 @@ class EncoderTask(TaskBase):
         return encoder_flops_per_token(self.cfg)
 
 
-@register("encoder_pretrain")
 class EncoderPretrainTask(EncoderTask, MLMCorpus):
     """MLM + SOP (+ ponder cost) pretraining; evaluation = Table 1 and Fig. 2 statistics."""
 

@@ -26,7 +26,6 @@ from ..trainer.sharding import local_rows, to_global
 from ..trainer.task import EvalRequest
 from ..trial_axis import Models
 from .task_base import TaskBase, same_arrays
-from .registry import register
 
 
 def lm_objective(cfg: Config):
@@ -100,7 +99,6 @@ class DecoderTask(TaskBase):
         return param_count(self.cfg.model)
 
 
-@register("lm")
 class LMTask(DecoderTask):
     """Causal LM pretraining on a corpus; evaluation = validation perplexity."""
 

@@ -29,7 +29,6 @@ from .backbones import FusionTask, backbone_vocab, is_hf_dir, module_flops
 from .open_run import load_checkpoint, scored_on
 from .encoder_pretrain import MLMCorpus, mlm_config
 from .lm import write_json
-from .registry import register
 
 
 def mlm_objective():
@@ -102,7 +101,6 @@ class MLMTask(MLMCorpus):
         return out
 
 
-@register("encoder_mlm")
 class EncoderMLMTask(MLMTask):
     """MLM pretraining of the BERT encoder (model.arch=encoder): a fusion backbone."""
 
@@ -126,7 +124,6 @@ class EncoderMLMTask(MLMTask):
         return {"task": "", "arch": self.cfg.model.arch}
 
 
-@register("mlm")
 class FusionMLMTask(FusionTask, MLMTask):
     """MLM through a fusion module over a backbone (task.name=mlm)."""
 

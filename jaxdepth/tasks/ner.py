@@ -35,7 +35,6 @@ from ..trial_axis import Models
 from . import state_cache
 from .backbones import FusionTask, backbone_words
 from .open_run import load_checkpoint
-from .registry import register
 from .task_base import same_arrays
 
 log = logging.getLogger(__name__)
@@ -195,7 +194,6 @@ def _max_words(splits, seq_len: int) -> int:
     return max(1, min(seq_len - 2, -(-longest // 8) * 8))
 
 
-@register("ner")
 class NERTask(FusionTask):
     """Few-shot NER through a fusion module; best dev F1 over training and test F1 there."""
 

@@ -21,7 +21,7 @@ from ..trial_axis import Models
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
 from .lm import DecoderTask, mean_losses
 from .task_base import same_arrays
-from .registry import load_model, register
+from .registry import load_model
 
 def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
     """The model of checkpoint task.init_step (0: latest) of run task.init_from, placed like
@@ -43,7 +43,6 @@ def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
     return model, step
 
 
-@register("prefix_lm")
 class PrefixLMTask(DecoderTask):
     """Prefix-LM fine-tuning on a seq2seq task; evaluation = in-distribution loss on dev and
     exact match on the evaluation splits. Every evaluation point is appended to evals.jsonl."""

@@ -27,7 +27,7 @@ from ..models.classifier import EncoderClassifier
 from ..trainer.losses import softmax_xent as _xent
 from ..trainer.task import EvalRequest
 from .encoder_pretrain import EncoderTask
-from .registry import load_model, register, task_for
+from .registry import load_model, task_for
 
 def probe_objective(cfg: Config):
     def objective(model, mb, key, totals):
@@ -59,7 +59,6 @@ def _predict(model, tokens, segments, mask, inference: bool):
     return jnp.argmax(logits, -1), out.N_BT
 
 
-@register("probe")
 class ProbeTask(EncoderTask):
     """An encoder under a classification head, fine-tuned on a grammar probing task."""
 

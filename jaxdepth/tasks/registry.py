@@ -1,29 +1,28 @@
-"""The one place that decides what kind of run a config describes.
+"""The Task of each run kind, and any run's model.
 
-``task_for(cfg)`` returns the Task of the kind ``config.kind_of`` gives (the one function that
-looks at ``model.arch`` and ``task.name`` together); each task module registers its class
-under a kind name.
+``task_for(cfg)`` builds the Task that runs cfg's kind (run_kinds.kind_of: the one function
+that looks at ``model.arch`` and ``task.name`` together; each kind names its Task class).
 ``load_model`` restores any run's model through the same dispatch, so eval.py, pretrained
 initialisation and the analyses read every kind of checkpoint alike.
 """
 from __future__ import annotations
 
-from ..config import Config, kind_of
+import importlib
 
-_KINDS: dict[str, type] = {}
+from ..config import Config
+from ..run_kinds import RunKind, kind_of
 
 
-def register(kind: str):
-    def deco(cls):
-        _KINDS[kind] = cls
-        return cls
-    return deco
+def task_class(kind: type[RunKind]) -> type:
+    """The Task class that runs ``kind`` (its ``TASK``, a module of this package)."""
+    module, name = kind.TASK.split(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
 def task_for(cfg: Config):
     """The Task (trainer/task.py) that runs cfg."""
-    kind, options = kind_of(cfg)
-    return _KINDS[kind](cfg, **options)
+    kind = kind_of(cfg)
+    return task_class(kind)(cfg, **kind.options(cfg))
 
 
 def load_model(run_dir, step: int | None = None, mesh=None, mesh_cfg=None, label: str = "step"):

@@ -1,0 +1,89 @@
+"""Run kinds as choices: one class per kind of run, in one module of this package each.
+
+A kind of run is what train.py does with a config: pretrain a decoder LM, fine-tune it as a
+prefix LM, pretrain an ACT/ALBERT/BERT encoder, probe one, pretrain a BERT encoder with MLM,
+or fuse a backbone's layers for NER or MLM. A class holds everything about its kind that the
+rest of the code asks: its name (messages, summaries, the ``read_by`` declarations of
+config.py), which configs it runs (``claims``: the kinds' claims never overlap, so exactly one
+kind claims any valid config) and what it refuses among them (``check``, a ConfigError naming
+the field), the keyword options of its Task, the Task that runs it (``TASK``, imported only
+when a run is built: config.py validates with this package before JAX is imported) and its
+optimizer recipe (``RECIPE``). Nothing outside these modules compares a kind's name.
+
+Every module of this package is imported here, so a new kind is a new module here and its
+Task under jaxdepth/tasks/: defining a subclass with a ``NAME`` registers it. This package
+imports nothing of jaxdepth but errors.py, choices.py and task_names.py.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from ..choices import Choices, import_all
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+_KINDS: Choices[type["RunKind"]] = Choices("run kind", "run kind")
+
+
+def moments(b1: float, b2: float, eps: float) -> dict[str, dict]:
+    """A recipe's b1/b2/eps (optimizers.OWN_FIELDS), by optimizer: for its own optimizer and, as
+    before optimizers were classes, for AdamW or LAMB named instead; an optimizer added since
+    (Lion) takes its own DEFAULTS in every kind."""
+    m = {"b1": b1, "b2": b2, "eps": eps}
+    return {"adamw": m, "lamb": m}
+
+
+class RunKind:
+    NAME: ClassVar[str]  # in messages, summaries and config.read_by declarations
+    # The Task that runs this kind (trainer/task.py): "module:Class" of jaxdepth.tasks
+    TASK: ClassVar[str]
+    # The optimizer settings a config leaves unset take these (config.RECIPE_FIELDS, with
+    # "moments" per optimizer): the kind's paper's recipe (docs/design.md §6).
+    RECIPE: ClassVar[dict]
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "NAME" in cls.__dict__:
+            _KINDS.add(cls)
+
+    @classmethod
+    def claims(cls, cfg: "Config") -> bool:
+        """Whether cfg is a run of this kind (no other kind claims it)."""
+        raise TypeError(f"run kind {cls.NAME!r} defines no claims")
+
+    @classmethod
+    def check(cls, cfg: "Config") -> None:
+        """A ConfigError naming the field, for a config this kind claims but cannot run."""
+
+    @classmethod
+    def options(cls, cfg: "Config") -> dict:
+        """Keyword options of the Task's constructor."""
+        return {}
+
+    @classmethod
+    def recipe(cls, cfg: "Config") -> dict:
+        """The optimizer recipe of this kind for cfg."""
+        return cls.RECIPE
+
+
+def kind_of(cfg: "Config") -> type[RunKind]:
+    """The kind of run cfg describes, or a ConfigError (naming the field) for a config no kind
+    runs. The one place that looks at model.arch and task.name together."""
+    claimed = [k for k in map(_KINDS, _KINDS.names()) if k.claims(cfg)]
+    assert len(claimed) == 1, (f"run kinds {[k.NAME for k in claimed]} claim model.arch="
+                               f"{cfg.model.arch!r}, task.name={cfg.task.name!r}")
+    claimed[0].check(cfg)
+    return claimed[0]
+
+
+def run_kind(name: str) -> type[RunKind]:
+    """The kind called ``name`` (a saved run's, a declaration's)."""
+    return _KINDS(name)
+
+
+def kind_names() -> tuple[str, ...]:
+    return _KINDS.names()
+
+
+import_all(__name__, __path__)

@@ -1,0 +1,35 @@
+"""MLM + SOP pretraining of the ALBERT family (model.arch act, albert or bert; no task.name):
+ALBERT is the ACT layer iterated exactly M times, BERT unties the M layers."""
+from ..errors import ConfigError
+from ..task_names import FUSION_TASKS
+from . import RunKind, moments
+
+
+class EncoderPretraining(RunKind):
+    NAME, TASK = "encoder_pretrain", "encoder_pretrain:EncoderPretrainTask"
+    # Simoulin & Crabbe (ALBERT's): LAMB, warmup then linear decay to 0, weight decay 0.01,
+    # clipping 1.0; warmup 100 steps at CPU scale (the paper's 3125 is act-base's preset).
+    RECIPE = dict(name="lamb", lr=1.76e-3, schedule="linear", warmup_steps=100,
+                  min_lr_ratio=0.0, weight_decay=0.01, clip_norm=1.0,
+                  moments=moments(0.9, 0.999, 1e-6))
+
+    @classmethod
+    def claims(cls, cfg) -> bool:
+        return cfg.model_section == "act" and not cfg.task.name
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        if cfg.act.max_len < cfg.data.seq_len:
+            raise ConfigError(f"act.max_len: {cfg.act.max_len} position embeddings cannot hold "
+                              f"data.seq_len={cfg.data.seq_len}")
+
+    @classmethod
+    def options(cls, cfg) -> dict:
+        arch = cfg.model.arch
+        return {"arch": arch, "untied": arch == "bert", "adaptive": arch == "act",
+                "halting": "fixed" if arch == "albert" else cfg.act.halting}
+
+
+def claims_encoder_task(cfg) -> bool:
+    """An ALBERT-family encoder given a task.name that is not layer fusion's."""
+    return cfg.model_section == "act" and bool(cfg.task.name) and cfg.task.name not in FUSION_TASKS

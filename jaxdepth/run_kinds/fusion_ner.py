@@ -1,0 +1,21 @@
+"""Layer fusion for NER over any backbone (task.name ner; docs/design.md §4): its shape comes
+from task.init_from or the config."""
+from . import RunKind, moments
+
+
+class FusionNER(RunKind):
+    NAME, TASK = "ner", "ner:NERTask"
+    # The DWAtt paper's fine-tuning: AdamW 5e-5, no warmup, linear decay to 0, weight decay
+    # 0.01.
+    RECIPE = dict(name="adamw", lr=5e-5, schedule="linear", warmup_steps=0, min_lr_ratio=0.0,
+                  weight_decay=0.01, clip_norm=1.0, moments=moments(0.9, 0.999, 1e-8))
+
+    @classmethod
+    def claims(cls, cfg) -> bool:
+        return cfg.task.name == cls.NAME
+
+    @classmethod
+    def recipe(cls, cfg) -> dict:
+        # With a frozen backbone (fusion.mode fe) only a fresh fusion module and head train,
+        # which 5e-5 barely moves in a few hundred steps: 1e-3 there.
+        return {**cls.RECIPE, "lr": 1e-3} if cfg.fusion.mode == "fe" else cls.RECIPE

@@ -1,0 +1,27 @@
+"""Fine-tuning an ALBERT-family encoder on a probing task of the embedded grammar
+(task.name one of task_names.PROBE_TASKS)."""
+from ..errors import ConfigError
+from ..task_names import PROBE_TASKS
+from . import encoder_pretraining as pretraining
+
+
+class ProbeFinetuning(pretraining.EncoderPretraining):
+    # The paper fine-tunes with its pretraining's recipe (inherited), on the same encoder.
+    NAME, TASK = "probe", "probe:ProbeTask"
+
+    @classmethod
+    def claims(cls, cfg) -> bool:
+        return pretraining.claims_encoder_task(cfg)
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        if cfg.task.name not in PROBE_TASKS:
+            raise ConfigError(f"task.name: {cfg.task.name!r} is a decoder task; encoders "
+                              f"(model.arch={cfg.model.arch!r}) fine-tune on "
+                              f"{', '.join(PROBE_TASKS)}")
+
+    @classmethod
+    def options(cls, cfg) -> dict:
+        # roles labels every token; the other probing tasks classify [CLS]
+        return {**super().options(cfg), "token_level": cfg.task.name == "roles"}
