@@ -11,7 +11,7 @@ leading axis (the embedding output is not included), and return ``h_BTD`` for th
 
 Every linear map here is affine (weight and bias): the equations in docs/design.md §4 only say
 "affine" for W_K, and we give the bottleneck maps U and W and the Concat map biases too, as usual
-for added heads; ``added_params`` counts them. Parameters are float32 and are cast to the dtype of
+for added heads (docs/design.md §4.6 counts them). Parameters are float32 and are cast to the dtype of
 the input, so a bf16 backbone stays bf16 under strict dtype promotion; the softmax over layers
 always runs in float32.
 
@@ -156,20 +156,3 @@ class Concat(eqx.Module):
         # [B, T, L*D] with layer n's features in block n, matching the row blocks of proj.w.
         z_BTX = jnp.moveaxis(z_LBTD, 0, 2).reshape(B, T, L * D)
         return self.proj(z_BTX)
-
-
-def added_params(kind: str, n_layers: int, d_model: int, key_dim: int = KEY_DIM) -> int:
-    """Trainable parameters a fusion module adds (the paper's Table 2), counted from §4.
-
-    With m = d // 2, one bottleneck f has U (d*m + m), LN over m (2m) and W (m*d + d).
-    - DWAtt: L value maps (f_V_n plus LN_n over d, 2d each), one query map f_Q and W_K
-      (key_dim*d + d). The L*key_dim frozen key positions are not counted: they never train.
-    - Concat: L*d*d weights plus a d bias.
-    """
-    d, m, L = d_model, d_model // 2, n_layers
-    bottleneck = (d * m + m) + 2 * m + (m * d + d)
-    if kind == "dwatt":
-        return L * (bottleneck + 2 * d) + bottleneck + (key_dim * d + d)
-    if kind == "concat":
-        return L * d * d + d
-    raise ValueError(f"unknown fusion kind {kind!r}; expected 'dwatt' or 'concat'")
