@@ -75,10 +75,10 @@ import numpy as np
 import bench_step
 from jaxdepth.config import MeshConfig
 from jaxdepth.depth_family import depth_family, param_count
-from jaxdepth.data import grammar
-from jaxdepth.data.readers import resolve_paths
-from jaxdepth.data.streaming import streaming_dataset
-from jaxdepth.data.tokenizer import train_tokenizer
+from jaxdepth.data.embedded import grammar
+from jaxdepth.data.corpus.readers import resolve_paths
+from jaxdepth.data.corpus.streaming import streaming_dataset
+from jaxdepth.data.corpus.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_VERSION = 1  # bump when the generator changes, so a kept corpus is rebuilt

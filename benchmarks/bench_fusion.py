@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdepth.config import Config, apply_overrides
-from jaxdepth.data.ner_sentences import ner_labels
+from jaxdepth.data.finetune.ner_sentences import ner_labels
 from jaxdepth.models.backbone import depth_and_width
 from jaxdepth.tasks import task_for, train
 from jaxdepth.trainer.optim import make_optimizer

@@ -1,7 +1,7 @@
 """Generation speed of the embedded grammar: sentences and documents per second.
 
 Every fresh run builds its corpus (and the grammar tasks their data) with
-``jaxdepth.data.grammar``, in pure Python. This times ``generate(n, seed)`` (independent
+``jaxdepth.data.embedded.grammar``, in pure Python. This times ``generate(n, seed)`` (independent
 sentences) and ``corpus_texts(docs, seed)`` (documents with recurring entities, the pretraining
 corpus) after one untimed warm-up call (the lemma pools are built once per process), as the
 median of ``--repeats`` calls, and compares the sentence time with the target of 2 s for 20,000
@@ -19,7 +19,7 @@ import statistics
 # first: puts the checkout on sys.path and tunes malloc before anything allocates
 from common import arg_parser, environment, timed, write_json
 
-from jaxdepth.data import grammar
+from jaxdepth.data.embedded import grammar
 
 TARGET_S_PER_20K = 2.0  # seconds for 20,000 sentences
 

@@ -90,7 +90,7 @@ import numpy as np
 
 from jaxdepth.cli import parse_args
 from jaxdepth.config import Config, trial_configs
-from jaxdepth.data.pipeline import lm_iterator
+from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import trials as tr
 from jaxdepth.models.flops import train_flops_per_token
@@ -345,8 +345,8 @@ def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
 
 def evaluations(args, work: Path, report) -> list[dict]:
     """The eval part: each kind at each K of --eval-ks."""
-    from jaxdepth.data.grammar import corpus_texts
-    from jaxdepth.data.tokenizer import train_tokenizer
+    from jaxdepth.data.embedded.grammar import corpus_texts
+    from jaxdepth.data.corpus.tokenizer import train_tokenizer
 
     if "eval" not in args.parts:
         return []

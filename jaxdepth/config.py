@@ -93,8 +93,8 @@ def resumable_fields() -> frozenset[str]:
     return frozenset(f"{sec}.{f.name}" for sec, cls in SECTIONS.items()
                      for f in dataclasses.fields(cls) if f.metadata.get("resumable"))
 
-# The token ids of every tokenizer this project trains (data/tokenizer.py): T5's pad, eos and
-# unk, then the encoders' [CLS], [SEP] and [MASK] as fixed user-defined symbols.
+# The token ids of every tokenizer this project trains (data/corpus/tokenizer.py): T5's pad,
+# eos and unk, then the encoders' [CLS], [SEP] and [MASK] as fixed user-defined symbols.
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 CLS_ID, SEP_ID, MASK_ID = 3, 4, 5
 N_SPECIAL = 6  # ids below this are never drawn as MLM's random replacement tokens
@@ -182,12 +182,14 @@ class ModelConfig:
 class DataConfig:
     corpus: str = "grammar"  # "grammar" (embedded) or comma-separated files, directories, globs
     valid: str = ""  # the same for validation; empty -> split off valid_fraction (not streaming)
-    streaming: bool = False  # tokenize and pack on the fly from the files (data/streaming.py)
+    # tokenize and pack on the fly from the files (data/corpus/streaming.py)
+    streaming: bool = False
     streams: int = 8  # streaming: file streams (fixes the data order; hosts split them)
     workers: int = 0  # streaming: loader processes per host; 0 = a thread of the trainer
     # On resume, start the data stream afresh at the restored step on the corpus as it is now
     # (e.g. shards appended) instead of refusing a changed corpus; the token-file path
-    # re-tokenizes it (data/streaming.py, data/prepare.py). Every resume given it restarts.
+    # re-tokenizes it (data/corpus/streaming.py, data/corpus/prepare.py). Every resume given
+    # it restarts.
     restart_stream: bool = resumable(False)
     tokenizer_sample: int = 50_000  # streaming: documents the tokenizer is trained on
     valid_fraction: float = 0.05  # documents held out for validation when data.valid is empty
@@ -220,8 +222,8 @@ class DataConfig:
                      f"{self.streams} streams do not divide data.batch_size={self.batch_size}")
 
 
-# The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/run_kinds/). Left unset (None) in a config,
-# they take the recipe of the run's kind, so a default tuned for one kind of run never changes
+# The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/run_kinds/). Left
+# unset (None) in a config, they take the recipe of the run's kind, so a default tuned for one kind of run never changes
 # another's; a standalone OptimConfig takes the LM pretraining recipe. Of these, OWN_FIELDS
 # are read by some optimizers only (each optimizer's class says which, jaxdepth/optimizers/):
 # a recipe gives them per optimizer (its "moments"), the optimizer's own DEFAULTS fill those
@@ -843,7 +845,7 @@ class EncoderConfig:
 
 @dataclass(frozen=True)
 class MLMConfig:
-    """How data/mlm_sop.py makes ALBERT-style MLM + SOP examples."""
+    """How data/corpus/mlm_sop.py makes ALBERT-style MLM + SOP examples."""
     seq_len: int = 128
     mask_rate: float = 0.15
     max_predictions: int = 20

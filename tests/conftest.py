@@ -106,8 +106,8 @@ def shared_data():
 def tokenizer(tmp_path_factory):
     """The 512-piece SentencePiece model of the embedded grammar (tests/_train_helpers.py)."""
     from _train_helpers import GRAMMAR_DOCS
-    from jaxdepth.data import grammar
-    from jaxdepth.data.tokenizer import train_tokenizer
+    from jaxdepth.data.embedded import grammar
+    from jaxdepth.data.corpus.tokenizer import train_tokenizer
 
     path = tmp_path_factory.mktemp("tok") / "tokenizer.model"
     train_tokenizer(grammar.corpus_texts(GRAMMAR_DOCS, seed=1234), 512).save(path)

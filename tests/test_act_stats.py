@@ -10,7 +10,7 @@ import pytest
 from jaxdepth.analysis.act_stats import (GROUPS, CosineStats, IterationStats, consecutive_cosine,
                                          evaluate_act, format_table1, plot_cosine, token_groups,
                                          write_cosine_table, write_table1)
-from jaxdepth.data.tokenizer import CLS_ID, SEP_ID
+from jaxdepth.data.corpus.tokenizer import CLS_ID, SEP_ID
 from jaxdepth.models.act import ACTConfig, ACTEncoder, UntiedEncoder
 
 C, S = CLS_ID, SEP_ID

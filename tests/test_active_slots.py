@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import EncoderConfig
-from jaxdepth.data.pipeline import ExampleBatchSource
+from jaxdepth.data.corpus.pipeline import ExampleBatchSource
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.fused import FusedModel
 from jaxdepth.tasks.ner import eval_active_bound, slots_in_use, train_active_bound

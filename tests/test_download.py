@@ -22,7 +22,7 @@ from jaxdepth.data.download import (
     download,
     main,
 )
-from jaxdepth.data.seq2seq_readers import COGS_SPLITS, PASSIVIZATION_SPLITS, read_cogs
+from jaxdepth.data.finetune.seq2seq_readers import COGS_SPLITS, PASSIVIZATION_SPLITS, read_cogs
 
 TASK_FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
 
@@ -214,7 +214,7 @@ def test_cli_download_and_failure(monkeypatch, toy, tmp_path, capsys):
 # The real registry
 # ---------------------------------------------------------------------------------------------
 
-# What the readers open (jaxdepth.data.seq2seq_readers / ner), per dataset.
+# What the readers open (jaxdepth.data.finetune.seq2seq_readers / ner), per dataset.
 READER_FILES = {
     "cogs": {f"{s}.tsv" for s in COGS_SPLITS if s != "train_100"},
     "cogs_vf": {f"{s}.tsv" for s in COGS_SPLITS if s != "train_100"},

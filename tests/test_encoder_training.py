@@ -11,9 +11,9 @@ import pytest
 
 from jaxdepth.config import Config, MeshConfig
 from jaxdepth.config import MLMConfig
-from jaxdepth.data.mlm_sop import grammar_documents, mlm_dataset, tokenize_mlm_documents
-from jaxdepth.data.tokenizer import train_tokenizer
-from jaxdepth.data import grammar
+from jaxdepth.data.corpus.mlm_sop import grammar_documents, mlm_dataset, tokenize_mlm_documents
+from jaxdepth.data.corpus.tokenizer import train_tokenizer
+from jaxdepth.data.embedded import grammar
 from jaxdepth.models import act
 
 ACT = {"embed_dim": 16, "d_model": 32, "n_heads": 2, "max_iters": 4, "max_len": 32}
@@ -146,9 +146,9 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
     the checkpoint under a fresh head, and the reported accuracy and per-role
     iterations equal an independent recomputation from the saved model; eval.py reproduces the
     final Table 1 of the pretraining run."""
-    from jaxdepth.data.probing import ROLE_NAMES
-    from jaxdepth.data.tokenizer import Tokenizer
-    from jaxdepth.data.probing import make_probe_data
+    from jaxdepth.data.embedded.probing import ROLE_NAMES
+    from jaxdepth.data.corpus.tokenizer import Tokenizer
+    from jaxdepth.data.embedded.probing import make_probe_data
     from jaxdepth.tasks import load_model, train
     from jaxdepth.trainer import checkpoint as ckpt
 
@@ -171,7 +171,7 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
                    optim={"name": "adamw", "lr": 3e-3, "weight_decay": 0.0},
                    run={"steps": steps, "eval_every": steps, "save_every": steps})
         if task == "roles":  # the encoder starts from the pretrained checkpoint, the head fresh
-            from jaxdepth.data.pipeline import lm_iterator
+            from jaxdepth.data.corpus.pipeline import lm_iterator
             from jaxdepth.tasks import task_for
             from jaxdepth.trainer.loop import restore_or_init
             from jaxdepth.trainer.optim import make_optimizer

@@ -27,7 +27,7 @@ import pytest
 from _train_helpers import (GRAMMAR_DOCS, REPO, TRAIN_PY, committed_steps, load_state,
                             snapshot, step_losses, subprocess_env)
 from jaxdepth.config import Config, ConfigError, DataConfig, MeshConfig, ModelConfig
-from jaxdepth.data import grammar
+from jaxdepth.data.embedded import grammar
 
 STEPS = 10  # the finished run: checkpoints at 5 and 10
 TIMEOUT = 240
@@ -562,7 +562,7 @@ def test_classification_losses_are_float32():
 
 
 def test_the_validation_split_of_a_text_corpus_has_its_own_seed(tmp_path):
-    from jaxdepth.data.prepare import load_documents
+    from jaxdepth.data.corpus.prepare import load_documents
 
     path = tmp_path / "c.txt"
     path.write_text("\n\n".join(f"document {i} ." for i in range(200)))

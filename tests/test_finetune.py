@@ -12,10 +12,10 @@ import pytest
 
 from jaxdepth.config import Config, ConfigError, apply_overrides
 from jaxdepth.presets import from_preset
-from jaxdepth.data.grammar import corpus_texts
-from jaxdepth.data.prefix_lm_features import prefix_lm_features
-from jaxdepth.data.seq2seq_readers import Example
-from jaxdepth.data.tokenizer import EOS_ID, train_tokenizer
+from jaxdepth.data.embedded.grammar import corpus_texts
+from jaxdepth.data.finetune.prefix_lm_features import prefix_lm_features
+from jaxdepth.data.finetune.seq2seq_readers import Example
+from jaxdepth.data.corpus.tokenizer import EOS_ID, train_tokenizer
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks.decoding import Geometry, predict, prompts
 from jaxdepth.trial_axis import Models
@@ -127,7 +127,7 @@ def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
     task = prepared(cfg, tmp_path / "ft")
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     mngr = ckpt.open_manager(tmp_path / "ft", 1)
-    from jaxdepth.data.pipeline import lm_iterator
+    from jaxdepth.data.corpus.pipeline import lm_iterator
     state, _ = restore_or_init(cfg, tx, mesh, mngr, lm_iterator(task.dataset()), task)
     want, _, _ = load_model(pre, 2)
     for a, b in zip(jax.tree.leaves(state.model), jax.tree.leaves(want)):
@@ -152,7 +152,7 @@ def test_task_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="task.name"):
         Config.from_dict({"task": {"name": "scan"}})
     with pytest.raises(ConfigError, match="task.eval_splits"):
-        from jaxdepth.data.finetune_data import resolve_eval_splits, task_splits
+        from jaxdepth.data.finetune.finetune_data import resolve_eval_splits, task_splits
         task = Config.from_dict({"task": {"name": "passivization", "n_train": 4, "n_eval": 2,
                                           "eval_splits": "dev,gen"}}).task
         resolve_eval_splits(task, *task_splits(task))
@@ -193,8 +193,8 @@ def test_real_cogs_fine_tunes_and_scores_a_slice_of_gen(tmp_path, shared_data):
     s = train(cfg)
     rows = [json.loads(line) for line in (run / "predictions" / "gen.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and s["train_examples"] == 24155
-    gen = {e.source: e for e in __import__("jaxdepth.data.seq2seq_readers", fromlist=["x"]).read_cogs(
-        shared_data / "cogs", "gen")}
+    from jaxdepth.data.finetune.seq2seq_readers import read_cogs
+    gen = {e.source: e for e in read_cogs(shared_data / "cogs", "gen")}
     for r in rows:  # each row is a real gen line with its published type and target
         assert gen[r["input"]].target == r["gold"] and gen[r["input"]].type == r["type"]
         assert r["correct"] == (r["prediction"].split() == r["gold"].split())
@@ -210,7 +210,7 @@ def test_cogs_cpu_preset_data_on_real_cogs(tmp_path, shared_data):
     of the preset's size trained on the train split covers every split, and packing puts
     several examples in each row with little padding."""
     from jaxdepth.cli import parse_args
-    from jaxdepth.data.finetune_data import prepare_task_data
+    from jaxdepth.data.finetune.finetune_data import prepare_task_data
 
     cfg = parse_args(["--preset", "cogs-cpu", "--task.name", "cogs",
                       "--task.dir", str(shared_data / "cogs"), "--run.dir", str(tmp_path)])

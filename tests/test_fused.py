@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import ACTConfig, Config, ModelConfig, apply_overrides
-from jaxdepth.data.ner_sentences import LABELS
+from jaxdepth.data.finetune.ner_sentences import LABELS
 from jaxdepth.models.act import ACTEncoder, UntiedEncoder
 from jaxdepth.models.backbone import depth_and_width, strip_to_backbone
 from jaxdepth.models.decoder import DecoderLM

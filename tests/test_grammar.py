@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from jaxdepth.data import grammar as g
-from jaxdepth.data.grammar import NP, PP, Clause, GrammarConfig
+from jaxdepth.data.embedded import grammar as g
+from jaxdepth.data.embedded.grammar import NP, PP, Clause, GrammarConfig
 
 SG_NOUNS = set(g.NOUN_PLURAL) | set(g.NAMES)
 PL_NOUNS = set(g.NOUN_PLURAL.values())

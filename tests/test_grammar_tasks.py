@@ -3,8 +3,8 @@ from functools import lru_cache
 
 import pytest
 
-from jaxdepth.data.grammar import NP, PP, Clause, make_sentence
-from jaxdepth.data.grammar_tasks import (
+from jaxdepth.data.embedded.grammar import NP, PP, Clause, make_sentence
+from jaxdepth.data.embedded.grammar_tasks import (
     GRAMMAR_TASKS,
     HELD_OUT_NAME,
     HELD_OUT_NOUN,
@@ -18,7 +18,7 @@ from jaxdepth.data.grammar_tasks import (
     passivization_example,
     semantic_parsing_example,
 )
-from jaxdepth.data.seq2seq_readers import Example
+from jaxdepth.data.finetune.seq2seq_readers import Example
 
 N_TRAIN, N_EVAL = 600, 40
 

@@ -19,7 +19,7 @@ import pytest
 from _train_helpers import (REPO, TIMEOUT, TRAIN_PY, base_args, committed_steps,
                             subprocess_env)
 from jaxdepth.cli import parse_args
-from jaxdepth.data.pipeline import lm_iterator
+from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import memory
 from jaxdepth.trainer.memory import DoesNotFit, Limit, cgroup_limit, gib

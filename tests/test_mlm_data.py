@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import N_SPECIAL, MLMConfig
-from jaxdepth.data import grammar
-from jaxdepth.data.mlm_sop import (
+from jaxdepth.data.embedded import grammar
+from jaxdepth.data.corpus.mlm_sop import (
     KIND_MASK,
     KIND_NONE,
     KIND_ORIGINAL,
@@ -21,8 +21,8 @@ from jaxdepth.data.mlm_sop import (
     tokenize_mlm_documents,
     word_start_table,
 )
-from jaxdepth.data.pipeline import lm_iterator
-from jaxdepth.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, train_tokenizer
+from jaxdepth.data.corpus.pipeline import lm_iterator
+from jaxdepth.data.corpus.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, train_tokenizer
 
 KEYS = ("tokens", "segments", "mask", "mask_kind", "mlm_positions", "mlm_ids", "mlm_weights",
         "sop_labels")

@@ -20,10 +20,10 @@ import pytest
 
 from jaxdepth.analysis import entity_f1
 from jaxdepth.config import Config, ConfigError
-from jaxdepth.data import ner_sentences
-from jaxdepth.data.ner_sentences import (CONLL_LABELS, LABELS, Sentence, decode_tags, detect_format,
-                               encode_sentences, ner_labels, read_split, read_wikiann,
-                               split_path)
+from jaxdepth.data.finetune import ner_sentences
+from jaxdepth.data.finetune.ner_sentences import (CONLL_LABELS, LABELS, Sentence, decode_tags,
+                                                  detect_format, encode_sentences, ner_labels,
+                                                  read_split, read_wikiann, split_path)
 
 SEQ_LEN = 32
 TINY = {"arch": "encoder", "vocab_size": 64, "d_model": 32, "n_layers": 2, "d_ff": 64,
@@ -278,7 +278,7 @@ def _write_wordpiece(directory, words, specials=BERT_SPECIALS, extra=()):
 
 
 def test_hf_words(tmp_path):
-    from jaxdepth.data.subwords import HFWords
+    from jaxdepth.data.corpus.subwords import HFWords
 
     v = _write_wordpiece(tmp_path / "bert", ["John", "play", "##ing", "U", ".", "S"])
     w = HFWords(tmp_path / "bert")
@@ -356,8 +356,8 @@ def test_ner_run_reports_best_dev_and_test_at_best(ner_run, wikiann_dir):
 
 @pytest.mark.fake_devices  # eval.py's mesh: data-parallel over gcd(batch, 8 devices)
 def test_ner_final_test_f1_recomputed_from_the_saved_model(ner_run, wikiann_dir, capsys):
-    from jaxdepth.data.subwords import SentencePieceWords
-    from jaxdepth.data.tokenizer import Tokenizer
+    from jaxdepth.data.corpus.subwords import SentencePieceWords
+    from jaxdepth.data.corpus.tokenizer import Tokenizer
     from jaxdepth.tasks import load_model
     from jaxdepth.tasks.ner import predict_tags
 
@@ -602,7 +602,7 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
     half of "UN ##ES ##CO"), random replacements above the leading specials, and no padding
     leaking into the text even though this tokenizer.json pads and truncates (as
     sentence-transformers' do)."""
-    from jaxdepth.data.mlm_sop import KIND_RANDOM
+    from jaxdepth.data.corpus.mlm_sop import KIND_RANDOM
     from jaxdepth.models.hf_import import save_hf_checkpoint
     from jaxdepth.tasks import task_for
     from jaxdepth.tasks.mlm import FusionMLMTask
@@ -679,7 +679,7 @@ def test_ner_fe_on_the_real_minilm_checkpoint(wikiann_dir, tmp_path):
     pytest.importorskip("tokenizers")
     import all_minilm_l6_v2 as pkg
 
-    from jaxdepth.data.subwords import HFWords
+    from jaxdepth.data.corpus.subwords import HFWords
     from jaxdepth.models.hf_import import load_hf_encoder
     from jaxdepth.tasks import load_model, train
 
@@ -718,7 +718,7 @@ def test_hf_import_tokenizer_neither_pads_nor_truncates(tmp_path):
 
 
 def test_a_split_is_parsed_once_while_its_file_is_unchanged(tmp_path):
-    from jaxdepth.data import ner_sentences
+    from jaxdepth.data.finetune import ner_sentences
 
     _write_wikiann(tmp_path / "train", _sentences(5, 0))
     first = ner_sentences.read_split(tmp_path, "train")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jaxdepth.data.pipeline import (
+from jaxdepth.data.corpus.pipeline import (
     ExampleBatchSource,
     LMBatchSource,
     eval_batches,

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import ModelConfig
-from jaxdepth.data.prefix_lm_features import batch_features, count_unk, pack_features, prefix_lm_features
-from jaxdepth.data.seq2seq_readers import Example
-from jaxdepth.data.tokenizer import train_tokenizer
+from jaxdepth.data.finetune.prefix_lm_features import (batch_features, count_unk, pack_features,
+                                                       prefix_lm_features)
+from jaxdepth.data.finetune.seq2seq_readers import Example
+from jaxdepth.data.corpus.tokenizer import train_tokenizer
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.trainer.losses import lm_loss_sums
 

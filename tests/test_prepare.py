@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import ConfigError, DataConfig
-from jaxdepth.data.prepare import prepare_lm_data
+from jaxdepth.data.corpus.prepare import prepare_lm_data
 
 
 def test_cache_reused_only_for_the_same_data_fields(tmp_path: Path):

@@ -3,9 +3,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxdepth.data import grammar
-from jaxdepth.data.grammar import NP, Clause, make_sentence, to_passive
-from jaxdepth.data.probing import (
+from jaxdepth.data.embedded import grammar
+from jaxdepth.data.embedded.grammar import NP, Clause, make_sentence, to_passive
+from jaxdepth.data.embedded.probing import (
     PROBE_TASKS,
     ROLE_NAMES,
     SENTENCE_TASKS,
@@ -17,7 +17,7 @@ from jaxdepth.data.probing import (
     sentence_label,
     sentence_roles,
 )
-from jaxdepth.data.tokenizer import CLS_ID, PAD_ID, SEP_ID, train_tokenizer
+from jaxdepth.data.corpus.tokenizer import CLS_ID, PAD_ID, SEP_ID, train_tokenizer
 
 N_TRAIN, N_EVAL, SEQ_LEN, SEED = 40, 10, 40, 3
 KW = dict(n_train=N_TRAIN, n_eval=N_EVAL, seed=SEED, seq_len=SEQ_LEN)

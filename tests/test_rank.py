@@ -116,7 +116,7 @@ def test_rank_by_depth(tiny_model, getkey, tmp_path):
 
 def _save_checkpoint(run_dir, steps):
     """A run directory with checkpoints at the given steps, without training anything."""
-    from jaxdepth.data.pipeline import lm_dataset, lm_iterator
+    from jaxdepth.data.corpus.pipeline import lm_dataset, lm_iterator
     from jaxdepth.tasks import task_for
     from jaxdepth.trainer import checkpoint as ckpt
     from jaxdepth.trainer.optim import make_optimizer

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from jaxdepth.data.readers import read_corpus, read_jsonl, read_text
+from jaxdepth.data.corpus.readers import read_corpus, read_jsonl, read_text
 
 TEXT = "first line\nsecond line\n\n\n  \t\nthird doc\n\nfourth doc\nlast line"
 TEXT_DOCS = ["first line\nsecond line", "third doc", "fourth doc\nlast line"]

@@ -331,7 +331,7 @@ class Runs:
         return path
 
     def _grammar_jsonl(self, n_docs: int, seed: int) -> list[str]:
-        from jaxdepth.data.grammar import corpus_texts
+        from jaxdepth.data.embedded.grammar import corpus_texts
         return [json.dumps({"text": t}) for t in corpus_texts(n_docs, seed)]
 
     def _make_shard0_jsonl(self) -> Path:

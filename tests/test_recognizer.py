@@ -1,12 +1,12 @@
-"""The embedded grammar's recognizer (data/recognizer.py) against its generator
-(data/grammar.py): everything the generator writes is accepted, hand-made violations of each
+"""The embedded grammar's recognizer (data/embedded/recognizer.py) against its generator
+(data/embedded/grammar.py): everything the generator writes is accepted, hand-made violations of each
 rule are refused, and every prefix of a sentence is a viable prefix."""
 from __future__ import annotations
 
 import pytest
 
-from jaxdepth.data import grammar as g
-from jaxdepth.data.recognizer import is_grammatical, is_sentence
+from jaxdepth.data.embedded import grammar as g
+from jaxdepth.data.embedded.recognizer import is_grammatical, is_sentence
 
 DEEP = g.GrammarConfig(max_pp_depth=3, max_cp_depth=3, p_pp=0.5, p_cp=0.4)
 
@@ -78,7 +78,7 @@ def test_prefix_mode_refuses_what_cannot_be_completed():
 def test_grammatical_share_reads_eos_as_the_end(monkeypatch):
     """A continuation that generated EOS must end a sentence; one cut by the token limit may
     stop inside one (tasks/lm.py:grammatical_share)."""
-    from jaxdepth.data.tokenizer import EOS_ID, train_tokenizer
+    from jaxdepth.data.corpus.tokenizer import EOS_ID, train_tokenizer
     from jaxdepth.tasks import lm
 
     tok = train_tokenizer(g.corpus_texts(300, seed=1), 512)

@@ -1,6 +1,6 @@
 """A resumed run trains on exactly the data it would have (issue 23), or stops with one line
 naming the file and what changed: streamed corpora edited, extended or shrunk since the
-checkpoint (data/streaming.py), the token-file cache of a changed corpus (data/prepare.py),
+checkpoint (data/corpus/streaming.py), the token-file cache of a changed corpus (data/corpus/prepare.py),
 data.restart_stream, impossible window counts, a validation file inside the training
 directory, loader workers that fail, NER tags outside the label set, a full disk while the
 tokenizer is written.
@@ -25,12 +25,12 @@ import pytest
 
 from _train_helpers import REPO, TRAIN_PY, load_main, subprocess_env
 from jaxdepth.config import ConfigError, DataConfig
-from jaxdepth.data import grammar
-from jaxdepth.data.ner_sentences import LABELS, encode_sentences, read_split
-from jaxdepth.data.pipeline import tokenize_documents
-from jaxdepth.data.prepare import prepare_lm_data, prepare_streaming
-from jaxdepth.data.streaming import streaming_dataset
-from jaxdepth.data.tokenizer import Tokenizer, train_tokenizer
+from jaxdepth.data.embedded import grammar
+from jaxdepth.data.finetune.ner_sentences import LABELS, encode_sentences, read_split
+from jaxdepth.data.corpus.pipeline import tokenize_documents
+from jaxdepth.data.corpus.prepare import prepare_lm_data, prepare_streaming
+from jaxdepth.data.corpus.streaming import streaming_dataset
+from jaxdepth.data.corpus.tokenizer import Tokenizer, train_tokenizer
 from jaxdepth.errors import DataError
 
 SEQ, STREAMS = 16, 2
@@ -274,7 +274,7 @@ def test_too_few_windows_is_a_config_error(tmp_path, tok, capsys, fields, messag
     # independent count: the training documents' tokens (held-out ones drawn with valid_seed)
     n = None
     if "{n}" in message:
-        from jaxdepth.data.pipeline import split_documents
+        from jaxdepth.data.corpus.pipeline import split_documents
         kept, _ = split_documents(docs, 0.05, seed=1234)
         n = len(tokenize_documents(kept, Tokenizer.load(tok)))
     line = message.format(c=corpus, n=n, w=None if n is None else (n - 1) // 32)
@@ -331,7 +331,7 @@ def test_a_worker_error_is_the_last_line_printed(tmp_path, tok, case):
     bad, expected = _bad_shard(tmp_path, case)
     script = f"""
 import sys
-from jaxdepth.data.streaming import streaming_dataset
+from jaxdepth.data.corpus.streaming import streaming_dataset
 from jaxdepth.errors import run_main
 
 def body():
@@ -418,7 +418,7 @@ def test_a_full_disk_while_writing_the_tokenizer_leaves_no_partial_file(tmp_path
 import resource, sys
 from pathlib import Path
 from jaxdepth.config import DataConfig
-from jaxdepth.data.prepare import prepare_lm_data, run_tokenizer
+from jaxdepth.data.corpus.prepare import prepare_lm_data, run_tokenizer
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
 for name, call in [
     ("trained", lambda run: prepare_lm_data(DataConfig(corpus={str(corpus)!r}), 128, run, True)),

@@ -253,7 +253,7 @@ def test_a_reused_file_is_never_rewritten_under_its_readers(tmp_path):
 
 
 def test_drawn_bounds_are_the_largest_micro_batch_and_process_share_drawn():
-    from jaxdepth.data.pipeline import ExampleBatchSource
+    from jaxdepth.data.corpus.pipeline import ExampleBatchSource
     from jaxdepth.tasks.ner import drawn_active_bounds, train_active_bound
 
     rng = np.random.default_rng(0)

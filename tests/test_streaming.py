@@ -1,4 +1,4 @@
-"""The streaming LM pipeline (data/streaming.py, data/packing.py) and packed attention.
+"""The streaming LM pipeline (data/corpus/streaming.py, data/corpus/packing.py) and packed attention.
 
 A small C4-format corpus (gzipped JSONL shards) from the embedded grammar; every expectation is
 written out by hand or derived from an independent computation (numpy concatenation of the
@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import ConfigError, DataConfig, ModelConfig
-from jaxdepth.data import grammar, readers
-from jaxdepth.data.packing import WindowPacker, document_ids, features, iter_windows
-from jaxdepth.data.pipeline import window_batches
-from jaxdepth.data.prepare import prepare_streaming, sample_documents
-from jaxdepth.data.readers import resolve_paths
-from jaxdepth.data.streaming import deal_files, local_streams, streaming_dataset
-from jaxdepth.data.tokenizer import EOS_ID, Tokenizer, train_tokenizer
+from jaxdepth.data.embedded import grammar
+from jaxdepth.data.corpus import readers
+from jaxdepth.data.corpus.packing import WindowPacker, document_ids, features, iter_windows
+from jaxdepth.data.corpus.pipeline import window_batches
+from jaxdepth.data.corpus.prepare import prepare_streaming, sample_documents
+from jaxdepth.data.corpus.readers import resolve_paths
+from jaxdepth.data.corpus.streaming import deal_files, local_streams, streaming_dataset
+from jaxdepth.data.corpus.tokenizer import EOS_ID, Tokenizer, train_tokenizer
 from jaxdepth.errors import DataError
 from jaxdepth.models.decoder import DecoderLM
 
@@ -203,7 +204,7 @@ def test_processes_read_disjoint_files_and_together_the_global_batch(corpus, mon
         opened.setdefault(current[0], set()).add(path)
         return real(path, *a, **kw)
 
-    monkeypatch.setattr("jaxdepth.data.streaming.iter_documents", spy)
+    monkeypatch.setattr("jaxdepth.data.corpus.streaming.iter_documents", spy)
     current[0] = "one"
     whole, _ = take(files, tok, 100)  # > one epoch of every stream
     halves = []

@@ -15,8 +15,8 @@ import pytest
 
 from _train_helpers import (base_args, committed_steps, free_port, kill, run_train, start_train,
                             step_losses, wait_for_step)
-from jaxdepth.data import grammar
-from jaxdepth.data.tokenizer import train_tokenizer
+from jaxdepth.data.embedded import grammar
+from jaxdepth.data.corpus.tokenizer import train_tokenizer
 
 STEPS = 24
 

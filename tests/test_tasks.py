@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxdepth.data.seq2seq_readers import (
+from jaxdepth.data.finetune.seq2seq_readers import (
     PASSIVIZATION_GEN_TYPE,
     STRUCTURAL_TYPES,
     Example,

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from jaxdepth.data.tokenizer import Tokenizer, train_tokenizer
+from jaxdepth.data.corpus.tokenizer import Tokenizer, train_tokenizer
 
 WORDS = """the a cat dog bird fish horse mouse teacher student farmer doctor king queen child girl
 boy sees likes finds helps follows paints chases watches loves hates carries throws eats drinks
@@ -113,7 +113,7 @@ def test_bpe_keeps_frequent_symbols_whole_where_unigram_splits_them(tmp_path):
     a lone '▁' piece before every symbol; BPE merges '▁(' and the like into one piece, so the
     same text is much shorter. run_tokenizer trains the type it is asked for."""
     from jaxdepth.config import ConfigError, DataConfig
-    from jaxdepth.data.prepare import run_tokenizer
+    from jaxdepth.data.corpus.prepare import run_tokenizer
 
     rng = random.Random(0)
     lfs = [" ; ".join(f"* {rng.choice(WORDS)} ( x _ {rng.randint(1, 9)} )" for _ in range(3))

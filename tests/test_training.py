@@ -21,8 +21,8 @@ from _train_helpers import (GRAMMAR_DOCS, REPO, base_args, committed_steps, free
 from jaxdepth.cli import parse_args
 from jaxdepth.config import Config, ConfigError
 from jaxdepth.depth_family import depth_family_dff
-from jaxdepth.data import grammar
-from jaxdepth.data.tokenizer import train_tokenizer
+from jaxdepth.data.embedded import grammar
+from jaxdepth.data.corpus.tokenizer import train_tokenizer
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import make_mesh
@@ -371,7 +371,7 @@ def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path)
     import jax.numpy as jnp
 
     from jaxdepth.config import MeshConfig
-    from jaxdepth.data.tokenizer import Tokenizer
+    from jaxdepth.data.corpus.tokenizer import Tokenizer
     from jaxdepth.trainer import checkpoint as ckpt
 
     spec = importlib.util.spec_from_file_location("eval_py", REPO / "eval.py")

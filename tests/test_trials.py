@@ -345,7 +345,7 @@ def _long_wikiann(root: Path) -> Path:
     """A tiny WikiAnn whose training split mixes 5- to 8-word sentences with 30-word ones: the
     few-shot samples and seeds draw batches with different numbers of words in use."""
     from test_ner_job import _sentences, _write_wikiann
-    from jaxdepth.data.ner_sentences import Sentence
+    from jaxdepth.data.finetune.ner_sentences import Sentence
 
     train = _sentences(40, 0)
     glued = [Sentence(sum((s.tokens for s in train[i:i + 5]), ()),
@@ -363,7 +363,7 @@ def _long_wikiann(root: Path) -> Path:
 def ner_args(tmp_path_factory):
     """ner_args(run, **fields): a tiny few-shot NER run on a frozen backbone (fusion.mode fe,
     DWAtt) over a WikiAnn-like corpus, evaluated at steps 2 and 4."""
-    from jaxdepth.data.tokenizer import train_tokenizer
+    from jaxdepth.data.corpus.tokenizer import train_tokenizer
     from test_ner_job import _sentences
 
     root = tmp_path_factory.mktemp("ner")

@@ -36,7 +36,7 @@ from typing import Any, Optional, Union
 import equinox as eqx
 import numpy as np
 
-from jaxdepth.data.tokenizer import CLS_ID, SEP_ID
+from jaxdepth.data.corpus.tokenizer import CLS_ID, SEP_ID
 from jaxdepth.trial_axis import Models
 
 GROUPS = ("all", "unmasked", "[MASK/MASK]", "[MASK/random]", "[MASK/original]", "[CLS]", "[SEP]")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from seqeval.metrics.sequence_labeling import precision_recall_fscore_support
 
-from ..data.ner_sentences import check_tag
+from ..data.finetune.ner_sentences import check_tag
 
 
 def _check(tags: Sequence[str], where: str) -> None:

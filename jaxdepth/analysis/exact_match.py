@@ -11,7 +11,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
-from jaxdepth.data.seq2seq_readers import IN_DISTRIBUTION_TYPES, STRUCTURAL_TYPES, is_generalization_type
+from jaxdepth.data.finetune.seq2seq_readers import (IN_DISTRIBUTION_TYPES, STRUCTURAL_TYPES,
+                                                     is_generalization_type)
 
 
 def exact_match(prediction: str, gold: str) -> bool:

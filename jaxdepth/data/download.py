@@ -8,8 +8,8 @@ truncated or silently changed file, and a file already there with the right hash
 network at all.
 
 Layout: ``<cache>/<dataset>/<filename>``, the file names the readers in
-``jaxdepth.data.seq2seq_readers`` / ``jaxdepth.data.ner_sentences`` expect (docs/datasets.md §1), e.g.
-``read_cogs(download("cogs", cache), "train")``. The cache is ``$JAXDEPTH_DATA`` if set, else
+``jaxdepth.data.finetune.seq2seq_readers`` / ``jaxdepth.data.finetune.ner_sentences`` expect
+(docs/datasets.md §1), e.g. ``read_cogs(download("cogs", cache), "train")``. The cache is ``$JAXDEPTH_DATA`` if set, else
 ``~/.cache/jaxdepth``.
 
 Provenance (repositories, commits, licenses), formats and quirks of every dataset are in

@@ -198,7 +198,7 @@ def _unit_key(r: dict) -> tuple:
 
 def write_corpus(ner_dir: str, path: Path, per_doc: int = 8) -> None:
     """The NER training sentences as plain text, documents of `per_doc` sentences."""
-    from ..data.ner_sentences import read_split
+    from ..data.finetune.ner_sentences import read_split
     sents = [" ".join(s.tokens) for s in read_split(ner_dir, "train")]
     docs = ["\n".join(sents[i:i + per_doc]) for i in range(0, len(sents), per_doc)]
     tmp = path.with_suffix(".tmp")

@@ -3,7 +3,7 @@
 The head is BERT's ``cls.predictions`` (models/heads.py): dense d -> d, activation, LayerNorm,
 then the output projection tied to the word embeddings plus a vocabulary bias. Logits are taken
 only at the masked positions (``positions_BP``), as ALBERT's data pipeline supplies them
-(data/mlm_sop.py), so the vocabulary projection costs P rather than T rows per sequence.
+(data/corpus/mlm_sop.py), so the vocabulary projection costs P rather than T rows per sequence.
 """
 from __future__ import annotations
 

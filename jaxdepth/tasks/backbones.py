@@ -18,10 +18,10 @@ import numpy as np
 from jaxtyping import Array
 
 from ..config import Config, ConfigError
-from ..data.readers import read_json_file
+from ..data.corpus.readers import read_json_file
 from ..errors import DataError, one_line, warn
-from ..data.prepare import run_tokenizer, tokenizer_source
-from ..data.subwords import HFWords, SentencePieceWords
+from ..data.corpus.prepare import run_tokenizer, tokenizer_source
+from ..data.corpus.subwords import HFWords, SentencePieceWords
 from ..models.backbone import depth_and_width, strip_to_backbone
 from ..models.encoder import Encoder
 from ..models.fused import FusedModel

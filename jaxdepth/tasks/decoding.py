@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.exact_match import accuracy_by_type, exact_match
-from ..data.seq2seq_readers import Example
-from ..data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from ..data.finetune.seq2seq_readers import Example
+from ..data.corpus.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from ..models.decoder import DecoderLM, generate
 from ..trial_axis import Models
 

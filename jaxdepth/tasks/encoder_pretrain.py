@@ -20,11 +20,11 @@ import jax.numpy as jnp
 
 from ..analysis.act_stats import evaluate_act, evaluate_act_each, plot_cosine, write_cosine_table, write_table1
 from ..config import ACTConfig, Config, ConfigError, MLMConfig
-from ..data import grammar
-from ..data.mlm_sop import (eval_mlm_batches, grammar_documents, mlm_dataset,
+from ..data.embedded import grammar
+from ..data.corpus.mlm_sop import (eval_mlm_batches, grammar_documents, mlm_dataset,
                         text_documents, tokenize_mlm_documents)
-from ..data.pipeline import split_documents
-from ..data.prepare import corpus_name, run_tokenizer, tokenizer_source
+from ..data.corpus.pipeline import split_documents
+from ..data.corpus.prepare import corpus_name, run_tokenizer, tokenizer_source
 from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none

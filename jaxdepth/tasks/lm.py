@@ -15,10 +15,10 @@ import numpy as np
 
 from ..config import Config, ConfigError
 from ..depth_family import param_count
-from ..data.pipeline import eval_batches, lm_dataset, window_batches
-from ..data.prepare import corpus_name, prepare_lm_data, prepare_streaming
-from ..data.tokenizer import EOS_ID
-from ..data.streaming import streaming_dataset
+from ..data.corpus.pipeline import eval_batches, lm_dataset, window_batches
+from ..data.corpus.prepare import corpus_name, prepare_lm_data, prepare_streaming
+from ..data.corpus.tokenizer import EOS_ID
+from ..data.corpus.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, generate
 from ..models.flops import train_flops_per_token
 from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
@@ -163,10 +163,10 @@ class LMTask(DecoderTask):
 
     def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """Perplexity of the checkpoint on the run's validation set or on --data files."""
-        from ..data.packing import document_ids, iter_windows
-        from ..data.pipeline import load_tokens, tokenize_documents
-        from ..data.prepare import valid_documents
-        from ..data.readers import read_corpus, resolve_paths
+        from ..data.corpus.packing import document_ids, iter_windows
+        from ..data.corpus.pipeline import load_tokens, tokenize_documents
+        from ..data.corpus.prepare import valid_documents
+        from ..data.corpus.readers import read_corpus, resolve_paths
         from ..trainer.sharding import batch_sharding
         from .open_run import load_checkpoint
 
@@ -263,11 +263,11 @@ def grammatical_share(model: DecoderLM, tokenizer, docs: list[str], max_new: int
                       seed: int = 0) -> float:
     """Share of continuations of `docs`' prompts, sampled from the model (temperature 1, a
     fixed key: the same draws at every evaluation), that, read with their prompt, are
-    sentences of the embedded grammar (data/recognizer.py). Sampled, not greedy: the
+    sentences of the embedded grammar (data/embedded/recognizer.py). Sampled, not greedy: the
     question is whether the model's distribution has learned the rules, and an argmax
     chain can repeat one safe clause forever. A continuation that ended with EOS must end a
     sentence; one cut by `max_new` may end inside one that can be completed."""
-    from ..data.recognizer import is_grammatical
+    from ..data.embedded.recognizer import is_grammatical
     pairs = _continue(model, tokenizer, docs, max_new, key=jax.random.key(seed))
     ok = [is_grammatical(tokenizer.decode(p + c), prefix=not (c and c[-1] == EOS_ID))
           for p, c in pairs]

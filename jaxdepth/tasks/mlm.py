@@ -1,6 +1,6 @@
 """Masked-LM training of the BERT encoder (``model.arch=encoder``, task empty) and MLM with a
 fusion module over a backbone (``task.name=mlm``, docs/design.md §4), on the MLM data of
-data/mlm_sop.py (the embedded grammar, WikiText-2 or text / JSONL files; ALBERT-style n-gram
+data/corpus/mlm_sop.py (the embedded grammar, WikiText-2 or text / JSONL files; ALBERT-style n-gram
 masking; the sentence-order label is not used).
 
 Objective: the cross-entropy over the global batch's masked slots (their mean). Evaluation: on
@@ -19,8 +19,8 @@ import jax.numpy as jnp
 
 
 from ..config import Config, EncoderConfig
-from ..data.prepare import tokenizer_source
-from ..data.subwords import HFWords
+from ..data.corpus.prepare import tokenizer_source
+from ..data.corpus.subwords import HFWords
 from ..models.encoder import Encoder
 from ..models.encoder_mlm import EncoderMLM
 from ..trainer.losses import softmax_xent as _xent

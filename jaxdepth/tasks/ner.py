@@ -25,8 +25,8 @@ import numpy as np
 
 from ..analysis import entity_f1
 from ..config import Config, ConfigError
-from ..data import ner_sentences
-from ..data.pipeline import ExampleBatchSource, sample_ids
+from ..data.finetune import ner_sentences
+from ..data.corpus.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
 from ..models.flops import module_flops_per_token
 from ..trainer.losses import softmax_xent as _xent
@@ -125,7 +125,7 @@ def drawn_active_bounds(slots: np.ndarray, *, seed: int, steps: int, batch: int,
                         processes: int) -> tuple[int, int] | None:
     """(most slots in use in any micro-batch, and in any process's part of one) over the
     batches a run of `steps` steps actually draws: batch i's rows are rows i*batch.. of the
-    seeded epoch-by-epoch stream (data/pipeline.py), so the bound is exact rather than the
+    seeded epoch-by-epoch stream (data/corpus/pipeline.py), so the bound is exact rather than the
     worst case of train_active_bound, which one long sentence makes ~3x the typical batch
     (WikiAnn 64-shot: 448 against ~130). None when the run is too long to list its rows."""
     n, total = len(slots), steps * batch

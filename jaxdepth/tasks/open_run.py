@@ -8,9 +8,9 @@ from pathlib import Path
 import jax
 
 from ..config import Config, MeshConfig
-from ..data.prepare import check_vocab
-from ..data.readers import read_json_file
-from ..data.tokenizer import Tokenizer
+from ..data.corpus.prepare import check_vocab
+from ..data.corpus.readers import read_json_file
+from ..data.corpus.tokenizer import Tokenizer
 from ..trainer.sharding import make_mesh
 from ..trainer.task import EvalRequest
 from .registry import load_model

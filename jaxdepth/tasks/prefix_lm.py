@@ -13,8 +13,8 @@ import jax
 import numpy as np
 
 from ..config import Config, ConfigError, ModelConfig
-from ..data.pipeline import ExampleBatchSource
-from ..data.finetune_data import TaskData, prepare_task_data, unk_summary
+from ..data.corpus.pipeline import ExampleBatchSource
+from ..data.finetune.finetune_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
 from ..trainer.task import EvalRequest
 from ..trial_axis import Models
@@ -130,7 +130,7 @@ class PrefixLMTask(DecoderTask):
 
     def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """Exact match of the checkpoint on whole splits; writes predictions + summary."""
-        from ..data.finetune_data import resolve_eval_splits, task_splits
+        from ..data.finetune.finetune_data import resolve_eval_splits, task_splits
         from .open_run import load_checkpoint
 
         cfg, model, step, tok, _ = load_checkpoint(run, request.step, request.batch)

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import ACTConfig, Config, ConfigError
-from ..data import grammar
-from ..data.pipeline import ExampleBatchSource
-from ..data.probing import ROLE_NAMES, label_names, make_probe_data
-from ..data.prepare import run_tokenizer, tokenizer_source
+from ..data.embedded import grammar
+from ..data.corpus.pipeline import ExampleBatchSource
+from ..data.embedded.probing import ROLE_NAMES, label_names, make_probe_data
+from ..data.corpus.prepare import run_tokenizer, tokenizer_source
 from ..models.classifier import EncoderClassifier
 from ..trainer.losses import softmax_xent as _xent
 from ..trainer.task import EvalRequest

@@ -26,7 +26,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ..data.pipeline import ExampleBatchSource
+from ..data.corpus.pipeline import ExampleBatchSource
 
 INPUTS = ("tokens", "segments", "mask", "positions")
 

@@ -20,7 +20,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from ..config import Config, ConfigError, trial_configs
-from ..data.pipeline import lm_iterator
+from ..data.corpus.pipeline import lm_iterator
 from ..errors import Interrupted, RunFailed, warn, writing
 from . import checkpoint as ckpt
 from .mfu import device_peak_flops

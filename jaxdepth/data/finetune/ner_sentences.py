@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
-from .readers import text_lines
+from ...errors import DataError
+from ..corpus.readers import text_lines
 
 # WikiAnn's tag set, in the order the data card lists it; index = label id.
 LABELS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC")

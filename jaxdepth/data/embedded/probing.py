@@ -49,10 +49,10 @@ from typing import Optional
 
 import numpy as np
 
-from jaxdepth.data import grammar
-from jaxdepth.data.grammar import GrammarConfig, Sentence
-from jaxdepth.data.mlm_sop import word_start_table
-from jaxdepth.data.tokenizer import CLS_ID, PAD_ID, SEP_ID, UNK_ID, Tokenizer
+from jaxdepth.data.embedded import grammar
+from jaxdepth.data.embedded.grammar import GrammarConfig, Sentence
+from jaxdepth.data.corpus.mlm_sop import word_start_table
+from jaxdepth.data.corpus.tokenizer import CLS_ID, PAD_ID, SEP_ID, UNK_ID, Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""Does a word sequence derive from the embedded grammar (data/grammar.py)? A recognizer, used
-to score what a language model trained on the grammar corpus writes.
+"""Does a word sequence derive from the embedded grammar (data/embedded/grammar.py)? A
+recognizer, used to score what a language model trained on the grammar corpus writes.
 
 The rules, with the generator's agreement and selection (its depth limits are generation
 knobs, not rules, so recursion is unbounded here):

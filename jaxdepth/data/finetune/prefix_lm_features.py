@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jaxdepth.data.seq2seq_readers import Example
-from jaxdepth.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from jaxdepth.data.finetune.seq2seq_readers import Example
+from jaxdepth.data.corpus.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from jaxdepth.errors import DataError
 
 

@@ -54,11 +54,11 @@ from pathlib import Path
 import grain
 import numpy as np
 
-from jaxdepth.data import grammar
-from jaxdepth.data.pipeline import _INFINITE, process_rows
-from jaxdepth.data.readers import read_corpus
+from jaxdepth.data.embedded import grammar
+from jaxdepth.data.corpus.pipeline import _INFINITE, process_rows
+from jaxdepth.data.corpus.readers import read_corpus
 from jaxdepth.config import CLS_ID, MASK_ID, N_SPECIAL, SEP_ID, MLMConfig
-from jaxdepth.data.tokenizer import Tokenizer
+from jaxdepth.data.corpus.tokenizer import Tokenizer
 
 KIND_NONE, KIND_MASK, KIND_RANDOM, KIND_ORIGINAL = 0, 1, 2, 3
 

@@ -6,7 +6,7 @@ is asked for, and each stream holds one open file and one document.
 Layout. The sorted file list is dealt into S *streams* (``data.streams``): stream s reads files
 s, s+S, s+2S, ... — in epoch e in the order ``default_rng([seed, s, e]).permutation``, each
 file's documents in file order — tokenizes them with SentencePiece and packs them into windows
-(data/packing.py). Global batch i holds, stream after stream, rows [i*R, (i+1)*R) of each
+(data/corpus/packing.py). Global batch i holds, stream after stream, rows [i*R, (i+1)*R) of each
 stream's windows, R = global_batch / S. So batch i is a function of (seed, i, file list, S)
 alone, whatever the number of hosts or loader workers:
 
@@ -47,8 +47,8 @@ import grain
 import numpy as np
 from absl import flags
 
-from ..config import ConfigError
-from ..errors import DataError, warn
+from ...config import ConfigError
+from ...errors import DataError, warn
 from .packing import WindowPacker, document_ids, features
 from .readers import iter_documents
 from .tokenizer import Tokenizer

@@ -66,7 +66,7 @@ class HFWords:
                 out[w].append(piece)
         return [p or [self.unk_id] for p in out]
 
-    # What data/mlm_sop.py needs to build MLM examples from this vocabulary.
+    # What data/corpus/mlm_sop.py needs to build MLM examples from this vocabulary.
 
     def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
         return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]

@@ -18,7 +18,7 @@ from pathlib import Path
 import grain
 import numpy as np
 
-from jaxdepth.data.tokenizer import EOS_ID, Tokenizer
+from jaxdepth.data.corpus.tokenizer import EOS_ID, Tokenizer
 from jaxdepth.errors import DataError, writing
 
 # Training is step-limited, so the dataset is (practically) infinite; len() must stay below
@@ -214,7 +214,7 @@ def lm_iterator(dataset: grain.MapDataset | grain.IterDataset, start: int = 0,
 
     Its state ({"next_index": i}) is checkpointed with `get_state`/`set_state` or orbax through
     `grain.checkpoint.CheckpointSave`/`CheckpointRestore`. A streamed dataset (an IterDataset,
-    data/streaming.py) prefetches on its own and has its own state; it starts at batch 0.
+    data/corpus/streaming.py) prefetches on its own and has its own state; it starts at batch 0.
     """
     if isinstance(dataset, grain.IterDataset):
         if start:
@@ -265,7 +265,7 @@ def window_batches(windows: Iterable[dict[str, np.ndarray]], batch_size: int,
                    max_batches: int = 0,
                    keys: Sequence[str] = ("inputs", "targets", "weights", "segment_ids")
                    ) -> list[dict[str, np.ndarray]]:
-    """Packed windows (data/packing.py) in batches of `batch_size` rows, consumed lazily and
+    """Packed windows (data/corpus/packing.py) in batches of `batch_size` rows, consumed lazily and
     at most `max_batches` of them (all when 0); the last batch is filled with all-padding
     rows (weights 0), so every batch has one shape."""
     if batch_size < 1:

@@ -3,7 +3,7 @@
 Small corpora (the embedded grammar, WikiText-2) are tokenized once into ``<run>/data``:
 ``tokenizer.model``, ``train.npy``, ``valid.npy``; process 0 prepares, the others wait at a
 barrier and memory-map the files. A streamed corpus (``data.streaming``, C4) only gets its
-tokenizer there: training reads and tokenizes the files as it goes (data/streaming.py), and
+tokenizer there: training reads and tokenizes the files as it goes (data/corpus/streaming.py), and
 the validation windows are packed from the validation files in memory.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig
-from ..errors import DataError, warn, writing
-from . import grammar
+from ...config import ConfigError, DataConfig
+from ...errors import DataError, warn, writing
+from ..embedded import grammar
 from .packing import document_ids, iter_windows
 from .pipeline import (load_tokens, save_tokens, split_documents, tokenize_documents,
                        window_batches)

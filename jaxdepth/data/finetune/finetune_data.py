@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ConfigError, TaskConfig
-from .grammar_tasks import make_task
+from ...config import ConfigError, TaskConfig
+from ..embedded.grammar_tasks import make_task
 from .prefix_lm_features import UnkReport, batch_features, count_unk, pack_features
 from .seq2seq_readers import Example, load_task, split_validation
-from .prepare import run_tokenizer, tokenizer_source
-from .tokenizer import Tokenizer
+from ..corpus.prepare import run_tokenizer, tokenizer_source
+from ..corpus.tokenizer import Tokenizer
 
 
 @dataclass

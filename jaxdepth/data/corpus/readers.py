@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from ..errors import DataError
+from ...errors import DataError
 
 
 def _check_file(path: Path, what: str) -> None:

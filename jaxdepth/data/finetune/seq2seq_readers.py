@@ -22,8 +22,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import DataError
-from .readers import text_lines
+from ...errors import DataError
+from ..corpus.readers import text_lines
 
 # Generalization types reported as "structural" (COGS; Petty et al. report them separately).
 STRUCTURAL_TYPES = frozenset({"cp_recursion", "pp_recursion", "obj_pp_to_subj_pp"})

@@ -39,7 +39,7 @@ from typing import Optional
 
 import numpy as np
 
-from jaxdepth.data.grammar import (
+from jaxdepth.data.embedded.grammar import (
     ANIMATE_NOUNS,
     INANIMATE_NOUNS,
     NAMES,
@@ -48,7 +48,7 @@ from jaxdepth.data.grammar import (
     generate,
     to_passive,
 )
-from jaxdepth.data.seq2seq_readers import Example
+from jaxdepth.data.finetune.seq2seq_readers import Example
 
 GRAMMAR_TASKS = ("semantic_parsing", "passivization")
 SPLITS = ("train", "dev", "test", "gen_lexical", "gen_structural")
