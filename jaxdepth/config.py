@@ -395,7 +395,7 @@ class TrialsConfig:
     # trials' stacked models, where they evaluate on the same inputs) | trial_by_trial (each
     # on its slice, sharing the solo programs) | auto: vmapped except on the CPU, where K
     # independent programs overlap and were measured faster (docs/benchmarks.md). The same
-    # numbers either way (tests/test_trials.py).
+    # numbers either way (tests/trainer/test_trials.py).
     evaluation: str = resumable("auto")
 
     def __post_init__(self):

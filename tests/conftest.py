@@ -4,6 +4,7 @@ tokenizer and the two entry points' main() that the training tests share.
 XLA_FLAGS must be set before jax is imported anywhere, so this runs at conftest import.
 """
 import os
+import sys
 
 # The suite compiles hundreds of small programs and runs each for a few steps, so most of its
 # time is compilation (a test's profile: 29 of 75 s in XLA's backend compile). Two flags make a
@@ -48,7 +49,14 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # torch loads its native libraries and an OpenMP pool into a process for good, and a test worker
 # lives for the whole suite, compiling hundreds of XLA programs: test_vs_torch.py runs only in
 # the fresh interpreter that test_benchmarks.py starts for it.
-collect_ignore = [] if os.environ.get("JAXDEPTH_TORCH_PROCESS") else ["test_vs_torch.py"]
+collect_ignore = [] if os.environ.get("JAXDEPTH_TORCH_PROCESS") else ["benchmarks/test_vs_torch.py"]
+
+# The tests mirror the package's layout, one directory per package. A few take helpers from a
+# test module of another directory (test_ner_job's NER fixtures, test_encoder_hf's random BERT,
+# test_faults' one-line-error checks): every test directory is importable, whichever subset runs.
+TESTS = Path(__file__).resolve().parent
+sys.path[1:1] = [str(d) for d in sorted(TESTS.iterdir())
+                 if d.is_dir() and any(d.glob("test_*.py")) and str(d) not in sys.path]
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -163,10 +163,10 @@ EXPECTED: dict[str, tuple | None] = {
         ("ner", "adamw", 5e-5, "linear"),
 }
 
-_MESH = "an 8-device mesh: tests/test_training.py runs sharded steps; here it would only compile"
-_HOSTS = "several processes with a coordinator: tests/test_training.py's multiprocess tests"
+_MESH = "an 8-device mesh: tests/trainer/test_training.py runs sharded steps; here it would only compile"
+_HOSTS = "several processes with a coordinator: tests/trainer/test_training.py's multiprocess tests"
 _PAPER = "paper scale: 134M parameters, context 1024, batch 128, C4 streamed on several hosts"
-_TRIALS = ("trials of the default run: tests/test_trials.py runs trials against their solo "
+_TRIALS = ("trials of the default run: tests/trainer/test_trials.py runs trials against their solo "
            "runs (a run with trials has a summary of another form)")
 NOT_RUN: dict[str, str] = {
     "--help": "prints the fields and exits: parsed only (checked to exit 0)",
@@ -210,7 +210,7 @@ FULL_ONLY: dict[str, str] = {
     "--preset albert-tiny --act.max_iters 2 --run.steps 1500 --run.dir runs/albert-m2": _ENCODER,
     "--config runs/act-tiny/config.json --run.dir runs/act-tiny-roles --task.name roles "
     "--task.init_from runs/act-tiny": "probing from runs/act-tiny (a new compile, ~30 s); "
-    "tests/test_probing.py runs probing tasks",
+    "tests/tasks/test_probing.py runs probing tasks",
     "--task.name mlm --task.init_from runs/bert-mini --fusion.method concat --run.dir "
     "runs/mlm-concat": "fusion MLM over runs/bert-mini (a new compile, ~14 s); the NER command "
     "runs fusion over the same backbone",

@@ -219,7 +219,7 @@ def fill(cache: StateCache | WordCache, model, arrays: dict, batch: int,
     padded, so one compilation per width serves all), into memory or the .npy file at
     `path`. by_length: batches of similar lengths, each cut to its width (length_buckets);
     padding is masked, so a row's states are those at full width up to float rounding
-    (1e-5; tests/test_state_cache.py), not bit for bit: the training split, which the
+    (1e-5; tests/tasks/test_state_cache.py), not bit for bit: the training split, which the
     uncached path feeds the backbone at full width, is filled at full width."""
     packed = isinstance(cache, WordCache)
     L, P, D = spec.shape if packed else (0, 0, 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_fusion  # noqa: E402
 
@@ -98,7 +98,7 @@ def test_grid_mode_times_both_ways_and_compares_every_unit(tmp_path, shared_data
     """--grid on a one-unit grid (DWAtt, whose cached path packs the words in use) over a
     tiny Hugging Face encoder and the shared WikiAnn: the cached and uncached grids give the
     same results, and the reported speedup is the ratio of the reported wall times. (That the
-    cache leaves every method's numbers alone is tests/test_state_cache.py's.)"""
+    cache leaves every method's numbers alone is tests/tasks/test_state_cache.py's.)"""
     ner = shared_data / "wikiann" / "en"
     out = tmp_path / "grid.json"
     bert = _tiny_hf_bert(tmp_path / "bert", ner)

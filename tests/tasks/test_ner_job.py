@@ -433,7 +433,7 @@ def test_ner_result_on_a_process_that_does_not_write_evals_jsonl(ner_run, tmp_pa
 
 def _eval_py():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("eval_py", Path(__file__).parents[1] / "eval.py")
+    spec = importlib.util.spec_from_file_location("eval_py", Path(__file__).parents[2] / "eval.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -10,7 +10,7 @@ that happen while the loop's step function is running. The loop gets its step fu
 ``make_train_step``, which the test wraps in the loop module.
 
 Runs (in-process, tiny models, 4 steps per invocation with an evaluation and a checkpoint after
-the second): the decoder LM (tiny-L2 shrunk, as tests/test_training.py runs it), stopped with
+the second): the decoder LM (tiny-L2 shrunk, as tests/trainer/test_training.py runs it), stopped with
 ``run.stop_after`` and resumed from its checkpoint, one trace in each invocation; and the ACT
 encoder (``--preset act-tiny`` shrunk).
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_step  # noqa: E402
 import bench_trials  # noqa: E402
@@ -194,10 +194,10 @@ def test_torch_reference_in_a_process_of_its_own():
     """test_vs_torch.py, in a fresh interpreter: torch never enters a long-lived test worker."""
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed (the bench extra)")
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     env = {**os.environ, "JAXDEPTH_TORCH_PROCESS": "1"}  # see conftest.collect_ignore
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "-o", "addopts=", str(tests / "test_vs_torch.py")],
+                        "-o", "addopts=", str(tests / "benchmarks" / "test_vs_torch.py")],
                        cwd=tests.parent, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     assert " passed" in r.stdout and " skipped" not in r.stdout, r.stdout[-2000:]

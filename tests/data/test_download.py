@@ -24,7 +24,7 @@ from jaxdepth.data.download import (
 )
 from jaxdepth.data.finetune.seq2seq_readers import COGS_SPLITS, PASSIVIZATION_SPLITS, read_cogs
 
-TASK_FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
+TASK_FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 
 
 def _sha(data: bytes) -> str:

@@ -100,7 +100,7 @@ def curve(method, mode, n, trial) -> list[dict]:
 def one_program_per_unit(monkeypatch):
     """The plan/resume/report logic here is checked with a fake trainer standing in for each
     unit's run, so the units run one by one (--sequential); the cells as trials of one
-    program are checked with real training in tests/test_trials.py."""
+    program are checked with real training in tests/trainer/test_trials.py."""
     monkeypatch.setattr(ff.Experiment, "sequential", True)
 
 

@@ -5,7 +5,7 @@ moments, and that the step's gradient is the gradient of the NER objective w.r.t
 module and head alone. Gathering before fusion equals gathering after it; layer_states equals
 every backbone's layer outputs recomputed layer by layer; fusion_param_count equals the arrays
 actually built; EncoderMLM's head against a NumPy recomputation.
-(The DWAtt / Concat equations themselves are tested in tests/test_fusion.py.)
+(The DWAtt / Concat equations themselves are tested in tests/models/test_fusion.py.)
 """
 import copy
 import dataclasses
@@ -94,7 +94,7 @@ def ner_cfg(ner_dir, method, mode):
                   "vocab_size": V},
         "data": {"seq_len": T, "batch_size": B},
         "task": {"name": "ner", "dir": ner_dir},
-        # the step on token batches, as FT and uncached FE take them (tests/test_state_cache.py
+        # the step on token batches, as FT and uncached FE take them (tests/tasks/test_state_cache.py
         # checks that the cached FE step trains the same)
         "fusion": {"method": method, "mode": mode, "cache": False},
         "optim": {"name": "adamw", "lr": 1e-2},

@@ -18,7 +18,7 @@ from jaxdepth.models.fusions import fusion_methods
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import sharding
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _abstract(argv):
