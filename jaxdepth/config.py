@@ -178,20 +178,26 @@ class ModelConfig:
         return self.d_model // self.heads
 
 
+_MLM = ("encoder_pretrain", "encoder_mlm", "mlm")  # the run kinds that make MLM examples
+
+
 @dataclass(frozen=True)
 class DataConfig:
     corpus: str = "grammar"  # "grammar" (embedded) or comma-separated files, directories, globs
     valid: str = ""  # the same for validation; empty -> split off valid_fraction (not streaming)
     # tokenize and pack on the fly from the files (data/corpus/streaming.py)
-    streaming: bool = False
-    streams: int = 8  # streaming: file streams (fixes the data order; hosts split them)
-    workers: int = 0  # streaming: loader processes per host; 0 = a thread of the trainer
+    streaming: bool = read_by("lm", default=False)
+    # streaming: file streams (fixes the data order; hosts split them)
+    streams: int = read_by("lm", default=8)
+    # streaming: loader processes per host; 0 = a thread of the trainer
+    workers: int = read_by("lm", default=0)
     # On resume, start the data stream afresh at the restored step on the corpus as it is now
     # (e.g. shards appended) instead of refusing a changed corpus; the token-file path
     # re-tokenizes it (data/corpus/streaming.py, data/corpus/prepare.py). Every resume given
     # it restarts.
-    restart_stream: bool = resumable(False)
-    tokenizer_sample: int = 50_000  # streaming: documents the tokenizer is trained on
+    restart_stream: bool = read_by("lm", default=False, may_resume=True)
+    # streaming: documents the tokenizer is trained on
+    tokenizer_sample: int = read_by("lm", default=50_000)
     valid_fraction: float = 0.05  # documents held out for validation when data.valid is empty
     valid_seed: int = 1234  # which documents valid_fraction holds out (any corpus)
     grammar_docs: int = 20000  # enough that the default run's 400 steps see each about twice
@@ -202,9 +208,10 @@ class DataConfig:
     tokenizer_type: str = "unigram"
     seq_len: int = 128  # tokens per training sequence (window, packed row or encoder input)
     batch_size: int = 32  # global batch, in sequences, per optimizer step
-    mask_rate: float = 0.15  # encoders (MLM): share of tokens to predict
-    max_predictions: int = 20  # encoders (MLM): cap per sequence (ALBERT's)
-    max_ngram: int = 3  # encoders (MLM): longest masked n-gram of words
+    # encoders (MLM): share of tokens to predict
+    mask_rate: float = read_by(*_MLM, default=0.15)
+    max_predictions: int = read_by(*_MLM, default=20)  # encoders (MLM): cap per sequence (ALBERT's)
+    max_ngram: int = read_by(*_MLM, default=3)  # encoders (MLM): longest masked n-gram of words
 
     def __post_init__(self):
         _positive(self, "data", "seq_len", "batch_size", "grammar_docs", "max_predictions",

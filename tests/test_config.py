@@ -430,6 +430,15 @@ def test_which_changes_a_resume_accepts_is_declared_with_each_field(tmp_path):
      r"task\.n_train: a run of kind ner does not read it \(read by: prefix_lm, probe\)"),
     (["--preset", "act-tiny", "--task.name", "tense", "--task.n_shot", "2"],
      r"task\.n_shot: a run of kind probe does not read it"),
+    (["--data.mask_rate", "0.2"],
+     r"data\.mask_rate: a run of kind lm does not read it \(read by: encoder_pretrain, "
+     r"encoder_mlm, mlm\)"),
+    (["--task.name", "ner", "--task.dir", "d", "--data.max_ngram", "2"],
+     r"data\.max_ngram: a run of kind ner"),
+    (["--preset", "act-tiny", "--data.streaming", "true"],
+     r"data\.streaming: a run of kind encoder_pretrain does not read it \(read by: lm\)"),
+    (["--task.name", "semantic_parsing", "--data.restart_stream", "true"],
+     r"data\.restart_stream: a run of kind prefix_lm"),
 ])
 def test_a_field_the_run_kind_does_not_read_is_refused(argv, culprit):
     """Given on the command line, a field the run's kind never reads is refused, naming it
@@ -444,8 +453,10 @@ def test_a_field_is_checked_only_where_the_user_gave_it(tmp_path):
     ner = parse_args(["--task.name", "ner", "--task.dir", "d", "--model.arch", "encoder",
                       "--fusion.method", "concat", "--task.n_shot", "8"])
     assert (ner.fusion.method, ner.task.n_shot) == ("concat", 8)
-    mlm = parse_args(["--task.name", "mlm", "--model.arch", "encoder", "--fusion.mode", "ft"])
-    assert mlm.fusion.mode == "ft"
+    mlm = parse_args(["--task.name", "mlm", "--model.arch", "encoder", "--fusion.mode", "ft",
+                      "--data.mask_rate", "0.2"])
+    assert (mlm.fusion.mode, mlm.data.mask_rate) == ("ft", 0.2)
+    assert parse_args(["--data.streaming", "true", "--data.corpus", "a.jsonl"]).data.streaming
     saved = dataclasses.replace(Config(), fusion=dataclasses.replace(Config().fusion,
                                                                      method="concat"))
     path = tmp_path / "c.json"
