@@ -583,9 +583,6 @@ class TaskConfig:
         _require(self.name in ("",) + names, "task.name",
                  f"must be empty (pretraining) or one of {', '.join(names)}; got {self.name!r}")
         _require(self.n_shot >= 0, "task.n_shot", f"must be >= 0, got {self.n_shot}")
-        _require(not self.pack or self.name in TASKS, "task.pack",  # only fine-tuning has rows
-                 f"packs the examples of prefix-LM fine-tuning (task.name one of "
-                 f"{', '.join(TASKS)}); task.name={self.name!r} has none to pack")
         _require(not self.name or bool(self.dir) or self.name in GRAMMAR_TASKS + PROBE_TASKS + ("mlm",),
                  "task.dir",
                  f"task {self.name!r} is read from its published files: set task.dir (the "

@@ -279,7 +279,8 @@ def test_cli_help(capsys):
     assert lines[at + 1].split() == ["b_h", "at", "init:", "<", "0", "starts", "every", "token",
                                      "at", "M", "(act-cpu);", "tests", "and", "benchmarks", "also",
                                      "move", "it", "to"]
-    assert "      streaming: loader processes per host; 0 = a thread of the trainer" in lines
+    assert ("      streaming: loader processes per host; 0 = a thread of the trainer; run kinds: lm"
+            in lines)
     # a registry's choices and readers, and whether a resume may change the field
     text = " ".join(out.split())
     assert "--optim.name str the run kind's recipe one class each: jaxdepth/optimizers/; " \

@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from ..choices import Choices, import_all
+from ..errors import ConfigError
+from ..task_names import TASKS
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -70,6 +72,10 @@ class RunKind:
 def kind_of(cfg: "Config") -> type[RunKind]:
     """The kind of run cfg describes, or a ConfigError (naming the field) for a config no kind
     runs. The one place that looks at model.arch and task.name together."""
+    if cfg.task.pack and cfg.task.name not in TASKS:  # a preset may set it before task.name
+        raise ConfigError(f"task.pack: packs the examples of prefix-LM fine-tuning (task.name "
+                          f"one of {', '.join(TASKS)}); task.name={cfg.task.name!r} has none "
+                          f"to pack")
     claimed = [k for k in map(_KINDS, _KINDS.names()) if k.claims(cfg)]
     assert len(claimed) == 1, (f"run kinds {[k.NAME for k in claimed]} claim model.arch="
                                f"{cfg.model.arch!r}, task.name={cfg.task.name!r}")
