@@ -5,7 +5,7 @@ Every fresh run builds its corpus (and the grammar tasks their data) with
 sentences) and ``corpus_texts(docs, seed)`` (documents with recurring entities, the pretraining
 corpus) after one untimed warm-up call (the lemma pools are built once per process), as the
 median of ``--repeats`` calls, and compares the sentence time with the target of 2 s for 20,000
-sentences (scaled to ``--sentences``). tests/data/test_grammar.py checks what keeps generation fast
+sentences (scaled to ``--sentences``). tests/data/embedded/test_grammar.py checks what keeps generation fast
 without timing it: a bounded number of uniform draws per sentence, drawn from numpy in blocks,
 and cached lemma pools.
 

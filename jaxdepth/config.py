@@ -1,5 +1,5 @@
-"""Frozen, validated configuration: the command-line sections, the run kinds' recipes, the
-trial grid, and the specs the tasks derive from the sections (Eq. 1's depth families are in
+"""Frozen, validated configuration: the command-line sections (which run kinds read a field;
+the kinds and their recipes are jaxdepth/run_kinds/), the trial grid, and the specs the tasks derive from the sections (Eq. 1's depth families are in
 depth_family.py, the named presets in presets.py).
 
 Every field is overridable from the command line as ``--section.field value`` (see cli.py).

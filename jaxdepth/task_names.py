@@ -6,7 +6,7 @@ train on without importing the config schema that validates against them."""
 # published benchmark read from task.dir (data/finetune/seq2seq_readers.py).
 TASKS = ("semantic_parsing", "passivization", "cogs", "cogs_vf", "geoquery")
 GRAMMAR_TASKS = ("semantic_parsing", "passivization")
-# Encoder fine-tuning / probing tasks from the embedded grammar (data/embedded/probing.py).
+# Encoder fine-tuning / probing tasks from the embedded grammar (data/finetune/probing.py).
 PROBE_TASKS = ("tense", "subj_number", "obj_number", "roles")
 # Layer fusion over any backbone (docs/design.md §4): NER from task.dir, MLM on data.corpus.
 FUSION_TASKS = ("ner", "mlm")

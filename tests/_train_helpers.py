@@ -41,7 +41,7 @@ def base_args(run_dir, tokenizer, steps: int, **fields) -> list[str]:
     args = {
         "run.dir": run_dir, "run.steps": steps, "run.log_every": 1, "run.eval_every": 1000,
         "run.save_every": steps, "run.progress": "false", "run.samples": 0,
-        "run.grammar_samples": 0,  # sampling compiles its own programs; tests/data/test_recognizer.py
+        "run.grammar_samples": 0,  # sampling compiles its own programs; tests/data/embedded/test_recognizer.py
         "data.grammar_docs": GRAMMAR_DOCS, "data.seq_len": SEQ_LEN, "data.batch_size": BATCH,
         "data.tokenizer": tokenizer,
     }

@@ -55,7 +55,7 @@ collect_ignore = [] if os.environ.get("JAXDEPTH_TORCH_PROCESS") else ["benchmark
 # test module of another directory (test_ner_job's NER fixtures, test_encoder_hf's random BERT,
 # test_faults' one-line-error checks): every test directory is importable, whichever subset runs.
 TESTS = Path(__file__).resolve().parent
-sys.path[1:1] = [str(d) for d in sorted(TESTS.iterdir())
+sys.path[1:1] = [str(d) for d in sorted(TESTS.rglob("*"))
                  if d.is_dir() and any(d.glob("test_*.py")) and str(d) not in sys.path]
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

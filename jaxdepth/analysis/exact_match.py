@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
 from jaxdepth.data.finetune.seq2seq_readers import (IN_DISTRIBUTION_TYPES, STRUCTURAL_TYPES,
-                                                     is_generalization_type)
+                                                    is_generalization_type)
 
 
 def exact_match(prediction: str, gold: str) -> bool:

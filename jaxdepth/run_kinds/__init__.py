@@ -3,12 +3,12 @@
 A kind of run is what train.py does with a config: pretrain a decoder LM, fine-tune it as a
 prefix LM, pretrain an ACT/ALBERT/BERT encoder, probe one, pretrain a BERT encoder with MLM,
 or fuse a backbone's layers for NER or MLM. A class holds everything about its kind that the
-rest of the code asks: its name (messages, summaries, the ``read_by`` declarations of
-config.py), which configs it runs (``claims``: the kinds' claims never overlap, so exactly one
+rest of the code asks: its name (messages and the ``read_by`` declarations of config.py), which configs it runs (``claims``: the kinds' claims never overlap, so exactly one
 kind claims any valid config) and what it refuses among them (``check``, a ConfigError naming
 the field), the keyword options of its Task, the Task that runs it (``TASK``, imported only
-when a run is built: config.py validates with this package before JAX is imported) and its
-optimizer recipe (``RECIPE``). Nothing outside these modules compares a kind's name.
+when a run is built: the task modules import config.py, which decides a config's kind while
+it validates, so neither config.py nor this package may import them) and its optimizer recipe
+(``RECIPE``). Nothing outside these modules compares a kind's name.
 
 Every module of this package is imported here, so a new kind is a new module here and its
 Task under jaxdepth/tasks/: defining a subclass with a ``NAME`` registers it. This package
@@ -37,7 +37,7 @@ def moments(b1: float, b2: float, eps: float) -> dict[str, dict]:
 
 
 class RunKind:
-    NAME: ClassVar[str]  # in messages, summaries and config.read_by declarations
+    NAME: ClassVar[str]  # in messages and config.read_by declarations
     # The Task that runs this kind (trainer/task.py): "module:Class" of jaxdepth.tasks
     TASK: ClassVar[str]
     # The optimizer settings a config leaves unset take these (config.RECIPE_FIELDS, with
@@ -84,7 +84,7 @@ def kind_of(cfg: "Config") -> type[RunKind]:
 
 
 def run_kind(name: str) -> type[RunKind]:
-    """The kind called ``name`` (a saved run's, a declaration's)."""
+    """The kind called ``name``."""
     return _KINDS(name)
 
 

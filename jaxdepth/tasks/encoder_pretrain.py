@@ -22,7 +22,7 @@ from ..analysis.act_stats import evaluate_act, evaluate_act_each, plot_cosine, w
 from ..config import ACTConfig, Config, ConfigError, MLMConfig
 from ..data.embedded import grammar
 from ..data.corpus.mlm_sop import (eval_mlm_batches, grammar_documents, mlm_dataset,
-                        text_documents, tokenize_mlm_documents)
+                                   text_documents, tokenize_mlm_documents)
 from ..data.corpus.pipeline import split_documents
 from ..data.corpus.prepare import corpus_name, run_tokenizer, tokenizer_source
 from ..errors import writing_result

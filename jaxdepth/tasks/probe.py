@@ -21,7 +21,7 @@ import numpy as np
 from ..config import ACTConfig, Config, ConfigError
 from ..data.embedded import grammar
 from ..data.corpus.pipeline import ExampleBatchSource
-from ..data.embedded.probing import ROLE_NAMES, label_names, make_probe_data
+from ..data.finetune.probing import ROLE_NAMES, label_names, make_probe_data
 from ..data.corpus.prepare import run_tokenizer, tokenizer_source
 from ..models.classifier import EncoderClassifier
 from ..trainer.losses import softmax_xent as _xent

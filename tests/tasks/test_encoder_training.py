@@ -146,9 +146,9 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
     the checkpoint under a fresh head, and the reported accuracy and per-role
     iterations equal an independent recomputation from the saved model; eval.py reproduces the
     final Table 1 of the pretraining run."""
-    from jaxdepth.data.embedded.probing import ROLE_NAMES
+    from jaxdepth.data.finetune.probing import ROLE_NAMES
     from jaxdepth.data.corpus.tokenizer import Tokenizer
-    from jaxdepth.data.embedded.probing import make_probe_data
+    from jaxdepth.data.finetune.probing import make_probe_data
     from jaxdepth.tasks import load_model, train
     from jaxdepth.trainer import checkpoint as ckpt
 

@@ -5,7 +5,7 @@ import pytest
 
 from jaxdepth.data.embedded import grammar
 from jaxdepth.data.embedded.grammar import NP, Clause, make_sentence, to_passive
-from jaxdepth.data.embedded.probing import (
+from jaxdepth.data.finetune.probing import (
     PROBE_TASKS,
     ROLE_NAMES,
     SENTENCE_TASKS,

@@ -192,7 +192,7 @@ class MLMDocuments:
 
 def word_start_table(tok: Tokenizer) -> np.ndarray:
     """bool [vocab_size]: whether the piece of each id starts a word (begins with "▁"); a
-    tokenizer with its own notion (data/subwords.HFWords) provides ``word_start_table()``."""
+    tokenizer with its own notion (data/corpus/subwords.py:HFWords) provides ``word_start_table()``."""
     if hasattr(tok, "word_start_table"):
         return tok.word_start_table()
     return np.array([tok.id_to_piece(i).startswith("\u2581") for i in range(tok.vocab_size)],

@@ -1,2 +1,2 @@
-"""The embedded English grammar (no downloads): its generator, its recognizer, the seq2seq tasks
-(semantic parsing, passivization) and the probing tasks it yields."""
+"""The embedded English grammar (no downloads): its generator, which writes the pretraining
+corpus and the annotated sentences the fine-tuning tasks are made from, and its recognizer."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ...config import ConfigError, TaskConfig
-from ..embedded.grammar_tasks import make_task
+from .grammar_tasks import make_task
 from .prefix_lm_features import UnkReport, batch_features, count_unk, pack_features
 from .seq2seq_readers import Example, load_task, split_validation
 from ..corpus.prepare import run_tokenizer, tokenizer_source

@@ -19,7 +19,7 @@ from jaxdepth.data.finetune.seq2seq_readers import (
     split_validation,
 )
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "tasks"
 
 
 # ---------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from jaxdepth.data.finetune.ner_sentences import (LABELS, Sentence, align_first_
                                                   iob1_to_iob2, label_set, read_conll2003,
                                                   read_wikiann)
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "ner"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "ner"
 
 
 # --- IOB1 -> IOB2 ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from functools import lru_cache
 import pytest
 
 from jaxdepth.data.embedded.grammar import NP, PP, Clause, make_sentence
-from jaxdepth.data.embedded.grammar_tasks import (
+from jaxdepth.data.finetune.grammar_tasks import (
     GRAMMAR_TASKS,
     HELD_OUT_NAME,
     HELD_OUT_NOUN,
