@@ -294,11 +294,12 @@ def eval_tasks(kind: str, k: int, work: Path, tokenizer: Path, n_eval: int) -> l
     prefix-LM fine-tuning on the grammar's passivization (n_eval examples of dev and both
     generalization splits scored) or LM pretraining on the grammar (its validation batches)."""
     args = ["--preset", "tiny-L2", "--run.dir", str(work), "--data.tokenizer", str(tokenizer),
-            "--run.seeds", ",".join(map(str, range(k))), "--trials.evaluation", "vmapped",
-            "--data.grammar_docs", "20000"]
+            "--run.seeds", ",".join(map(str, range(k))), "--trials.evaluation", "vmapped"]
     if kind == "prefix_lm":
         args += ["--task.name", "passivization", "--task.n_train", "64", "--task.n_eval",
                  str(n_eval), "--task.eval_max", str(n_eval), "--data.seq_len", "96"]
+    else:  # the LM's validation set: documents of the grammar corpus
+        args += ["--data.grammar_docs", "20000"]
     tasks = [task_for(c) for c in trial_configs(parse_args(args))]
     for i, t in enumerate(tasks):
         t.prepare(work / f"trial{i}", True, lambda: None)

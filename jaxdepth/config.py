@@ -127,14 +127,15 @@ class ModelConfig:
     rel_buckets: int = 32  # T5 relative-position buckets (shared by all layers)
     rel_max_distance: int = 128  # distance beyond which relative positions share a bucket
     dropout: float = 0.0  # dropout rate in every layer (decoder / encoder); 0 off
-    z_loss: float = 0.0  # weight of the z-loss log(Z)^2 on the output logits; 0 off
+    # weight of the z-loss log(Z)^2 on the output logits; 0 off
+    z_loss: float = read_by("lm", "prefix_lm", default=0.0)
     compute_dtype: str = "float32"  # parameters stay float32; "bfloat16" computes in bf16
     remat: str = resumable("none")  # none | full | dots (save matmul outputs, recompute the rest)
     scan_layers: bool = resumable(True)  # False runs a Python loop over layers (tests, debugging)
     # layers per scan iteration; 0: all of them up to 2 layers, else 1
     scan_unroll: int = resumable(0)
     # tokens per chunk of the fused output-projection + loss; 0: unfused
-    xent_chunk: int = resumable(2048)
+    xent_chunk: int = read_by("lm", "prefix_lm", default=2048, may_resume=True)
     # The decoder's training/eval attention (models/layers.py): einsum (our own, the reference) |
     # dot_product (jax.nn.dot_product_attention, implementation=None: XLA's path in jax 0.10) |
     # cudnn (the same call forcing cuDNN's fused flash kernel: GPU only, bf16 compute).
@@ -179,12 +180,15 @@ class ModelConfig:
 
 
 _MLM = ("encoder_pretrain", "encoder_mlm", "mlm")  # the run kinds that make MLM examples
+_CORPUS = ("lm", *_MLM)  # the run kinds that train on data.corpus (probe: on the grammar's)
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    corpus: str = "grammar"  # "grammar" (embedded) or comma-separated files, directories, globs
-    valid: str = ""  # the same for validation; empty -> split off valid_fraction (not streaming)
+    # "grammar" (embedded) or comma-separated files, directories, globs
+    corpus: str = read_by(*_CORPUS, default="grammar")
+    # the same for validation; empty -> split off valid_fraction (not streaming)
+    valid: str = read_by(*_CORPUS, default="")
     # tokenize and pack on the fly from the files (data/corpus/streaming.py)
     streaming: bool = read_by("lm", default=False)
     # streaming: file streams (fixes the data order; hosts split them)
@@ -198,10 +202,13 @@ class DataConfig:
     restart_stream: bool = read_by("lm", default=False, may_resume=True)
     # streaming: documents the tokenizer is trained on
     tokenizer_sample: int = read_by("lm", default=50_000)
-    valid_fraction: float = 0.05  # documents held out for validation when data.valid is empty
-    valid_seed: int = 1234  # which documents valid_fraction holds out (any corpus)
-    grammar_docs: int = 20000  # enough that the default run's 400 steps see each about twice
-    grammar_seed: int = 1234  # the embedded grammar's documents
+    # documents held out for validation when data.valid is empty
+    valid_fraction: float = read_by(*_CORPUS, default=0.05)
+    # which documents valid_fraction holds out (any corpus)
+    valid_seed: int = read_by(*_CORPUS, default=1234)
+    # enough that the default run's 400 steps see each about twice
+    grammar_docs: int = read_by(*_CORPUS, "probe", default=20000)
+    grammar_seed: int = read_by(*_CORPUS, "probe", default=1234)  # the embedded grammar's documents
     tokenizer: str = ""  # an existing SentencePiece .model; empty -> train one into the run dir
     # The SentencePiece algorithm of a trained tokenizer. unigram is T5's; at a few hundred
     # pieces bpe keeps frequent words and symbols whole (COGS: 56 pieces per example, not 97).
@@ -350,10 +357,11 @@ class RunConfig:
     eval_batches: int = resumable(0)  # 0: the whole validation set
     save_every: int = resumable(100)  # steps between checkpoints (and one at the end)
     keep: int = resumable(3)  # checkpoints retained (the latest ones)
-    samples: int = resumable(3)  # continuations sampled from the model, printed at the end
-    sample_tokens: int = resumable(24)  # tokens of each sampled continuation
+    # continuations sampled from the model, printed at the end
+    samples: int = read_by("lm", default=3, may_resume=True)
+    sample_tokens: int = read_by("lm", default=24, may_resume=True)  # tokens of each one
     # embedded grammar: sampled continuations scored by its recognizer
-    grammar_samples: int = resumable(64)
+    grammar_samples: int = read_by("lm", default=64, may_resume=True)
     progress: bool = resumable(True)  # a progress bar on the terminal
     # >0: exit after this many steps in this invocation (tests, preemption drills)
     stop_after: int = resumable(0)
@@ -546,6 +554,10 @@ ACT_PRESETS: dict[str, dict] = {
 }
 
 
+# The run kinds that start from a pretrained run (task.init_from): fine-tuning and fusion
+_FROM_PRETRAINED = ("prefix_lm", "probe", "ner", "mlm")
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     """Fine-tuning as a prefix LM (empty name: language-model pretraining).
@@ -555,20 +567,25 @@ class TaskConfig:
     cogs_vf, geoquery, passivization).
     """
     name: str = ""  # the task trained on (see the class docstring); empty: LM pretraining
-    dir: str = ""  # directory of a published task's files; empty: the embedded grammar's task
-    init_from: str = ""  # run directory of a pretrained model; empty: fresh weights
-    init_step: int = 0  # checkpoint of init_from to start from; 0: its latest
+    # directory of a published task's files; empty: the embedded grammar's task
+    dir: str = read_by("prefix_lm", "ner", default="")
+    # run directory of a pretrained model; empty: fresh weights
+    init_from: str = read_by(*_FROM_PRETRAINED, default="")
+    # checkpoint of init_from to start from; 0: its latest
+    init_step: int = read_by(*_FROM_PRETRAINED, default=0)
     n_train: int = read_by("prefix_lm", "probe", default=2000)  # embedded grammar: training examples
     # embedded grammar: dev/test size, and examples per generalization type
     n_eval: int = read_by("prefix_lm", "probe", default=200)
-    seed: int = 0  # embedded grammar splits; GeoQuery's held-out dev; periodic eval subsets
+    # embedded grammar splits; GeoQuery's held-out dev; periodic eval subsets; NER's sample
+    seed: int = read_by("prefix_lm", "probe", "ner", default=0)
     # GeoQuery (no dev split): share of train held out as dev
     dev_fraction: float = read_by("prefix_lm", default=0.1)
     # comma-separated; empty: dev + the task's generalization splits
     eval_splits: str = read_by("prefix_lm", default="", may_resume=True)
     # evaluations in training score at most this many examples per split
     eval_max: int = read_by("prefix_lm", "ner", default=0, may_resume=True)
-    eval_batch: int = resumable(0)  # sequences per decoding batch; 0: data.batch_size
+    # sequences per decoding batch; 0: data.batch_size
+    eval_batch: int = read_by("prefix_lm", "probe", "ner", default=0, may_resume=True)
     # cut over-long examples (seqio style) instead of refusing them
     truncate: bool = read_by("prefix_lm", default=False)
     # Training rows hold several examples, attention kept inside each (seqio pack=True): the

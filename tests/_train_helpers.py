@@ -41,15 +41,30 @@ def base_args(run_dir, tokenizer, steps: int, **fields) -> list[str]:
     args = {
         "run.dir": run_dir, "run.steps": steps, "run.log_every": 1, "run.eval_every": 1000,
         "run.save_every": steps, "run.progress": "false", "run.samples": 0,
-        "run.grammar_samples": 0,  # sampling compiles its own programs; tests/data/embedded/test_recognizer.py
+        # sampling compiles its own programs; tests/data/embedded/test_recognizer.py
+        "run.grammar_samples": 0,
         "data.grammar_docs": GRAMMAR_DOCS, "data.seq_len": SEQ_LEN, "data.batch_size": BATCH,
         "data.tokenizer": tokenizer,
     }
-    args.update(fields)
-    out = ["--preset", "tiny-L2"]
-    for k, v in args.items():
-        out += [f"--{k}", str(v)]
-    return out
+    return flags(["--preset", "tiny-L2"], read_by_kind(["--preset", "tiny-L2"], args, fields))
+
+
+def flags(prefix: list[str], fields: dict) -> list[str]:
+    return prefix + [x for k, v in fields.items() for x in (f"--{k}", str(v))]
+
+
+def read_by_kind(prefix: list[str], defaults: dict, fields: dict) -> dict:
+    """defaults (a helper's settings for every kind of run), less those the run's kind does not
+    read (config.read_by: train.py refuses them), then fields, the test's own, kept whole."""
+    from jaxdepth.cli import parse_args
+    from jaxdepth.config import kinds_reading
+    from jaxdepth.run_kinds import kind_of
+
+    def declared(k: str):
+        return kinds_reading(*k.split(".")) if not k.startswith("trials.") else None
+    undeclared = {k: v for k, v in defaults.items() if declared(k) is None}
+    kind = kind_of(parse_args(flags(prefix, {**undeclared, **fields}))).NAME
+    return {**{k: v for k, v in defaults.items() if kind in (declared(k) or (kind,))}, **fields}
 
 
 def subprocess_env(devices: int = 1, cache_dir=None) -> dict:

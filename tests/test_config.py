@@ -440,6 +440,18 @@ def test_which_changes_a_resume_accepts_is_declared_with_each_field(tmp_path):
      r"data\.streaming: a run of kind encoder_pretrain does not read it \(read by: lm\)"),
     (["--task.name", "semantic_parsing", "--data.restart_stream", "true"],
      r"data\.restart_stream: a run of kind prefix_lm"),
+    # a pretraining given a run to start from trained from fresh weights
+    (["--task.init_from", "runs/default"],
+     r"task\.init_from: a run of kind lm does not read it \(read by: prefix_lm, probe, ner, mlm\)"),
+    (["--task.name", "semantic_parsing", "--run.samples", "0"],
+     r"run\.samples: a run of kind prefix_lm does not read it \(read by: lm\)"),
+    (["--task.name", "ner", "--task.dir", "d", "--data.corpus", "my.txt"],
+     r"data\.corpus: a run of kind ner does not read it"),
+    (["--preset", "act-tiny", "--task.name", "roles", "--data.valid_fraction", "0.2"],
+     r"data\.valid_fraction: a run of kind probe"),
+    (["--task.dir", "d"], r"task\.dir: a run of kind lm does not read it \(read by: prefix_lm, ner\)"),
+    (["--model.arch", "encoder", "--model.z_loss", "1e-4"],
+     r"model\.z_loss: a run of kind encoder_mlm does not read it \(read by: lm, prefix_lm\)"),
 ])
 def test_a_field_the_run_kind_does_not_read_is_refused(argv, culprit):
     """Given on the command line, a field the run's kind never reads is refused, naming it
@@ -458,6 +470,9 @@ def test_a_field_is_checked_only_where_the_user_gave_it(tmp_path):
                       "--data.mask_rate", "0.2"])
     assert (mlm.fusion.mode, mlm.data.mask_rate) == ("ft", 0.2)
     assert parse_args(["--data.streaming", "true", "--data.corpus", "a.jsonl"]).data.streaming
+    probe = parse_args(["--preset", "act-tiny", "--task.name", "roles", "--task.seed", "3",
+                        "--data.grammar_docs", "300", "--task.init_from", "runs/act-tiny"])
+    assert (probe.task.seed, probe.data.grammar_docs) == (3, 300)
     saved = dataclasses.replace(Config(), fusion=dataclasses.replace(Config().fusion,
                                                                      method="concat"))
     path = tmp_path / "c.json"

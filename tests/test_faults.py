@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _train_helpers import (GRAMMAR_DOCS, REPO, TRAIN_PY, committed_steps, load_state,
-                            snapshot, step_losses, subprocess_env)
+from _train_helpers import (GRAMMAR_DOCS, REPO, TRAIN_PY, committed_steps, flags, load_state,
+                            read_by_kind, snapshot, step_losses, subprocess_env)
 from jaxdepth.config import Config, ConfigError, DataConfig, MeshConfig, ModelConfig
 from jaxdepth.data.embedded import grammar
 
@@ -39,11 +39,7 @@ def argv(run, tokenizer, steps: int = STEPS, **fields) -> list[str]:
             "run.eval_every": 1000, "run.progress": "false", "run.samples": 0,
             "run.grammar_samples": 0, "data.grammar_docs": GRAMMAR_DOCS, "data.seq_len": 32,
             "data.batch_size": 8, "data.tokenizer": tokenizer, "mesh.data": 1}
-    args.update(fields)
-    out = ["--preset", "tiny-L2"]
-    for k, v in args.items():
-        out += [f"--{k}", str(v)]
-    return out
+    return flags(["--preset", "tiny-L2"], read_by_kind(["--preset", "tiny-L2"], args, fields))
 
 
 def call(main, args, capsys) -> tuple[int, str, str]:

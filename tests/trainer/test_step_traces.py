@@ -146,7 +146,7 @@ def test_act_encoder_run_traces_its_step_once(tmp_path, monkeypatch):
     over = {"act.vocab_size": 128, "act.d_model": 32, "act.n_heads": 2, "act.embed_dim": 16,
             "act.max_iters": 2, "act.max_len": 32, "data.seq_len": 32, "data.batch_size": 8,
             "data.grammar_docs": 300, "data.max_predictions": 5, "run.dir": tmp_path,
-            "run.steps": 4, "run.log_every": 1, "run.progress": "false", "run.samples": 0,
+            "run.steps": 4, "run.log_every": 1, "run.progress": "false",
             "run.eval_batches": 1, "optim.warmup_steps": 1, "mesh.data": 1, "mesh.model": 1,
             **EVERY_2}
     argv = ["--preset", "act-tiny"]

@@ -39,7 +39,7 @@ RTOL = 1e-5
 def lm_args(run, tokenizer, steps: int = STEPS, **fields) -> list[str]:
     """A tiny-L2 run on one device: every step logged, evaluations and checkpoints at 4, 8."""
     more = {"mesh.data": 1, "run.eval_every": 4, "run.save_every": 4,
-            "run.grammar_samples": 0, "trials.evaluation": "vmapped", **fields}
+            "trials.evaluation": "vmapped", **fields}
     return [str(a) for a in base_args(run, tokenizer, steps, **more)]
 
 
@@ -377,7 +377,7 @@ def ner_args(tmp_path_factory):
                "data.seq_len": 128, "data.batch_size": 8, "data.tokenizer": tok,
                "mesh.data": 1, "run.dir": run, "run.steps": 4, "run.eval_every": 2,
                "run.save_every": 4, "run.log_every": 1, "run.progress": "false",
-               "run.samples": 0, "task.name": "ner", "task.dir": task_dir,
+               "task.name": "ner", "task.dir": task_dir,
                "fusion.method": "dwatt", "fusion.mode": "fe", **fields}
         return [x for k, v in out.items() for x in (f"--{k}", str(v))]
 
@@ -655,11 +655,12 @@ def test_trial_grid_varies_the_seed_fastest():
                                 str(g["optim.weight_decay"]), "--run.seed", str(g["run.seed"])])
         assert trial_configs(c) == [c]
     # a trials list alone: one trial per value, at run.seed
-    assert trial_grid(parse_args(["--trials.task_seed", "3,5", "--run.seed", "7"])) == [
+    ft = ["--task.name", "passivization"]  # a kind of run that reads task.seed, task.init_from
+    assert trial_grid(parse_args(ft + ["--trials.task_seed", "3,5", "--run.seed", "7"])) == [
         {"task.seed": 3, "run.seed": 7}, {"task.seed": 5, "run.seed": 7}]
     assert trial_grid(parse_args([])) == [] and trial_configs(parse_args([])) == [parse_args([])]
     # {seed}: each trial's run.seed, and a solo run's own (so a trial's config runs solo)
-    seeded = ["--task.init_from", "runs/pre-s{seed}", "--data.tokenizer", "t{seed}.model"]
+    seeded = ft + ["--task.init_from", "runs/pre-s{seed}", "--data.tokenizer", "t{seed}.model"]
     got = [(c.task.init_from, c.data.tokenizer)
            for c in trial_configs(parse_args(seeded + ["--run.seeds", "3,4"]))]
     assert got == [("runs/pre-s3", "t3.model"), ("runs/pre-s4", "t4.model")]
