@@ -57,13 +57,16 @@ def read_by_kind(prefix: list[str], defaults: dict, fields: dict) -> dict:
     """defaults (a helper's settings for every kind of run), less those the run's kind does not
     read (config.read_by: train.py refuses them), then fields, the test's own, kept whole."""
     from jaxdepth.cli import parse_args
-    from jaxdepth.config import kinds_reading
+    from jaxdepth.config import ConfigError, kinds_reading
     from jaxdepth.run_kinds import kind_of
 
     def declared(k: str):
         return kinds_reading(*k.split(".")) if not k.startswith("trials.") else None
     undeclared = {k: v for k, v in defaults.items() if declared(k) is None}
-    kind = kind_of(parse_args(flags(prefix, {**undeclared, **fields}))).NAME
+    try:
+        kind = kind_of(parse_args(flags(prefix, {**undeclared, **fields}))).NAME
+    except ConfigError:  # a test of a bad config: train.py is to say what is wrong with it
+        return {**defaults, **fields}
     return {**{k: v for k, v in defaults.items() if kind in (declared(k) or (kind,))}, **fields}
 
 
