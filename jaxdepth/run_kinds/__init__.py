@@ -47,12 +47,17 @@ class RunKind:
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if "NAME" in cls.__dict__:
+            missing = [a for a in ("TASK", "RECIPE") if not hasattr(cls, a)]
+            if cls.claims.__func__ is RunKind.claims.__func__:
+                missing.append("claims")
+            if missing:  # refused when it is defined, not when a config first reaches it
+                raise TypeError(f"run kind {cls.NAME!r} defines no {', '.join(missing)}")
             _KINDS.add(cls)
 
     @classmethod
     def claims(cls, cfg: "Config") -> bool:
         """Whether cfg is a run of this kind (no other kind claims it)."""
-        raise TypeError(f"run kind {cls.NAME!r} defines no claims")
+        return False
 
     @classmethod
     def check(cls, cfg: "Config") -> None:

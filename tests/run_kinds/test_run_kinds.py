@@ -106,3 +106,12 @@ def test_the_kinds_that_fields_declare_exist():
     named = {k for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)
              for k in (kinds_reading(sec, f.name) or ())}
     assert named and named <= set(kind_names()), named - set(kind_names())
+
+
+def test_a_kind_that_misses_a_declaration_is_refused_when_defined():
+    from jaxdepth.run_kinds import RunKind
+
+    with pytest.raises(TypeError, match="run kind 'half' defines no RECIPE, claims"):
+        class Half(RunKind):  # noqa: F841
+            NAME, TASK = "half", "lm:LMTask"
+    assert "half" not in kind_names()
