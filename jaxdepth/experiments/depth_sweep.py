@@ -82,14 +82,15 @@ class Plan:
                       "tasks": tuple(d["tasks"]), "scratch": tuple(d.get("scratch", ()))})
 
 
-# The miniature sweep: the CPU-scale "tiny" family on the embedded grammar, 3 depths x 5 seeds x
-# 2 tasks plus a from-scratch control; 5 seeds because 2 left every interval too wide to
-# separate depths (docs/depth.md: 6.6 hours on a busy 2-core machine, ~2.5 estimated quiet). Measured
-# choices (docs/depth.md, "The miniature sweep"): 4 attention heads of 16 (one head of 64 never learns
-# to copy the nouns of semantic parsing), 20,000 training examples packed several to a row
-# (2,000 are memorised), and Adafactor's parameter-relative steps, which suit the t5x init
-# (AdamW at 3e-3 reached 1% exact match where Adafactor reached 88%, same steps). The
-# perplexity-matched fine-tunings (Fig. 6) would add 8 more; `matched` runs them.
+# The miniature sweep: the CPU-scale "tiny" family on the embedded grammar, 3 depths x 5 seeds
+# x 2 tasks plus a from-scratch control; 5 seeds because 2 left every interval too wide to
+# separate depths (docs/depth.md: 6.6 hours on a busy 2-core machine before its controls, ~6
+# estimated quiet). Measured choices (docs/depth.md, "The miniature sweep"): 4 attention heads
+# of 16 (one head of 64 never learns to copy the nouns of semantic parsing), 20,000 training
+# examples packed several to a row (2,000 are memorised), and Adafactor's parameter-relative
+# steps, which suit the t5x init (AdamW at 3e-3 reached 1% exact match where Adafactor reached
+# 88%, same steps). The perplexity-matched fine-tunings (Fig. 6) would add 8 more; `matched`
+# runs them.
 MINIATURE = Plan(
     size="tiny", depths=(1, 2, 4), seeds=(0, 1, 2, 3, 4),
     tasks=("semantic_parsing", "passivization"),
