@@ -1,6 +1,7 @@
-"""Frozen, validated configuration: the command-line sections (which run kinds read a field;
-the kinds and their recipes are jaxdepth/run_kinds/), the trial grid, and the specs the tasks derive from the sections (Eq. 1's depth families are in
-depth_family.py, the named presets in presets.py).
+"""Frozen, validated configuration: the command-line sections (which run kinds read a field; the
+kinds and their recipes are jaxdepth/run_kinds/), the trial grid, and the specs the tasks
+derive from the sections (Eq. 1's depth families are in depth_family.py, the named presets in
+presets.py).
 
 Every field is overridable from the command line as ``--section.field value`` (see cli.py).
 Validation happens at construction, so an impossible config never reaches the trainer.
@@ -237,11 +238,12 @@ class DataConfig:
 
 
 # The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/run_kinds/). Left
-# unset (None) in a config, they take the recipe of the run's kind, so a default tuned for one kind of run never changes
-# another's; a standalone OptimConfig takes the LM pretraining recipe. Of these, OWN_FIELDS
-# are read by some optimizers only (each optimizer's class says which, jaxdepth/optimizers/):
-# a recipe gives them per optimizer (its "moments"), the optimizer's own DEFAULTS fill those
-# it does not give, and a field the optimizer does not read stays None (set, it is refused).
+# unset (None) in a config, they take the recipe of the run's kind, so a default tuned for
+# one kind of run never changes another's; a standalone OptimConfig takes the LM pretraining
+# recipe. Of these, OWN_FIELDS are read by some optimizers only (each optimizer's class says
+# which, jaxdepth/optimizers/): a recipe gives them per optimizer (its "moments"), the
+# optimizer's own DEFAULTS fill those it does not give, and a field the optimizer does not
+# read stays None (set, it is refused).
 RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay",
                  "b1", "b2", "eps", "clip_norm")
 

@@ -1,5 +1,5 @@
-"""Helpers for tests/trainer/test_training.py: run train.py (in a subprocess or in-process), read back
-metrics and checkpoints, and snapshot directories."""
+"""Helpers for tests/trainer/test_training.py: run train.py (in a subprocess or in-process), read
+back metrics and checkpoints, and snapshot directories."""
 from __future__ import annotations
 
 import base64
@@ -61,7 +61,7 @@ def read_by_kind(prefix: list[str], defaults: dict, fields: dict) -> dict:
     from jaxdepth.run_kinds import kind_of
 
     def declared(k: str):
-        return kinds_reading(*k.split(".")) if not k.startswith("trials.") else None
+        return kinds_reading(*k.split("."))
     undeclared = {k: v for k, v in defaults.items() if declared(k) is None}
     try:
         kind = kind_of(parse_args(flags(prefix, {**undeclared, **fields}))).NAME

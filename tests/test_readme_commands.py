@@ -235,16 +235,10 @@ SHORTEN = ("--run.steps 2 --run.eval_every 2 --run.save_every 2 --run.log_every 
 
 def shorten(argv: list[str]) -> list[str]:
     """SHORTEN, less the fields that argv's kind of run does not read (train.py refuses them)."""
-    from jaxdepth.config import kinds_reading
-    from jaxdepth.run_kinds import kind_of
+    from _train_helpers import flags, read_by_kind
 
-    kind = kind_of(parse_args(argv)).NAME
-    out = []
-    for flag, value in zip(SHORTEN[::2], SHORTEN[1::2]):
-        kinds = kinds_reading(*flag[2:].split("."))
-        if kinds is None or kind in kinds:
-            out += [flag, value]
-    return out
+    return flags([], read_by_kind(list(argv), dict(zip((f[2:] for f in SHORTEN[::2]),
+                                                       SHORTEN[1::2])), {}))
 
 
 def producer(run: str) -> Command:

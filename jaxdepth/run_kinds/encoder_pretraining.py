@@ -1,7 +1,6 @@
 """MLM + SOP pretraining of the ALBERT family (model.arch act, albert or bert; no task.name):
 ALBERT is the ACT layer iterated exactly M times, BERT unties the M layers."""
 from ..errors import ConfigError
-from ..task_names import FUSION_TASKS
 from . import RunKind, moments
 
 
@@ -28,8 +27,3 @@ class EncoderPretraining(RunKind):
         arch = cfg.model.arch
         return {"arch": arch, "untied": arch == "bert", "adaptive": arch == "act",
                 "halting": "fixed" if arch == "albert" else cfg.act.halting}
-
-
-def claims_encoder_task(cfg) -> bool:
-    """An ALBERT-family encoder given a task.name that is not layer fusion's."""
-    return cfg.model_section == "act" and bool(cfg.task.name) and cfg.task.name not in FUSION_TASKS

@@ -1,7 +1,7 @@
 """Fine-tuning an ALBERT-family encoder on a probing task of the embedded grammar
 (task.name one of task_names.PROBE_TASKS)."""
 from ..errors import ConfigError
-from ..task_names import PROBE_TASKS
+from ..task_names import FUSION_TASKS, PROBE_TASKS
 from . import encoder_pretraining as pretraining
 
 
@@ -10,8 +10,9 @@ class ProbeFinetuning(pretraining.EncoderPretraining):
     NAME, TASK = "probe", "probe:ProbeTask"
 
     @classmethod
-    def claims(cls, cfg) -> bool:
-        return pretraining.claims_encoder_task(cfg)
+    def claims(cls, cfg) -> bool:  # an ALBERT-family encoder given a task that is not fusion's
+        name = cfg.task.name
+        return cfg.model_section == "act" and bool(name) and name not in FUSION_TASKS
 
     @classmethod
     def check(cls, cfg) -> None:

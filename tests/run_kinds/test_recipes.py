@@ -1,5 +1,6 @@
-"""Each run kind's optimizer recipe (RunKind.RECIPE, jaxdepth/run_kinds/): applied only to the fields a config leaves
-unset, printed at start-up, saved resolved, and independent of every other kind's recipe."""
+"""Each run kind's optimizer recipe (RunKind.RECIPE, jaxdepth/run_kinds/): applied only to the
+fields a config leaves unset, printed at start-up, saved resolved, and independent of every
+other kind's recipe."""
 import dataclasses
 import json
 
