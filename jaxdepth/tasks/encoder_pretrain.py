@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grain
 import jax
@@ -84,34 +86,53 @@ def encoder_config(cfg: Config, halting: str) -> ACTConfig:
     return dataclasses.replace(cfg.act, halting=halting)
 
 
-class MLMCorpus(TaskBase):
-    """The MLM data of a run on data.corpus: its tokenizer (kept, copied from `copy_from`, or
-    trained on the training documents unless one is given), the training documents (tokenized
-    only when training asks for them, not by eval.py) and fixed validation batches seeded
-    apart from the training stream. Base of the encoder and MLM jobs."""
+@dataclass(frozen=True)
+class MLMPrepared:
+    """What an MLM run reads before training: its tokenizer, the masking it trains with over
+    a vocabulary of `vocab`, its training documents (tokenized only when training asks for
+    them, not by eval.py) and fixed validation batches seeded apart from the training stream."""
 
-    def read_corpus(self, run_dir: Path, primary: bool, barrier, mlm: MLMConfig, vocab: int, *,
-                    tokenizer=None, copy_from: tuple[str, str] | None = None) -> None:
-        cfg = self.cfg
-        self.run_dir, self.primary = run_dir, primary
-        self.mlm, self.vocab = mlm, vocab
-        train_docs, valid_docs = _documents(cfg)
-        if not valid_docs:
-            raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give data.valid)")
-        self.tokenizer = tokenizer or run_tokenizer(
-            run_dir, vocab, primary, barrier, copy_from=copy_from,
-            texts=lambda: [" ".join(doc) for doc in train_docs],
-            required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "",
-            source=corpus_name(cfg.data), vocab_field=cfg.vocab_field,
-            model_type=cfg.data.tokenizer_type)
-        self._train_docs = train_docs
-        self.valid = eval_mlm_batches(tokenize_mlm_documents(valid_docs, self.tokenizer), mlm,
-                                      vocab, n_batches=cfg.run.eval_batches or EVAL_BATCHES,
-                                      batch_size=cfg.data.batch_size, seed=cfg.run.seed + 1_000_003)
+    tokenizer: Any
+    mlm: MLMConfig
+    vocab: int
+    train_docs: list[list[str]]
+    valid: list[dict]
+
+
+def read_mlm_corpus(cfg: Config, run_dir: Path, primary: bool, barrier, mlm: MLMConfig,
+                    vocab: int, *, tokenizer=None,
+                    copy_from: tuple[str, str] | None = None) -> MLMPrepared:
+    """The MLM data of a run on data.corpus; its tokenizer kept, copied from `copy_from`, or
+    trained on the training documents unless one is given."""
+    train_docs, valid_docs = _documents(cfg)
+    if not valid_docs:
+        raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give data.valid)")
+    tokenizer = tokenizer or run_tokenizer(
+        run_dir, vocab, primary, barrier, copy_from=copy_from,
+        texts=lambda: [" ".join(doc) for doc in train_docs],
+        required_chars=grammar.LF_SYMBOLS if cfg.data.corpus == "grammar" else "",
+        source=corpus_name(cfg.data), vocab_field=cfg.vocab_field,
+        model_type=cfg.data.tokenizer_type)
+    valid = eval_mlm_batches(tokenize_mlm_documents(valid_docs, tokenizer), mlm, vocab,
+                             n_batches=cfg.run.eval_batches or EVAL_BATCHES,
+                             batch_size=cfg.data.batch_size, seed=cfg.run.seed + 1_000_003)
+    return MLMPrepared(tokenizer, mlm, vocab, train_docs, valid)
+
+
+class MLMCorpus(TaskBase):
+    """Base of the encoder and MLM jobs: training on an MLM corpus (``read_mlm_corpus``)."""
+
+    prepared: MLMPrepared
+
+    def read_data(self, run_dir: Path, primary: bool, barrier) -> MLMPrepared:
+        return read_mlm_corpus(self.cfg, run_dir, primary, barrier, mlm_config(self.cfg),
+                               self.cfg.vocab_size,
+                               copy_from=tokenizer_source("", self.cfg.data.tokenizer))
 
     def dataset(self) -> grain.MapDataset:
-        train = tokenize_mlm_documents(self._train_docs, self.tokenizer)
-        return mlm_dataset(train, self.mlm, self.vocab, global_batch=self.cfg.data.batch_size,
+        p = self.prepared
+        train = tokenize_mlm_documents(p.train_docs, p.tokenizer)
+        return mlm_dataset(train, p.mlm, p.vocab, global_batch=self.cfg.data.batch_size,
                            seed=self.cfg.run.seed, process_index=jax.process_index(),
                            process_count=jax.process_count())
 
@@ -142,19 +163,15 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         k_enc, _ = jax.random.split(key)  # the second key was the head's, kept for old runs
         return self.build_encoder(key=k_enc)
 
-    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
-        self.read_corpus(run_dir, primary, barrier, mlm_config(self.cfg), self.cfg.vocab_size,
-                         copy_from=tokenizer_source("", self.cfg.data.tokenizer))
-
     def objective(self):
         return encoder_objective(self.cfg)
 
     def evaluates_alike(self, tasks) -> bool:
-        return all(same_arrays(t.valid, self.valid) for t in tasks)
+        return all(same_arrays(t.prepared.valid, self.prepared.valid) for t in tasks)
 
     def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Table 1 and Fig. 2 statistics of each trial (the forward vmapped over them)."""
-        each = evaluate_act_each(models, self.valid, use_while=self.adaptive)
+        each = evaluate_act_each(models, self.prepared.valid, use_while=self.adaptive)
         return [t.finish_evaluation(res, step, final) for t, res in zip(tasks, each)]
 
     def finish_evaluation(self, res: dict, step: int, final: bool) -> tuple[dict, str]:
@@ -174,16 +191,6 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
     def summary(self, model) -> dict:
         return {"arch": self.arch, "analysis": str(self.run_dir / "analysis")}
 
-    def report(self, s: dict) -> str:
-        t1 = s["table1"]
-        it = ", ".join(f"{g} {v:.2f}" for g, v in t1["iterations"].items() if v is not None)
-        hist, total = t1["histogram"]["all"], t1["tokens"]["all"]
-        shares = ", ".join(f"{n}: {100 * c / total:.1f}%" for n, c in hist.items()) if total else ""
-        return (f"MLM accuracy {100 * t1['mlm_accuracy']:.1f}%, SOP accuracy "
-                f"{100 * t1['sop_accuracy']:.1f}%\nmean iterations: {it}\n"
-                f"tokens by iterations: {shares}\n"
-                f"Table 1 and Fig. 2: {s['analysis']}")
-
     EVAL_READS = frozenset({"step", "data", "batch", "out"})
 
     def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
@@ -196,8 +203,8 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         cfg = scored_on(cfg, request)
         reader = EncoderPretrainTask(cfg, arch=self.arch, untied=self.untied,
                                      adaptive=self.adaptive, halting=self.encoder_cfg.halting)
-        reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
-        res = evaluate_act(model, reader.valid, use_while=self.adaptive)
+        valid = reader.read_data(run, primary=False, barrier=lambda: None).valid  # never writes
+        res = evaluate_act(model, valid, use_while=self.adaptive)
         directory = Path(request.out) if request.out else run / "eval" / f"step{step}"
         out = {"run": str(run), "step": step, "data": request.data or "validation batches of the run",
                "table1": res["table1"]}

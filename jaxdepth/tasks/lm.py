@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import equinox as eqx
@@ -16,7 +17,8 @@ import numpy as np
 from ..config import Config, ConfigError
 from ..depth_family import param_count
 from ..data.corpus.pipeline import eval_batches, lm_dataset, window_batches
-from ..data.corpus.prepare import corpus_name, prepare_lm_data, prepare_streaming
+from ..data.corpus.prepare import (LMData, StreamData, corpus_name, prepare_lm_data,
+                                   prepare_streaming)
 from ..data.corpus.tokenizer import EOS_ID
 from ..data.corpus.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, generate
@@ -99,65 +101,73 @@ class DecoderTask(TaskBase):
         return param_count(self.cfg.model)
 
 
+@dataclass(frozen=True)
+class LMPrepared:
+    """What an LM run reads before training: its corpus (tokenized, or the stream's files) and
+    the validation batches every evaluation point scores."""
+
+    corpus: LMData | StreamData
+    valid: list[dict]
+
+
 class LMTask(DecoderTask):
     """Causal LM pretraining on a corpus; evaluation = validation perplexity."""
 
-    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+    prepared: LMPrepared
+
+    def read_data(self, run_dir: Path, primary: bool, barrier) -> LMPrepared:
         cfg = self.cfg
         if cfg.data.streaming:
-            self.data = prepare_streaming(cfg.data, cfg.vocab_size, run_dir, primary, barrier,
-                                          max_valid_batches=cfg.run.eval_batches)
-            self.valid = self.data.valid
-            return
-        self.data = prepare_lm_data(cfg.data, cfg.vocab_size, run_dir, primary, barrier=barrier)
-        check_token_counts(cfg, len(self.data.train), len(self.data.valid))
-        valid = eval_batches(self.data.valid, seq_len=cfg.data.seq_len,
+            corpus = prepare_streaming(cfg.data, cfg.vocab_size, run_dir, primary, barrier,
+                                       max_valid_batches=cfg.run.eval_batches)
+            return LMPrepared(corpus, corpus.valid)
+        corpus = prepare_lm_data(cfg.data, cfg.vocab_size, run_dir, primary, barrier=barrier)
+        check_token_counts(cfg, len(corpus.train), len(corpus.valid))
+        valid = eval_batches(corpus.valid, seq_len=cfg.data.seq_len,
                              batch_size=cfg.data.batch_size)
-        self.valid = valid[:cfg.run.eval_batches] if cfg.run.eval_batches else valid
+        return LMPrepared(corpus, valid[:cfg.run.eval_batches] if cfg.run.eval_batches else valid)
 
     def dataset(self) -> grain.MapDataset | grain.IterDataset:
         cfg = self.cfg
         where = dict(process_index=jax.process_index(), process_count=jax.process_count())
+        corpus = self.prepared.corpus
         if cfg.data.streaming:
-            return streaming_dataset(self.data.files, seq_len=cfg.data.seq_len,
+            return streaming_dataset(corpus.files, seq_len=cfg.data.seq_len,
                                      global_batch=cfg.data.batch_size, n_streams=cfg.data.streams,
-                                     seed=cfg.run.seed, tokenizer=str(self.data.tokenizer_path),
+                                     seed=cfg.run.seed, tokenizer=str(corpus.tokenizer_path),
                                      workers=cfg.data.workers,
                                      restart=cfg.data.restart_stream, **where)
-        return lm_dataset(self.data.train, seq_len=cfg.data.seq_len,
+        return lm_dataset(corpus.train, seq_len=cfg.data.seq_len,
                           global_batch=cfg.data.batch_size, seed=cfg.run.seed, **where)
 
     def evaluates_alike(self, tasks) -> bool:
-        return all(same_arrays(t.valid, self.valid) for t in tasks)
+        return all(same_arrays(t.prepared.valid, self.prepared.valid) for t in tasks)
 
     def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Validation perplexity of each trial, in one vmapped pass over the batches; the
         share of grammatical samples (data.corpus grammar), trial by trial."""
         out = []
-        for k, (loss, n) in enumerate(mean_losses(models, self.valid, sharding)):
+        for k, (loss, n) in enumerate(mean_losses(models, self.prepared.valid, sharding)):
             ev = valid_metrics(loss, n)
             message = f"valid loss {ev['valid_loss']:.4f}, perplexity {ev['valid_ppl']:.3f}"
             t, samples = tasks[k], self.cfg.run.grammar_samples
             if t.cfg.data.corpus == "grammar" and samples:
-                ev["grammatical"] = grammatical_share(models.one(k), t.data.tokenizer,
-                                                      t.data.valid_docs[:samples],
+                corpus = t.prepared.corpus
+                ev["grammatical"] = grammatical_share(models.one(k), corpus.tokenizer,
+                                                      corpus.valid_docs[:samples],
                                                       t.cfg.run.sample_tokens)
                 message += f", grammatical {ev['grammatical']:.0%}"
             out.append((ev, message))
         return out
 
     def summary(self, model: DecoderLM) -> dict:
-        return {"samples": sampled_continuations(model, self.data.tokenizer, self.data.valid_docs,
-                                                 self.cfg.run.samples, self.cfg.run.sample_tokens,
-                                                 seed=self.cfg.run.seed)}
-
-    def report(self, s: dict) -> str:
-        lines = [f"validation perplexity {s['valid_ppl']:.3f} (loss {s['valid_loss']:.4f})"]
-        if "grammatical" in s:
-            lines.append(f"grammatical: {s['grammatical']:.0%} of "
-                         f"{min(self.cfg.run.grammar_samples, len(self.data.valid_docs))} sampled "
-                         f"continuations of validation prompts derive from the grammar's rules")
-        return "\n".join(lines)
+        corpus, run = self.prepared.corpus, self.cfg.run
+        return {"samples": sampled_continuations(model, corpus.tokenizer, corpus.valid_docs,
+                                                 run.samples, run.sample_tokens, seed=run.seed),
+                # how many continuations a "grammatical" share is of (not a number to average
+                # over trials, hence nested)
+                "grammar_check": {"continuations": min(run.grammar_samples,
+                                                       len(corpus.valid_docs))}}
 
     EVAL_READS = frozenset({"step", "data", "batch", "out"})
 

@@ -27,7 +27,7 @@ from ..trainer.losses import softmax_xent as _xent
 from ..trainer.task import EvalRequest
 from .backbones import FusionTask, backbone_vocab, is_hf_dir, module_flops
 from .open_run import load_checkpoint, scored_on
-from .encoder_pretrain import MLMCorpus, mlm_config
+from .encoder_pretrain import MLMCorpus, MLMPrepared, mlm_config, read_mlm_corpus
 from .lm import write_json
 
 
@@ -78,13 +78,9 @@ class MLMTask(MLMCorpus):
         return mlm_objective()
 
     def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
-        res = mlm_perplexity(model, self.valid)
+        res = mlm_perplexity(model, self.prepared.valid)
         return res, (f"MLM loss {res['mlm_loss']:.4f}, accuracy {res['mlm_accuracy']:.4f}, "
                      f"perplexity {res['mlm_perplexity']:.3f}")
-
-    def report(self, s: dict) -> str:
-        return (f"held-out MLM perplexity {s['mlm_perplexity']:.3f} (loss {s['mlm_loss']:.4f}, "
-                f"accuracy {100 * s['mlm_accuracy']:.1f}%)")
 
     EVAL_READS = frozenset({"step", "data", "batch", "out"})
 
@@ -93,10 +89,9 @@ class MLMTask(MLMCorpus):
         batches of --data files."""
         cfg, model, step, _, _ = load_checkpoint(run, request.step, request.batch, tokenizer=False)
         cfg = scored_on(cfg, request)
-        reader = type(self)(cfg)
-        reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
+        valid = type(self)(cfg).read_data(run, primary=False, barrier=lambda: None).valid
         out = {"run": str(run), "step": step, "data": request.data or "validation batches of the run",
-               **mlm_perplexity(model, reader.valid)}
+               **mlm_perplexity(model, valid)}
         write_json(Path(request.out or run / f"eval_step{step}.json"), out)
         return out
 
@@ -115,11 +110,6 @@ class EncoderMLMTask(MLMTask):
     def flops_per_token(self, model) -> int:
         return module_flops(model, self.trainable(model), self.cfg.data.seq_len)
 
-    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
-        cfg = self.cfg
-        self.read_corpus(run_dir, primary, barrier, mlm_config(cfg), cfg.vocab_size,
-                         copy_from=tokenizer_source("", cfg.data.tokenizer))
-
     def summary(self, model) -> dict:
         return {"task": "", "arch": self.cfg.model.arch}
 
@@ -127,7 +117,7 @@ class EncoderMLMTask(MLMTask):
 class FusionMLMTask(FusionTask, MLMTask):
     """MLM through a fusion module over a backbone (task.name=mlm)."""
 
-    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+    def read_data(self, run_dir: Path, primary: bool, barrier) -> MLMPrepared:
         cfg = self.cfg
         src = cfg.task.init_from
         mlm, tokenizer = mlm_config(cfg), None
@@ -136,9 +126,9 @@ class FusionMLMTask(FusionTask, MLMTask):
             mlm = dataclasses.replace(mlm, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
                                       mask_id=tokenizer.mask_id,
                                       first_random_id=tokenizer.first_random_id)
-        self.read_corpus(run_dir, primary, barrier, mlm, backbone_vocab(cfg), tokenizer=tokenizer,
-                         copy_from=tokenizer_source(src, cfg.data.tokenizer))
-        self.init_step = None
+        return read_mlm_corpus(cfg, run_dir, primary, barrier, mlm, backbone_vocab(cfg),
+                               tokenizer=tokenizer,
+                               copy_from=tokenizer_source(src, cfg.data.tokenizer))
 
     def summary(self, model) -> dict:
         c = self.cfg

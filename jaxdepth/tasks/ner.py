@@ -12,10 +12,13 @@ backbone runs once per sentence and training and evaluation read its states from
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from functools import partial
 import logging
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import grain
@@ -194,76 +197,98 @@ def _max_words(splits, seq_len: int) -> int:
     return max(1, min(seq_len - 2, -(-longest // 8) * 8))
 
 
+@dataclass(frozen=True)
+class NERPrepared:
+    """What an NER run reads before training: the sentences of each split (the few-shot sample
+    for train), the backbone's word pieces, each split's arrays ([N, T] pieces, [N, P] word
+    slots; in fe mode with their state cache, filled by model_ready), the words per split that
+    did not fit data.seq_len, and the compiled sizes: word slots in use per training
+    micro-batch (all of the batch's rows, and a process's), evaluation batch and slots."""
+
+    sentences: dict[str, list]
+    words: Any
+    arrays: dict[str, dict]
+    dropped: dict[str, int]
+    train_active: int
+    words_per_micro: int
+    eval_batch: int
+    eval_active: Any
+
+
 class NERTask(FusionTask):
     """Few-shot NER through a fusion module; best dev F1 over training and test F1 there."""
+
+    prepared: NERPrepared
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         self.labels = ner_sentences.ner_labels(cfg.task.dir)
         self.n_labels = len(self.labels)
         self.cached = cfg.fusion.mode == "fe" and cfg.fusion.cache
-        self.train_active = 0  # word slots in use in a training micro-batch, at most; 0: all
 
-    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
-        cfg = self.cfg
-        self.run_dir, self.primary = run_dir, primary
-        t = cfg.task
+    def read_data(self, run_dir: Path, primary: bool, barrier) -> NERPrepared:
+        cfg, t = self.cfg, self.cfg.task
         train = pool = ner_sentences.read_split(t.dir, "train")
         if t.n_shot:
             train = ner_sentences.few_shot_sample(
                 pool, t.n_shot, ner_sentences.n_classes(self.labels), seed=t.seed)
-        self.sentences = {"train": train}
+        sentences = {"train": train}
         for split in SPLITS:
             sents = ner_sentences.read_split(t.dir, split)
-            self.sentences[split] = sents[:t.eval_max] if t.eval_max else sents
-        self.words = backbone_words(cfg, run_dir, primary, barrier,
-                                    texts=lambda: [" ".join(s.tokens) for s in train])
+            sentences[split] = sents[:t.eval_max] if t.eval_max else sents
+        words = backbone_words(cfg, run_dir, primary, barrier,
+                               texts=lambda: [" ".join(s.tokens) for s in train])
         # word slots per sentence from the whole training split, not the few-shot sample:
         # runs that differ in their sample alone (trials of task.n_shot / task.seed) have the
         # same shapes and, drawn per slot of [B, P] (models/fused.py), the same dropout masks
-        P = _max_words([pool, *self.sentences.values()], cfg.data.seq_len)
-        self.arrays, dropped = {}, {}
-        for split, sents in self.sentences.items():
-            self.arrays[split], dropped[split] = ner_sentences.encode_sentences(
-                sents, self.words.word_ids, self.labels, seq_len=cfg.data.seq_len, max_words=P,
-                cls_id=self.words.cls_id, sep_id=self.words.sep_id, pad_id=self.words.pad_id)
+        P = _max_words([pool, *sentences.values()], cfg.data.seq_len)
+        arrays, dropped = {}, {}
+        for split, sents in sentences.items():
+            arrays[split], dropped[split] = ner_sentences.encode_sentences(
+                sents, words.word_ids, self.labels, seq_len=cfg.data.seq_len, max_words=P,
+                cls_id=words.cls_id, sep_id=words.sep_id, pad_id=words.pad_id)
             if dropped[split]:
                 log.warning("NER %s: %d words do not fit in data.seq_len=%d and are scored as O",
                             split, dropped[split], cfg.data.seq_len)
-        self.dropped = dropped
         rows = cfg.data.batch_size // cfg.optim.accum_steps  # one micro-batch
-        used = slots_in_use(self.arrays["train"])
+        used = slots_in_use(arrays["train"])
         local = rows // jax.process_count()  # a process packs its own rows (WordCache.pack)
         drawn = drawn_active_bounds(used, seed=cfg.run.seed, steps=cfg.run.steps,
                                     batch=cfg.data.batch_size, accum=cfg.optim.accum_steps,
                                     processes=jax.process_count())
         whole, part = drawn or (train_active_bound(used, rows, cfg.data.batch_size),
                                 train_active_bound(used, local, cfg.data.batch_size))
-        self.train_active = compile_size(whole, rows * P)
-        self.words_per_micro = compile_size(part, local * P)
-        self.eval_batch = cfg.task.eval_batch or cfg.data.batch_size
-        self.eval_active = eval_active([self.arrays[s] for s in SPLITS], self.eval_batch)
+        eval_batch = cfg.task.eval_batch or cfg.data.batch_size
         if self.cached:  # filled by model_ready, before the first batch is read
-            for arrays in self.arrays.values():
+            for a in arrays.values():
                 if self.fusion_method.WHOLE_SEQUENCE:  # its layers read the whole sentence
-                    arrays["states"] = state_cache.StateCache(len(arrays["tokens"]))
+                    a["states"] = state_cache.StateCache(len(a["tokens"]))
                 else:
-                    arrays["words"] = state_cache.WordCache(arrays["positions"])
-        self.init_step = None
+                    a["words"] = state_cache.WordCache(a["positions"])
+        return NERPrepared(
+            sentences=sentences, words=words, arrays=arrays, dropped=dropped,
+            train_active=compile_size(whole, rows * P),
+            words_per_micro=compile_size(part, local * P),
+            eval_batch=eval_batch, eval_active=eval_active([arrays[s] for s in SPLITS], eval_batch))
+
+    def prepare(self, run_dir: Path, primary: bool, barrier) -> NERPrepared:
+        prepared = super().prepare(run_dir, primary, barrier)
         # Every process keeps the curve itself: only process 0 writes evals.jsonl, so another
         # process (another host) reading it at the end could see nothing or half of it. What
         # earlier invocations of a resumed run wrote is complete by now.
         self._read_curve()
+        return prepared
 
     def share_shapes(self, tasks: list) -> None:
         """Trials (trainer/trials.py) stack their batches and run one compiled step: every
         trial takes the largest of their bounds on the word slots a micro-batch uses (its
         seed's batches and its sample set its own). A larger bound still bounds its own
         batches, and padding slots are dropped, so its numbers stay its solo run's."""
-        active = max(t.train_active for t in tasks)
-        per_micro = max(t.words_per_micro for t in tasks)
+        active = max(t.prepared.train_active for t in tasks)
+        per_micro = max(t.prepared.words_per_micro for t in tasks)
         for t in tasks:
-            t.train_active, t.words_per_micro = active, per_micro
+            t.prepared = dataclasses.replace(t.prepared, train_active=active,
+                                             words_per_micro=per_micro)
 
     def _read_curve(self) -> None:
         evals = self.run_dir / "evals.jsonl"
@@ -277,9 +302,9 @@ class NERTask(FusionTask):
         """fe: the frozen backbone's states of every train, dev and test sentence, once."""
         if not self.cached:
             return
-        spec = state_cache.row_spec(model, self.arrays["train"])
-        size = sum(_cache(a).nbytes(spec) for a in self.arrays.values())
-        n = sum(len(a["tokens"]) for a in self.arrays.values())
+        spec = state_cache.row_spec(model, self.prepared.arrays["train"])
+        size = sum(_cache(a).nbytes(spec) for a in self.prepared.arrays.values())
+        n = sum(len(a["tokens"]) for a in self.prepared.arrays.values())
         on_disk = size > self.cfg.fusion.cache_mib * 2**20  # cache_mib=0: always
         where = self.run_dir / "cache"
         if self.primary:
@@ -289,7 +314,7 @@ class NERTask(FusionTask):
                   f"{self.cfg.fusion.cache_mib})", flush=True)
         batch = self.cfg.task.eval_batch or self.cfg.data.batch_size
         reused, digest = [], state_cache.backbone_digest(model)
-        for split, arrays in self.arrays.items():
+        for split, arrays in self.prepared.arrays.items():
             cache = _cache(arrays)
             # the training split at the width the uncached step feeds the backbone, so that
             # training is the same bit for bit; the others (scored only) by length
@@ -304,19 +329,21 @@ class NERTask(FusionTask):
                   f"reused, not stored again", flush=True)
 
     def dataset(self) -> grain.MapDataset:
-        train = self.arrays["train"]
+        train = self.prepared.arrays["train"]
         where = dict(global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
                      process_index=jax.process_index(), process_count=jax.process_count())
         if "words" in train:
             return grain.MapDataset.source(state_cache.PackedBatchSource(
                 {k: train[k] for k in ("mask", "positions", "labels")}, train["words"],
-                accum=self.cfg.optim.accum_steps, per_micro=self.words_per_micro, **where))
+                accum=self.cfg.optim.accum_steps, per_micro=self.prepared.words_per_micro,
+                **where))
         keep = ("states", "mask", "positions", "labels") if "states" in train else \
             ("tokens", "segments", "mask", "positions", "labels")
         return grain.MapDataset.source(ExampleBatchSource({k: train[k] for k in keep}, **where))
 
     def objective(self):
-        return ner_objective(self.train_active)
+        # not prepared (a benchmark feeding batches of its own): every word slot is in use
+        return ner_objective(self.prepared.train_active if self.prepared else 0)
 
     def flops_per_token(self, model) -> int:
         """With the cache a step never runs the backbone: the fusion module and head only
@@ -336,13 +363,16 @@ class NERTask(FusionTask):
             return (same_arrays({k: v for k, v in a.items() if k not in cached},
                                 {k: v for k, v in b.items() if k not in cached})
                     and all(k in a and k in b and a[k].array is b[k].array for k in cached))
-        return all(t.eval_batch == self.eval_batch and t.eval_active == self.eval_active
-                   and all(alike(t.arrays[s], self.arrays[s]) for s in SPLITS) for t in tasks)
+        p = self.prepared
+        return all(t.prepared.eval_batch == p.eval_batch and t.prepared.eval_active == p.eval_active
+                   and all(alike(t.prepared.arrays[s], p.arrays[s]) for s in SPLITS)
+                   for t in tasks)
 
     def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Dev and test F1 of each trial (tagged side by side, vmapped); each trial's task
         keeps its own curve and writes its own files."""
-        preds = {split: predict_ids(models, self.arrays[split], self.eval_batch, self.eval_active)
+        p = self.prepared
+        preds = {split: predict_ids(models, p.arrays[split], p.eval_batch, p.eval_active)
                  for split in SPLITS}
         return [t.finish_evaluation({s: preds[s][k] for s in SPLITS}, step, final)
                 for k, t in enumerate(tasks)]
@@ -350,8 +380,8 @@ class NERTask(FusionTask):
     def finish_evaluation(self, pred: dict, step: int, final: bool) -> tuple[dict, str]:
         res = {}
         for split in SPLITS:
-            sents = self.sentences[split]
-            tags = ner_sentences.decode_tags(pred[split], self.arrays[split]["labels"],
+            sents = self.prepared.sentences[split]
+            tags = ner_sentences.decode_tags(pred[split], self.prepared.arrays[split]["labels"],
                                              [len(s.tokens) for s in sents], self.labels)
             for k, v in entity_f1.f1([list(s.tags) for s in sents], tags).items():
                 res[f"{split}_{k}"] = v
@@ -372,17 +402,13 @@ class NERTask(FusionTask):
         c, t = self.cfg, self.cfg.task
         return {"task": "ner", "dir": t.dir, "n_shot": t.n_shot, "trial_seed": t.seed,
                 "method": c.fusion.method, "mode": c.fusion.mode, "backbone": t.init_from,
-                "train_sentences": len(self.sentences["train"]), "labels": list(self.labels),
-                "words_not_fitting": self.dropped, **res, "curve": curve}
+                "train_sentences": len(self.prepared.sentences["train"]),
+                "labels": list(self.labels),
+                "words_not_fitting": self.prepared.dropped, **res, "curve": curve}
 
     def summary(self, model) -> dict:
         return {"task": "ner", "init_from": self.cfg.task.init_from, "init_step": self.init_step,
                 "analysis": str(self.run_dir / "analysis" / "ner.json")}
-
-    def report(self, s: dict) -> str:
-        return (f"best dev F1 {100 * s['best_dev_f1']:.2f} at step {s['best_step']} (test F1 "
-                f"there {100 * s['test_f1_at_best']:.2f}; final test F1 {100 * s['test_f1']:.2f})"
-                f"\nresults: {s['analysis']}")
 
     EVAL_READS = frozenset({"step", "out", "splits"})
 
@@ -392,14 +418,14 @@ class NERTask(FusionTask):
         cfg, model, step, _, _ = load_checkpoint(run, request.step, 0, tokenizer=False)
         reader = NERTask(cfg)
         reader.cached = False  # one pass over each split: nothing to reuse
-        reader.prepare(run, primary=False, barrier=lambda: None)  # reads, never writes
+        data = reader.read_data(run, primary=False, barrier=lambda: None)  # never writes
         directory = Path(request.out) if request.out else run / "eval" / f"step{step}"
         res, tagged = {"run": str(run), "step": step}, {}
         for split in [s.strip() for s in (request.splits or "dev,test").split(",") if s.strip()]:
-            if split not in reader.sentences or split == "train":
+            if split not in data.sentences or split == "train":
                 raise ConfigError(f"--splits: {split!r} is not one of dev, test")
-            sents = reader.sentences[split]
-            pred = predict_tags(model, reader.arrays[split], [len(x.tokens) for x in sents],
+            sents = data.sentences[split]
+            pred = predict_tags(model, data.arrays[split], [len(x.tokens) for x in sents],
                                 reader.labels, cfg.task.eval_batch or cfg.data.batch_size)
             res[split] = entity_f1.f1([list(x.tags) for x in sents], pred)
             tagged[split] = [{"tokens": list(x.tokens), "gold": list(x.tags), "prediction": p}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import grain
@@ -43,32 +44,44 @@ def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
     return model, step
 
 
+@dataclass(frozen=True)
+class PrefixLMPrepared:
+    """What a fine-tuning run reads before training: the task's tokenized splits, the dev
+    batches of its loss, the examples exact match scores at every evaluation point and the
+    decoding's shapes for them."""
+
+    data: TaskData
+    dev: list[dict]
+    scored: dict[str, list]
+    geometry: Geometry
+
+
 class PrefixLMTask(DecoderTask):
     """Prefix-LM fine-tuning on a seq2seq task; evaluation = in-distribution loss on dev and
     exact match on the evaluation splits. Every evaluation point is appended to evals.jsonl."""
 
-    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
+    prepared: PrefixLMPrepared
+
+    def read_data(self, run_dir: Path, primary: bool, barrier) -> PrefixLMPrepared:
         cfg = self.cfg
-        self.run_dir, self.primary = run_dir, primary
-        self.data: TaskData = prepare_task_data(cfg.task, cfg.data.tokenizer, cfg.vocab_size,
-                                                cfg.data.seq_len, run_dir, primary, barrier,
-                                                cfg.data.tokenizer_type)
-        d = self.data
+        d = prepare_task_data(cfg.task, cfg.data.tokenizer, cfg.vocab_size, cfg.data.seq_len,
+                              run_dir, primary, barrier, cfg.data.tokenizer_type)
         b = cfg.data.batch_size
         dev = _pad_rows(d.dev, b)
-        self.dev = [{k: v[i:i + b] for k, v in dev.items()} for i in range(0, len(dev["inputs"]), b)]
         # The same seeded subset at every evaluation point, the last one included; eval.py
         # scores whole splits.
-        self.scored = {s: fixed_subset(d.splits[s], cfg.task.eval_max, cfg.task.seed)
-                       for s in d.eval_splits}
+        scored = {s: fixed_subset(d.splits[s], cfg.task.eval_max, cfg.task.seed)
+                  for s in d.eval_splits}
         batch = cfg.task.eval_batch or cfg.data.batch_size
-        self.geometry = Geometry.fit([e for ex in self.scored.values() for e in ex],
-                                     d.tokenizer, batch)
-        self.init_step = None
+        return PrefixLMPrepared(
+            data=d, dev=[{k: v[i:i + b] for k, v in dev.items()}
+                         for i in range(0, len(dev["inputs"]), b)],
+            scored=scored,
+            geometry=Geometry.fit([e for ex in scored.values() for e in ex], d.tokenizer, batch))
 
     def dataset(self) -> grain.MapDataset:
         return grain.MapDataset.source(ExampleBatchSource(
-            self.data.train, global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
+            self.prepared.data.train, global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
             process_index=jax.process_index(), process_count=jax.process_count()))
 
     def initial_model(self, mesh, fresh):
@@ -80,22 +93,24 @@ class PrefixLMTask(DecoderTask):
 
     def evaluates_alike(self, tasks) -> bool:
         # the prompts are encoded, and every trial's output decoded, with this tokenizer
-        proto = self.data.tokenizer.model_proto
-        return all(same_arrays(t.dev, self.dev) and t.scored == self.scored
-                   and t.geometry == self.geometry
-                   and t.data.tokenizer.model_proto == proto for t in tasks)
+        p = self.prepared
+        proto = p.data.tokenizer.model_proto
+        return all(same_arrays(t.prepared.dev, p.dev) and t.prepared.scored == p.scored
+                   and t.prepared.geometry == p.geometry
+                   and t.prepared.data.tokenizer.model_proto == proto for t in tasks)
 
     def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Dev loss and exact match of each trial (decoded side by side, vmapped); each
         trial's task appends to its own evals.jsonl and writes its own predictions."""
-        losses = mean_losses(models, self.dev, sharding)
-        records = evaluate_splits(models, self.data.tokenizer, self.scored, self.geometry)
+        p = self.prepared
+        losses = mean_losses(models, p.dev, sharding)
+        records = evaluate_splits(models, p.data.tokenizer, p.scored, p.geometry)
         return [t.finish_evaluation(loss, rec, step, final)
                 for t, (loss, _), rec in zip(tasks, losses, records)]
 
     def finish_evaluation(self, loss: float, records: dict, step: int,
                           final: bool) -> tuple[dict, str]:
-        d = self.data
+        d = self.prepared.data
         res = {"dev_loss": loss, **summarize(records, d.dev_split, d.gen_splits)}
         if self.primary:
             with open(self.run_dir / "evals.jsonl", "a") as f:
@@ -109,22 +124,11 @@ class PrefixLMTask(DecoderTask):
         return res, msg
 
     def summary(self, model: DecoderLM) -> dict:
+        d = self.prepared.data
         return {"task": self.cfg.task.name, "init_from": self.cfg.task.init_from,
-                "init_step": self.init_step, "unk": unk_summary(self.data.unk),
-                "train_examples": len(self.data.splits["train"]),
-                "train_rows": len(self.data.train["inputs"]),
-                "train_fill": float(np.mean(self.data.train["targets"] != 0))}
-
-    def report(self, s: dict) -> str:
-        scores = ", ".join(f"{k} {s[k]:.3f}" for k in ("id_accuracy", "gen_accuracy", "lexical",
-                                                        "structural") if s.get(k) is not None)
-        lines = [f"dev loss {s['dev_loss']:.4f}; exact match: {scores}"]
-        unk = s["unk"]
-        if unk["examples_with_unk"]:
-            lines.append(f"warning: {unk['examples_with_unk']} of {unk['examples']} examples "
-                         f"contain pieces unknown to the tokenizer, e.g. "
-                         f"{list(unk['unknown_words'])[:5]}")
-        return "\n".join(lines)
+                "init_step": self.init_step, "unk": unk_summary(d.unk),
+                "train_examples": len(d.splits["train"]), "train_rows": len(d.train["inputs"]),
+                "train_fill": float(np.mean(d.train["targets"] != 0))}
 
     EVAL_READS = frozenset({"step", "batch", "out", "splits", "task_dir", "max_examples"})
 

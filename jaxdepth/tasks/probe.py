@@ -10,7 +10,9 @@ gives the fixed-depth baseline to compare against.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import grain
@@ -59,8 +61,18 @@ def _predict(model, tokens, segments, mask, inference: bool):
     return jnp.argmax(logits, -1), out.N_BT
 
 
+@dataclass(frozen=True)
+class ProbePrepared:
+    """What a probing run reads: the tokenizer and the probing task's train/dev/test arrays."""
+
+    tokenizer: Any
+    splits: dict[str, dict[str, np.ndarray]]
+
+
 class ProbeTask(EncoderTask):
     """An encoder under a classification head, fine-tuned on a grammar probing task."""
+
+    prepared: ProbePrepared
 
     def __init__(self, cfg: Config, *, token_level: bool, **encoder):
         super().__init__(cfg, **encoder)
@@ -71,23 +83,22 @@ class ProbeTask(EncoderTask):
         return EncoderClassifier(self.build_encoder(key=k_enc), len(label_names(self.cfg.task.name)),
                                  self.token_level, key=k_head)
 
-    def prepare(self, run_dir: Path, primary: bool, barrier) -> None:
-        cfg = self.cfg
-        self.run_dir, self.primary = run_dir, primary
-        self.init_step = None
-        self.tokenizer = run_tokenizer(
+    def read_data(self, run_dir: Path, primary: bool, barrier) -> ProbePrepared:
+        cfg, t = self.cfg, self.cfg.task
+        tokenizer = run_tokenizer(
             run_dir, cfg.vocab_size, primary, barrier,
-            copy_from=tokenizer_source(cfg.task.init_from, cfg.data.tokenizer),
+            copy_from=tokenizer_source(t.init_from, cfg.data.tokenizer),
             texts=lambda: grammar.corpus_texts(cfg.data.grammar_docs, seed=cfg.data.grammar_seed),
             vocab_field=cfg.vocab_field, model_type=cfg.data.tokenizer_type)
-        t = cfg.task
-        self.data = make_probe_data(t.name, self.tokenizer, n_train=t.n_train, n_eval=t.n_eval,
-                                    seed=t.seed, seq_len=cfg.data.seq_len)
+        return ProbePrepared(tokenizer, make_probe_data(
+            t.name, tokenizer, n_train=t.n_train, n_eval=t.n_eval, seed=t.seed,
+            seq_len=cfg.data.seq_len))
 
     def dataset(self) -> grain.MapDataset:
         keep = ("tokens", "segments", "mask", "labels")
         return grain.MapDataset.source(ExampleBatchSource(
-            {k: self.data["train"][k] for k in keep}, global_batch=self.cfg.data.batch_size,
+            {k: self.prepared.splits["train"][k] for k in keep},
+            global_batch=self.cfg.data.batch_size,
             seed=self.cfg.run.seed, process_index=jax.process_index(),
             process_count=jax.process_count()))
 
@@ -122,7 +133,7 @@ class ProbeTask(EncoderTask):
         return eqx.tree_at(lambda m: m.encoder, fresh, encoder)
 
     def _score(self, model, split: str) -> dict:
-        d = self.data[split]
+        d = self.prepared.splits[split]
         b = self.cfg.task.eval_batch or self.cfg.data.batch_size
         inference = self.adaptive
         outs = [_predict(model, d["tokens"][i:i + b], d["segments"][i:i + b], d["mask"][i:i + b],
@@ -166,12 +177,6 @@ class ProbeTask(EncoderTask):
         return {"task": self.cfg.task.name, "arch": self.arch,
                 "init_from": self.cfg.task.init_from, "init_step": self.init_step,
                 "analysis": str(self.run_dir / "analysis")}
-
-    def report(self, s: dict) -> str:
-        p = s["probe"]
-        return (f"{p['arch']} on {p['task']}: test accuracy {100 * p['test']['accuracy']:.1f}% "
-                f"(dev {100 * p['dev']['accuracy']:.1f}%), mean iterations "
-                f"{p['test']['mean_iterations']:.2f}\nresults: {s['analysis']}")
 
     EVAL_READS = frozenset()  # its results are written while it trains
 

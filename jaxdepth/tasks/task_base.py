@@ -1,6 +1,9 @@
 """What every task shares: defaults of the trainer's Task interface (trainer/task.py)."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -14,15 +17,25 @@ class TaskBase:
     """Defaults: no pretrained weights, every float array trains (a model may narrow that with
     ``trainable_spec``, e.g. a frozen FE backbone), parameters counted from the arrays.
 
-    Each registered task also says what train.py prints at the end (``report(summary)``) and
-    what eval.py does with one of its checkpoints (``evaluate_checkpoint(run, request)``,
-    reading the request's ``EVAL_READS``)."""
+    Each task also says what eval.py does with one of its checkpoints
+    (``evaluate_checkpoint(run, request)``, reading the request's ``EVAL_READS``); what
+    train.py prints of its summary is jaxdepth/summary_text.py's."""
 
     uses_dropout = False
     reports_perplexity = False
+    init_step: int | None = None  # task.init_from's checkpoint step, once initial_model read it
+    prepared: Any = None  # what prepare returned; None before it
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+
+    def prepare(self, run_dir: Path, primary: bool, barrier) -> Any:
+        """The kind's ``read_data`` (its data as one frozen value of the type its module
+        declares), kept as ``self.prepared`` for the later methods, the only state they read
+        besides where the outputs go (``run_dir``, ``primary``; ``write_outputs_to``)."""
+        self.run_dir, self.primary = run_dir, primary
+        self.prepared = self.read_data(run_dir, primary, barrier)
+        return self.prepared
 
     def trainable(self, model):
         spec = getattr(model, "trainable_spec", None)

@@ -60,8 +60,11 @@ class Task(Protocol):
         not K times (trainer/trials.py); None: each trial holds all of its arrays. Asked
         only when every trial has the same task.init_from."""
 
-    def prepare(self, run_dir: Path, primary: bool, barrier: Callable[[], None]) -> None:
-        """Read or build the data (tokenizer, datasets, evaluation sets) into run_dir."""
+    def prepare(self, run_dir: Path, primary: bool, barrier: Callable[[], None]) -> Any:
+        """Read or build the data (tokenizer, datasets, evaluation sets) into run_dir and
+        return it: one frozen value of the type the kind's module declares (``LMPrepared``,
+        ``NERPrepared``, ...), which the task keeps as ``prepared``; the later methods read
+        the data from it alone."""
 
     def write_outputs_to(self, directory: Path) -> None:
         """Write what the task outputs while training (evaluations, analyses, predictions,
@@ -109,9 +112,6 @@ class Task(Protocol):
 
     def summary(self, model: eqx.Module) -> dict:
         """What summary.json adds for this kind of run."""
-
-    def report(self, summary: dict) -> str:
-        """What train.py prints of summary.json at the end, after the train loss."""
 
     def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """eval.py: evaluate a checkpoint of ``run`` (trained by this kind of run), write

@@ -52,16 +52,16 @@ def test_packing_outside_prefix_lm_fine_tuning_is_refused(arch, name):
         kind_of(_cfg(arch, name, dir="x", pack=True))
 
 
-def test_every_registered_kind_reports_and_evaluates_its_checkpoints():
-    """train.py prints task.report(summary) and eval.py calls task.evaluate_checkpoint: every
-    registered class defines both itself or through a base of its own kind."""
+def test_every_registered_kind_evaluates_its_checkpoints():
+    """eval.py calls task.evaluate_checkpoint and the trainer the rest of the protocol: every
+    registered class defines each method itself or through a base of its own kind."""
     assert set(kind_names()) == {"lm", "prefix_lm", "encoder_pretrain", "probe", "encoder_mlm",
                                  "mlm", "ner"}
     import dataclasses
 
     from jaxdepth.trainer.task import EvalRequest, Task
     methods = [n for n, v in vars(Task).items() if callable(v) and not n.startswith("_")]
-    assert {"report", "evaluate_checkpoint", "build_model", "evaluate"} <= set(methods)
+    assert {"evaluate_checkpoint", "build_model", "evaluate"} <= set(methods)
     requests = {f.name for f in dataclasses.fields(EvalRequest)}
     for kind, cls in _task_classes():
         for method in methods:  # the protocol is every method train.py, eval.py and the trainer call

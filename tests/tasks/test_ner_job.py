@@ -453,10 +453,9 @@ def test_n_shot_trains_on_n_times_c_sentences(ner_run, wikiann_dir, tmp_path):
         cfg = _ner_cfg(run, wikiann_dir, task={"n_shot": 2, "seed": seed})
         task = task_for(cfg)
         assert isinstance(task, NERTask)
-        task.prepare(run, True, lambda: None)
-        return task
+        return task, task.prepare(run, True, lambda: None)
 
-    a, b, c = prepared("a", 5), prepared("b", 5), prepared("c", 6)
+    (task_a, a), (task_b, b), (_, c) = prepared("a", 5), prepared("b", 5), prepared("c", 6)
     sa = a.sentences["train"]
     assert len(sa) == 6 == len(set(sa))  # N * C = 2 * 3, without replacement
     assert all(s in train_pool for s in sa)
@@ -465,10 +464,10 @@ def test_n_shot_trains_on_n_times_c_sentences(ner_run, wikiann_dir, tmp_path):
     assert len(a.sentences["dev"]) == len(a.sentences["test"]) == 10  # eval splits untouched
     assert a.arrays["train"]["tokens"].shape == (6, SEQ_LEN)
     # the batches drawn for training only ever hold those 6 sentences (and all of them)
-    ds = a.dataset()
+    ds = task_a.dataset()
     rows = {tuple(r) for i in range(3) for r in np.asarray(ds[i]["tokens"])}
     assert rows == {tuple(r) for r in a.arrays["train"]["tokens"]}
-    np.testing.assert_array_equal(ds[0]["tokens"], b.dataset()[0]["tokens"])
+    np.testing.assert_array_equal(ds[0]["tokens"], task_b.dataset()[0]["tokens"])
 
 
 # ----------------------------------------------------------------------------- 5. from a pretrained run
@@ -522,12 +521,12 @@ def test_mlm_fusion_perplexity_recomputed(pretrained, tmp_path):
     assert step == 4
     task = task_for(cfg)
     assert isinstance(task, FusionMLMTask)
-    task.prepare(run, True, lambda: None)  # the run's tokenizer and held-out batches
-    assert len(task.valid) == 2
-    got = mlm_perplexity(model, task.valid)
+    valid = task.prepare(run, True, lambda: None).valid  # the run's tokenizer, held-out batches
+    assert len(valid) == 2
+    got = mlm_perplexity(model, valid)
     # the held-out loss recomputed in NumPy from the model's logits at the masked slots
     nll = n = 0.0
-    for b in task.valid:
+    for b in valid:
         logits = np.asarray(model.masked_logits(b["tokens"], b["segments"], b["mask"],
                                                 b["mlm_positions"]), np.float64)
         logp = logits - logits.max(-1, keepdims=True)
@@ -627,12 +626,12 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
                fusion={"method": "concat", "mode": "fe"}, run={"eval_batches": 3})
     task = task_for(cfg)
     assert isinstance(task, FusionMLMTask)
-    task.prepare(tmp_path / "run", True, lambda: None)
+    data = task.prepare(tmp_path / "run", True, lambda: None)
     assert not (tmp_path / "run" / "data" / "tokenizer.model").exists()
     cls, sep, mask_id = vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"]
-    assert task.mlm.first_random_id == max(cls, sep, vocab["[PAD]"], vocab["[UNK]"]) + 1
+    assert data.mlm.first_random_id == max(cls, sep, vocab["[PAD]"], vocab["[UNK]"]) + 1
     un, es, co = vocab["UN"], vocab["##ES"], vocab["##CO"]
-    for batch in task.valid:
+    for batch in data.valid:
         for r in range(len(batch["tokens"])):
             n = int(batch["mask"][r].sum())
             orig = batch["tokens"][r].copy()
@@ -645,7 +644,7 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
             got = batch["tokens"][r][pos]
             assert all(t == mask_id or kinds[p] != 1 for t, p in zip(got, pos))
             random_ = [t for t, p in zip(got, pos) if kinds[p] == KIND_RANDOM]
-            assert all(t >= task.mlm.first_random_id for t in random_)
+            assert all(t >= data.mlm.first_random_id for t in random_)
             masked = set(pos.tolist())
             for i in range(1, n - 2):  # whole words: UN ##ES ##CO masked together or not at all
                 if orig[i] == un and orig[i + 1] == es and orig[i + 2] == co:

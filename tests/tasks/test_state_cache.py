@@ -62,8 +62,8 @@ def test_memory_mapped_cache_and_resume(ner_dir, tmp_path, capsys, uncached_dwat
     from jaxdepth.tasks.ner import NERTask
 
     task = NERTask(_ner_cfg(run, ner_dir, fusion={"method": "dwatt", "mode": "fe"}))
-    task.prepare(run, primary=False, barrier=lambda: None)
-    words = int((task.arrays["train"]["positions"] > 0).sum())  # the 40 sentences' words
+    data = task.prepare(run, primary=False, barrier=lambda: None)
+    words = int((data.arrays["train"]["positions"] > 0).sum())  # the 40 sentences' words
     rows = np.load(run / "cache" / "train.process0.npy", mmap_mode="r")
     assert rows.shape[0] == words > 40 and rows.ndim == 3 and rows.dtype == np.float32
     resumed = _run(run, ner_dir, "dwatt", cache_mib=0)

@@ -399,8 +399,7 @@ def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, ner_args):
     bounds = []
     for shots in (1, 8):
         task = task_for(parse_args(args(root / f"probe{shots}", **{"task.n_shot": shots})))
-        task.prepare(root / f"probe{shots}", True, lambda: None)
-        bounds.append(task.train_active)
+        bounds.append(task.prepare(root / f"probe{shots}", True, lambda: None).train_active)
     assert bounds[0] < bounds[1], bounds
 
     trials = runs("ner-trials", lambda run: args(run, **{"trials.n_shot": "1,8",
