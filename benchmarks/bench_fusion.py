@@ -93,6 +93,8 @@ def make_config(args, method: str, mode: str, ner_dir: str) -> Config:
             "optim": {"name": "adamw", "lr": 5e-5},
             "run": {"steps": 1000, "seed": args.seed},
             "mesh": {"data": args.data_devices}}
+    if args.hf:  # the backbone is the source's (task.init_from), its model not given here
+        over["model"] = {"arch": "encoder"}
     return apply_overrides(Config(), over)
 
 

@@ -120,6 +120,7 @@ def help_text(prog: str = "train.py") -> str:
                 "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
                 else "",
                 "run kinds: " + ", ".join(kinds) if kinds else "",
+                "model.arch: " + ", ".join(f.metadata["archs"]) if "archs" in f.metadata else "",
                 "may change when a run resumes" if f.metadata.get("resumable") else ""]))
             lines += textwrap.wrap(doc, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
         lines.append("")

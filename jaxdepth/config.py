@@ -67,6 +67,13 @@ def read_by(*kinds: str, default: Any = dataclasses.MISSING, may_resume: bool = 
     return field(default=default, metadata={"kinds": kinds, "resumable": may_resume})
 
 
+def for_archs(*archs: str, default: Any, may_resume: bool = False) -> Any:
+    """A model-section field that only these model.arch values read (the decoder's relative
+    positions, say): set for another architecture it is refused (``Config``), not ignored.
+    may_resume: also ``resumable``."""
+    return field(default=default, metadata={"archs": archs, "resumable": may_resume})
+
+
 def kinds_reading(section: str, name: str) -> tuple[str, ...] | None:
     """The run kinds that read ``section.name``; None: every kind that has the section."""
     cls = SECTIONS[section]
@@ -125,22 +132,24 @@ class ModelConfig:
     n_layers: int = 4  # depth (a depth family trades it for d_ff at equal size: Eq. 1)
     d_ff: int = 512  # hidden width of each gated-GELU feed-forward block
     n_heads: int = 0  # 0 -> d_model // 64 (at least 1); d_attn = d_model either way
-    rel_buckets: int = 32  # T5 relative-position buckets (shared by all layers)
-    rel_max_distance: int = 128  # distance beyond which relative positions share a bucket
+    rel_buckets: int = for_archs("decoder", default=32)  # T5 relative-position buckets (all layers)
+    # distance beyond which relative positions share a bucket
+    rel_max_distance: int = for_archs("decoder", default=128)
     dropout: float = 0.0  # dropout rate in every layer (decoder / encoder); 0 off
     # weight of the z-loss log(Z)^2 on the output logits; 0 off
     z_loss: float = read_by("lm", "prefix_lm", default=0.0)
-    compute_dtype: str = "float32"  # parameters stay float32; "bfloat16" computes in bf16
+    # parameters stay float32; "bfloat16" computes in bf16
+    compute_dtype: str = for_archs("decoder", default="float32")
     remat: str = resumable("none")  # none | full | dots (save matmul outputs, recompute the rest)
     scan_layers: bool = resumable(True)  # False runs a Python loop over layers (tests, debugging)
     # layers per scan iteration; 0: all of them up to 2 layers, else 1
-    scan_unroll: int = resumable(0)
+    scan_unroll: int = for_archs("decoder", default=0, may_resume=True)
     # tokens per chunk of the fused output-projection + loss; 0: unfused
     xent_chunk: int = read_by("lm", "prefix_lm", default=2048, may_resume=True)
     # The decoder's training/eval attention (models/layers.py): einsum (our own, the reference) |
     # dot_product (jax.nn.dot_product_attention, implementation=None: XLA's path in jax 0.10) |
     # cudnn (the same call forcing cuDNN's fused flash kernel: GPU only, bf16 compute).
-    attention: str = resumable("einsum")
+    attention: str = for_archs("decoder", default="einsum", may_resume=True)
     # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied, ALBERT
     # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion backbone)
     arch: str = "decoder"
@@ -656,9 +665,10 @@ class Config:
     trials: TrialsConfig = field(default_factory=TrialsConfig)
     preset: str = ""
     # Layout of the saved config.json: 1 (before MODEL_SECTION: ACT runs read their
-    # vocabulary from model.vocab_size) and 2 (optim.b1/b2/eps saved for every optimizer)
-    # are upgraded on reading (Config.from_dict, upgrade).
-    version: int = 3
+    # vocabulary from model.vocab_size), 2 (optim.b1/b2/eps saved for every optimizer) and 3
+    # (the decoder's own model fields accepted for the encoder, model fields for fusion over
+    # task.init_from) are upgraded on reading (Config.from_dict, upgrade).
+    version: int = 4
 
     def __post_init__(self):
         mine = MODEL_SECTION[self.model.arch]
@@ -671,6 +681,12 @@ class Config:
                         else f"{other}.{f.name} is read for model.arch {users} only")
                 raise ConfigError(f"{other}.{f.name}: model.arch={self.model.arch!r} is described "
                                   f"by the {mine} section; {hint}", field=f"{other}.{f.name}")
+        for f in dataclasses.fields(self.model):
+            archs = f.metadata.get("archs")
+            if archs and self.model.arch not in archs and getattr(self.model, f.name) != f.default:
+                raise ConfigError(f"model.{f.name}: model.arch={self.model.arch!r} does not read "
+                                  f"it (read for model.arch {', '.join(archs)})",
+                                  field=f"model.{f.name}")
         # Which sections must agree for a given model.arch and task.name is decided by
         # run_kinds.kind_of, the one place that dispatches on them.
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
@@ -754,23 +770,38 @@ class Config:
 
 
 def upgrade(d: dict) -> dict:
-    """A config dict of an older layout in today's (version 3); others unchanged.
+    """A config dict of an older layout in today's (version 4); others unchanged.
 
     Version 1 described act/albert/bert models in the act section but took their vocabulary
     from model.vocab_size, and wrote every section whatever the architecture: the section
     that did not describe the model held values the run never read, and they are dropped.
     Versions 1 and 2 saved optim.b1, b2 and eps whatever the optimizer; those its optimizer
-    does not read (which today's config refuses) are dropped."""
+    does not read (which today's config refuses) are dropped. Versions 1-3 accepted the
+    decoder's own model fields for model.arch encoder, and model/act fields for a fusion run
+    over task.init_from (whose backbone is the source's); never read, they are dropped."""
     version = d.get("version", 1)
-    _require(version in (1, 2, 3), "version", f"must be 1, 2 or 3, got {json.dumps(version)}")
-    if version == 3:
+    _require(version in (1, 2, 3, 4), "version",
+             f"must be 1, 2, 3 or 4, got {json.dumps(version)}")
+    if version == 4:
         return d
     d = _upgrade_model_sections(d) if version == 1 else d
     optim = d.get("optim")
-    if isinstance(optim, dict) and optim.get("name") in optimizer_names():
+    if version < 3 and isinstance(optim, dict) and optim.get("name") in optimizer_names():
         reads = optimizer(optim["name"]).DEFAULTS
         d = {**d, "optim": {k: v for k, v in optim.items() if k in reads or k not in OWN_FIELDS}}
-    return {**d, "version": 3}
+    return {**_drop_unread_model_fields(d), "version": 4}
+
+
+def _drop_unread_model_fields(d: dict) -> dict:
+    model, task = d.get("model"), d.get("task", {})
+    if not isinstance(model, dict) or not isinstance(task, dict):
+        return d  # from_dict names whatever is malformed
+    arch = model.get("arch", ModelConfig.arch)
+    if task.get("init_from") and task.get("name") in FUSION_TASKS:
+        return {**d, "model": {k: v for k, v in model.items() if k == "arch"}, "act": {}}
+    unread = {f.name for f in dataclasses.fields(ModelConfig)
+              if arch not in f.metadata.get("archs", (arch,))}
+    return {**d, "model": {k: v for k, v in model.items() if k not in unread}}
 
 
 def _upgrade_model_sections(d: dict) -> dict:

@@ -358,7 +358,7 @@ def test_version_1_configs_are_upgraded():
     old_act = {"model": {**vars(ModelConfig(vocab_size=777, d_model=64)), "arch": "albert"},
                "act": {"vocab_size": 512, "d_model": 32, "n_heads": 2, "tau": 5e-4}}
     cfg = Config.from_dict(old_act)
-    assert cfg.version == 3 and cfg.model == ModelConfig(arch="albert")
+    assert cfg.version == 4 and cfg.model == ModelConfig(arch="albert")
     assert (cfg.act.vocab_size, cfg.act.d_model, cfg.act.tau) == (777, 32, 5e-4)
     old_dec = {"model": {"d_model": 64}, "act": {"tau": 0.5, "d_model": 32}}
     cfg = Config.from_dict(old_dec)
@@ -366,8 +366,8 @@ def test_version_1_configs_are_upgraded():
     # the current layout is read as written: the same dicts with version 2 are refused
     with pytest.raises(ConfigError, match="^act.d_model: model.arch='decoder'"):
         Config.from_dict({**old_dec, "version": 2})
-    with pytest.raises(ConfigError, match="^version: must be 1, 2 or 3, got 4"):
-        Config.from_dict({"version": 4})
+    with pytest.raises(ConfigError, match="^version: must be 1, 2, 3 or 4, got 5"):
+        Config.from_dict({"version": 5})
 
 
 def test_version_2_configs_drop_the_moments_their_optimizer_does_not_read():
@@ -378,11 +378,59 @@ def test_version_2_configs_drop_the_moments_their_optimizer_does_not_read():
     v2["optim"] = {**v2["optim"], "b1": 0.9, "b2": 0.99, "eps": 1e-8}
     cfg = Config.from_dict(v2)
     assert (cfg.optim.name, cfg.optim.b1, cfg.optim.b2, cfg.optim.eps) == ("adafactor", None, None, None)
-    assert cfg.version == 3 and cfg == Config()
+    assert cfg.version == 4 and cfg == Config()
     with pytest.raises(ConfigError, match="^optim.b1: optim.name adafactor does not read it"):
         Config.from_dict({**v2, "version": 3})
     lamb = {**v2, "optim": {**v2["optim"], "name": "lamb", "b2": 0.98, "eps": 1e-6}}
     assert (Config.from_dict(lamb).optim.b2, Config.from_dict(lamb).optim.eps) == (0.98, 1e-6)
+
+
+def test_the_decoder_s_own_model_fields_are_refused_for_another_architecture():
+    """model.rel_buckets and the other decoder-only fields (declared ``for_archs``) are
+    refused for the BERT encoder, naming the field and who reads it; the act/albert/bert
+    encoders are described by the act section, so any model field is refused there."""
+    from jaxdepth.cli import parse_args
+
+    for name, value in (("rel_buckets", "16"), ("rel_max_distance", "64"),
+                        ("compute_dtype", "bfloat16"), ("attention", "dot_product"),
+                        ("scan_unroll", "2")):
+        with pytest.raises(ConfigError, match=rf"^model.{name}: model.arch='encoder' does not "
+                                              rf"read it \(read for model.arch decoder\)"):
+            parse_args(["--model.arch", "encoder", f"--model.{name}", value])
+        assert getattr(parse_args([f"--model.{name}", value]).model, name) == type(
+            getattr(ModelConfig(), name))(value)
+    assert parse_args(["--model.arch", "encoder", "--model.d_ff", "64"]).model.d_ff == 64
+    with pytest.raises(ConfigError, match="^model.rel_buckets: model.arch='act' is described"):
+        parse_args(["--model.arch", "act", "--model.rel_buckets", "16"])
+
+
+def test_a_fusion_run_over_a_source_reads_no_model_field():
+    """Over task.init_from the backbone's shape and options are its source's: a model or act
+    field given to the fusion run is refused, not silently dropped; without a source the
+    backbone is built from them and they are read."""
+    from jaxdepth.cli import parse_args
+
+    for task in (["--task.name", "ner", "--task.dir", "x"], ["--task.name", "mlm"]):
+        with pytest.raises(ConfigError, match=r"^model.dropout: a (ner|mlm) run over "
+                                              r"task.init_from \(runs/b\) takes its backbone"):
+            parse_args([*task, "--task.init_from", "runs/b", "--model.dropout", "0.1"])
+        assert parse_args([*task, "--model.dropout", "0.1"]).model.dropout == 0.1
+        assert parse_args([*task, "--task.init_from", "runs/b", "--model.arch", "encoder"])
+
+
+def test_version_3_configs_drop_the_model_fields_they_never_read():
+    v3 = {**Config().to_dict(), "version": 3}
+    enc = {**v3, "model": {**v3["model"], "arch": "encoder", "rel_buckets": 16, "d_ff": 64}}
+    cfg = Config.from_dict(enc)
+    assert (cfg.version, cfg.model.rel_buckets, cfg.model.d_ff) == (4, 32, 64)
+    with pytest.raises(ConfigError, match="^model.rel_buckets: model.arch='encoder'"):
+        Config.from_dict({**enc, "version": 4})
+    fused = {**v3, "task": {**v3["task"], "name": "mlm", "init_from": "runs/b"},
+             "model": {**v3["model"], "arch": "encoder", "dropout": 0.1}}
+    cfg = Config.from_dict(fused)
+    assert (cfg.model.arch, cfg.model.dropout) == ("encoder", 0.0)
+    dec = {**v3, "model": {**v3["model"], "rel_buckets": 16}}  # read: kept
+    assert Config.from_dict(dec).model.rel_buckets == 16
 
 
 def test_a_version_1_checkpoint_config_resumes(tmp_path):

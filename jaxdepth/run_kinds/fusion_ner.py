@@ -1,5 +1,8 @@
 """Layer fusion for NER over any backbone (task.name ner; docs/design.md §4): its shape comes
 from task.init_from or the config."""
+import dataclasses
+
+from ..errors import ConfigError
 from . import RunKind, moments
 
 
@@ -13,6 +16,22 @@ class FusionNER(RunKind):
     @classmethod
     def claims(cls, cfg) -> bool:
         return cfg.task.name == cls.NAME
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        # Over task.init_from the backbone's shape and options are the source's (its
+        # config.json, or a Hugging Face config): the model sections describe nothing here.
+        if not cfg.task.init_from:
+            return
+        for section in ("model", "act"):
+            given = getattr(cfg, section)
+            default = type(given)()
+            for f in dataclasses.fields(given):
+                if f.name != "arch" and getattr(given, f.name) != getattr(default, f.name):
+                    raise ConfigError(
+                        f"{section}.{f.name}: a {cls.NAME} run over task.init_from "
+                        f"({cfg.task.init_from}) takes its backbone from there and does not "
+                        f"read it", field=f"{section}.{f.name}")
 
     @classmethod
     def recipe(cls, cfg) -> dict:

@@ -379,6 +379,8 @@ def ner_args(tmp_path_factory):
                "run.save_every": 4, "run.log_every": 1, "run.progress": "false",
                "task.name": "ner", "task.dir": task_dir,
                "fusion.method": "dwatt", "fusion.mode": "fe", **fields}
+        if "task.init_from" in fields:  # the backbone is the source's: its model is not given
+            out = {k: v for k, v in out.items() if not k.startswith("model.") or k == "model.arch"}
         return [x for k, v in out.items() for x in (f"--{k}", str(v))]
 
     args.root = root
