@@ -38,7 +38,7 @@ JSON is rewritten after every K (``complete``: false until the end), so a run ki
 keeps what it measured.
 
 Evaluation (``--parts eval``): one evaluation point of K (``--eval-ks``) fresh tiny-L2 trials,
-``Task.evaluate_trials`` vmapped against each trial's ``evaluate`` on its slice (the two
+``Task.evaluate`` vmapped against each trial's ``evaluate_one`` on its slice (the two
 ``trials.evaluation`` settings), interleaved, for prefix-LM fine-tuning on the grammar's
 passivization (dev loss and greedy exact match of ``--eval-examples`` per split) and LM
 validation perplexity; with the first (compiling) call's time and whether both give the same
@@ -308,7 +308,7 @@ def eval_tasks(kind: str, k: int, work: Path, tokenizer: Path, n_eval: int) -> l
 
 def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
     """One evaluation point of K fresh trials (random weights, as at step 0), vmapped
-    (Task.evaluate_trials, one program over the stacked models) against trial by trial (each
+    (Task.evaluate, one program over the stacked models) against trial by trial (each
     trial's evaluate on its slice, the solo programs), interleaved; and whether both give the
     same numbers."""
     import equinox as eqx
@@ -322,8 +322,8 @@ def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
     assert tasks[0].vmaps_evaluation(tasks), "the trials do not evaluate alike"
     sh = batch_sharding(make_mesh(tasks[0].cfg.mesh))  # as the training loop evaluates
     stacked = Models(stacked, k)
-    calls = {"vmapped": lambda: tasks[0].evaluate_trials(stacked, tasks, 0, sh, False),
-             "trial_by_trial": lambda: [t.evaluate(stacked.one(i), 0, sh, False)
+    calls = {"vmapped": lambda: tasks[0].evaluate(stacked, tasks, 0, sh, False),
+             "trial_by_trial": lambda: [t.evaluate_one(stacked.one(i), 0, sh, False)
                                         for i, t in enumerate(tasks)]}
     first = {n: timed(c)[1] for n, c in calls.items()}  # compiles
     results = {n: c() for n, c in calls.items()}

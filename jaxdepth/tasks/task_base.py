@@ -64,9 +64,10 @@ class TaskBase:
     # Evaluation. A kind that writes ``evaluate_all(models: Models, tasks, ...)`` (one list
     # entry per trial) evaluates a solo run through it and, when ``evaluates_alike`` says
     # its trials' evaluation inputs are the same, every trial in one vmapped pass; otherwise
-    # (or for a kind that only writes ``evaluate``) trial by trial, sharing its programs.
+    # (or for a kind that only writes ``evaluate_one``) trial by trial, sharing its programs.
 
-    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+    def evaluate_one(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+        """(metrics, one-line message) of one model at an evaluation point."""
         return self.evaluate_all(Models(model), [self], step, sharding, final)[0]
 
     def vmaps_evaluation(self, tasks) -> bool:
@@ -80,10 +81,11 @@ class TaskBase:
             self._vmaps = (key, vmaps)
         return self._vmaps[1]
 
-    def evaluate_trials(self, models, tasks, step: int, sharding, final: bool) -> list:
+    def evaluate(self, models, tasks, step: int, sharding, final: bool) -> list:
         if self.vmaps_evaluation(tasks):
             return self.evaluate_all(models, tasks, step, sharding, final)
-        return [t.evaluate(models.one(k), step, sharding, final) for k, t in enumerate(tasks)]
+        return [t.evaluate_one(models.one(k), step, sharding, final)
+                for k, t in enumerate(tasks)]
 
     def evaluates_alike(self, tasks) -> bool:
         """Whether every trial's task evaluates on the same inputs as this one."""

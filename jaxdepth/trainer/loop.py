@@ -32,6 +32,7 @@ from .sharding import batch_sharding, make_mesh, to_global
 from .step import make_train_step, sharded_init, state_shardings
 from .task import Task
 from . import trials as tr
+from ..trial_axis import Models
 
 
 class NonFiniteLossError(RunFailed):
@@ -347,12 +348,11 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
                              **rates)
 
     def run_eval(step: int, final: bool = False) -> None:
-        """Each trial's evaluation by its own task (Task.evaluate_trials: vmapped over the
-        stacked model where the trials evaluate on the same inputs)."""
+        """Each trial's evaluation by its own task (Task.evaluate: vmapped over the stacked
+        model where the trials evaluate on the same inputs)."""
         t0 = time.perf_counter()
-        results = ([task.evaluate(state.model, step, eval_sharding, final)]
-                   if trials is None else
-                   task.evaluate_trials(state.models(), tasks, step, eval_sharding, final))
+        models = Models(state.model) if trials is None else state.models()
+        results = task.evaluate(models, tasks, step, eval_sharding, final)
         for k, (ev, message) in enumerate(results):
             trial = {} if trials is None else {"trial": k}
             (history if trials is None else trial_history[k]).update(ev)

@@ -96,18 +96,16 @@ class Task(Protocol):
 
     def param_count(self, model: eqx.Module) -> int: ...
 
-    def evaluate(self, model: eqx.Module, step: int, sharding, final: bool) -> tuple[dict, str]:
-        """(metrics, one-line message) at an evaluation point."""
-
-    def evaluate_trials(self, models: Models, tasks: list["Task"], step: int, sharding,
-                        final: bool) -> list[tuple[dict, str]]:
-        """A run with trials: each trial's ``evaluate``, in order, the K trials' models
-        given as ``Models`` and their tasks (this one first). A kind
-        whose trials evaluate on the same inputs runs the device work vmapped over the trials
-        (``Models``); each trial's task still writes its own outputs."""
+    def evaluate(self, models: Models, tasks: list["Task"], step: int, sharding,
+                 final: bool) -> list[tuple[dict, str]]:
+        """Each trial's (metrics, one-line message) at an evaluation point, in order: the
+        models given as ``Models`` (one model for a solo run, ``Models(model)`` with
+        ``[task]``) and their tasks, this one first. A kind whose trials evaluate on the same
+        inputs runs the device work vmapped over the trials; each trial's task still writes
+        its own outputs."""
 
     def vmaps_evaluation(self, tasks: list["Task"]) -> bool:
-        """Whether evaluate_trials runs these trials' evaluation vmapped (summary.json's
+        """Whether evaluate runs these trials' evaluation vmapped (summary.json's
         "evaluation"), rather than trial by trial."""
 
     def summary(self, model: eqx.Module) -> dict:
