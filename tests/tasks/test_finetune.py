@@ -224,3 +224,30 @@ def test_cogs_cpu_preset_data_on_real_cogs(tmp_path, shared_data):
     assert len(d.train["inputs"]) < n / 4  # more than four examples per 256-token row
     assert pieces / d.train["inputs"].size > 0.95
     np.testing.assert_array_equal(np.unique(d.train["segment_ids"][:, 0]), [1])
+
+
+def test_prepare_returns_the_data_as_one_frozen_value(tmp_path):
+    """prepare returns the kind's data (PrefixLMPrepared, frozen) and keeps it as
+    task.prepared; besides it, it records only where the outputs go. read_data builds an
+    equal value and sets nothing (eval.py's way to read a run's data)."""
+    import dataclasses
+
+    from jaxdepth.tasks import task_for
+    from jaxdepth.tasks.prefix_lm import PrefixLMPrepared
+
+    tok = tmp_path / "tok.model"
+    train_tokenizer(corpus_texts(100, seed=0), 96).save(tok)
+    cfg = _cfg(tmp_path / "run", data={"tokenizer": str(tok)})
+    task = task_for(cfg)
+    before = set(vars(task))
+    data = task.prepare(tmp_path / "run", True, lambda: None)
+    assert isinstance(data, PrefixLMPrepared) and task.prepared is data
+    assert set(vars(task)) - before == {"prepared", "run_dir", "primary"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        data.dev = []
+    fresh = task_for(cfg)
+    again = fresh.read_data(tmp_path / "run", False, lambda: None)
+    assert vars(fresh).keys() == before
+    assert again.scored == data.scored and again.geometry == data.geometry
+    assert len(again.dev) == len(data.dev) and all(
+        np.array_equal(a[k], b[k]) for a, b in zip(again.dev, data.dev) for k in a)
