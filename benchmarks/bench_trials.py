@@ -297,7 +297,8 @@ def eval_tasks(kind: str, k: int, work: Path, tokenizer: Path, n_eval: int) -> l
             "--run.seeds", ",".join(map(str, range(k))), "--trials.evaluation", "vmapped"]
     if kind == "prefix_lm":
         args += ["--task.name", "passivization", "--task.n_train", "64", "--task.n_eval",
-                 str(n_eval), "--task.eval_max", str(n_eval), "--data.seq_len", "96", "--task.truncate", "true"]
+                 str(n_eval), "--task.eval_max", str(n_eval), "--data.seq_len", "96",
+                 "--task.truncate", "true"]
     else:  # the LM's validation set: documents of the grammar corpus
         args += ["--data.grammar_docs", "20000"]
     tasks = [task_for(c) for c in trial_configs(parse_args(args))]

@@ -673,20 +673,19 @@ class Config:
     def __post_init__(self):
         mine = MODEL_SECTION[self.model.arch]
         other = "act" if mine == "model" else "model"
-        default, given = SECTIONS[other](), getattr(self, other)
-        for f in dataclasses.fields(given):
-            if f.name != "arch" and getattr(given, f.name) != getattr(default, f.name):
-                users = ", ".join(a for a, s in MODEL_SECTION.items() if s == other)
-                hint = (f"set {mine}.{f.name} instead" if hasattr(getattr(self, mine), f.name)
-                        else f"{other}.{f.name} is read for model.arch {users} only")
-                raise ConfigError(f"{other}.{f.name}: model.arch={self.model.arch!r} is described "
-                                  f"by the {mine} section; {hint}", field=f"{other}.{f.name}")
-        for f in dataclasses.fields(self.model):
-            archs = f.metadata.get("archs")
-            if archs and self.model.arch not in archs and getattr(self.model, f.name) != f.default:
-                raise ConfigError(f"model.{f.name}: model.arch={self.model.arch!r} does not read "
-                                  f"it (read for model.arch {', '.join(archs)})",
-                                  field=f"model.{f.name}")
+        for name in self.changed(other):
+            users = ", ".join(a for a, s in MODEL_SECTION.items() if s == other)
+            hint = (f"set {mine}.{name} instead" if hasattr(getattr(self, mine), name)
+                    else f"{other}.{name} is read for model.arch {users} only")
+            raise ConfigError(f"{other}.{name}: model.arch={self.model.arch!r} is described "
+                              f"by the {mine} section; {hint}", field=f"{other}.{name}")
+        archs = {f.name: f.metadata["archs"] for f in dataclasses.fields(ModelConfig)
+                 if "archs" in f.metadata}
+        for name in self.changed("model"):
+            if name in archs and self.model.arch not in archs[name]:
+                raise ConfigError(f"model.{name}: model.arch={self.model.arch!r} does not read "
+                                  f"it (read for model.arch {', '.join(archs[name])})",
+                                  field=f"model.{name}")
         # Which sections must agree for a given model.arch and task.name is decided by
         # run_kinds.kind_of, the one place that dispatches on them.
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
@@ -705,6 +704,14 @@ class Config:
             if kind is not None:
                 object.__setattr__(self, "optim",
                                    self.optim.with_recipe(kind.recipe(self), kind.NAME))
+
+    def changed(self, section: str) -> list[str]:
+        """The fields of a section that differ from its defaults (model.arch, the choice of
+        architecture, never counts)."""
+        given, default = getattr(self, section), SECTIONS[section]()
+        return [f.name for f in dataclasses.fields(given)
+                if (section, f.name) != ("model", "arch")
+                and getattr(given, f.name) != getattr(default, f.name)]
 
     @property
     def model_section(self) -> str:

@@ -415,7 +415,8 @@ def test_a_fusion_run_over_a_source_reads_no_model_field():
                                               r"task.init_from \(runs/b\) takes its backbone"):
             parse_args([*task, "--task.init_from", "runs/b", "--model.dropout", "0.1"])
         assert parse_args([*task, "--model.dropout", "0.1"]).model.dropout == 0.1
-        assert parse_args([*task, "--task.init_from", "runs/b", "--model.arch", "encoder"])
+        assert parse_args([*task, "--task.init_from", "runs/b",
+                           "--model.arch", "encoder"]).model.arch == "encoder"
 
 
 def test_version_3_configs_drop_the_model_fields_they_never_read():

@@ -1,7 +1,5 @@
 """Layer fusion for NER over any backbone (task.name ner; docs/design.md §4): its shape comes
 from task.init_from or the config."""
-import dataclasses
-
 from ..errors import ConfigError
 from . import RunKind, moments
 
@@ -24,14 +22,10 @@ class FusionNER(RunKind):
         if not cfg.task.init_from:
             return
         for section in ("model", "act"):
-            given = getattr(cfg, section)
-            default = type(given)()
-            for f in dataclasses.fields(given):
-                if f.name != "arch" and getattr(given, f.name) != getattr(default, f.name):
-                    raise ConfigError(
-                        f"{section}.{f.name}: a {cls.NAME} run over task.init_from "
-                        f"({cfg.task.init_from}) takes its backbone from there and does not "
-                        f"read it", field=f"{section}.{f.name}")
+            for name in cfg.changed(section):
+                raise ConfigError(f"{section}.{name}: a {cls.NAME} run over task.init_from "
+                                  f"({cfg.task.init_from}) takes its backbone from there and "
+                                  f"does not read it", field=f"{section}.{name}")
 
     @classmethod
     def recipe(cls, cfg) -> dict:

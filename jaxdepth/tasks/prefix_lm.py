@@ -81,7 +81,8 @@ class PrefixLMTask(DecoderTask):
 
     def dataset(self) -> grain.MapDataset:
         return grain.MapDataset.source(ExampleBatchSource(
-            self.prepared.data.train, global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
+            self.prepared.data.train, global_batch=self.cfg.data.batch_size,
+            seed=self.cfg.run.seed,
             process_index=jax.process_index(), process_count=jax.process_count()))
 
     def initial_model(self, mesh, fresh):

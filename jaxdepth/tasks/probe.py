@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import equinox as eqx
 import grain
@@ -63,9 +62,9 @@ def _predict(model, tokens, segments, mask, inference: bool):
 
 @dataclass(frozen=True)
 class ProbePrepared:
-    """What a probing run reads: the tokenizer and the probing task's train/dev/test arrays."""
+    """What a probing run reads: the probing task's train/dev/test arrays (tokenized with the
+    run's tokenizer, which the run directory keeps)."""
 
-    tokenizer: Any
     splits: dict[str, dict[str, np.ndarray]]
 
 
@@ -90,7 +89,7 @@ class ProbeTask(EncoderTask):
             copy_from=tokenizer_source(t.init_from, cfg.data.tokenizer),
             texts=lambda: grammar.corpus_texts(cfg.data.grammar_docs, seed=cfg.data.grammar_seed),
             vocab_field=cfg.vocab_field, model_type=cfg.data.tokenizer_type)
-        return ProbePrepared(tokenizer, make_probe_data(
+        return ProbePrepared(make_probe_data(
             t.name, tokenizer, n_train=t.n_train, n_eval=t.n_eval, seed=t.seed,
             seq_len=cfg.data.seq_len))
 
