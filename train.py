@@ -36,7 +36,8 @@ def _train(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from jaxdepth.errors import exit_process
     from jaxdepth.runtime import tune_malloc
 
     tune_malloc()  # the process is ours: before jax allocates anything
-    sys.exit(main(sys.argv[1:]))
+    exit_process(main(sys.argv[1:]))

@@ -326,4 +326,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..errors import exit_process
+
+    exit_process(main())

@@ -44,4 +44,6 @@ def _run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from ..errors import exit_process
+
+    exit_process(main(sys.argv[1:]))

@@ -51,4 +51,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..errors import exit_process
+
+    exit_process(main())

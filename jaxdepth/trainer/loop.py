@@ -25,7 +25,7 @@ from ..errors import Interrupted, RunFailed, warn, writing
 from . import checkpoint as ckpt
 from .mfu import device_peak_flops
 from .memory import step_check
-from .metrics import MetricsWriter, training_figures
+from .metrics import MetricsWriter, TrainingClock, training_figures
 from .optim import make_optimizer, schedule
 from .run_lock import run_lock
 from .sharding import batch_sharding, make_mesh, to_global
@@ -44,6 +44,13 @@ class NonFiniteLossError(RunFailed):
 # UNIFORM_TOLERANCE of ln(vocab_size), the loss of uniform predictions, after warm-up.
 STUCK_STEPS = 20
 UNIFORM_TOLERANCE = 1e-3
+# ... or (a run from fresh weights) whose mean loss over the PROGRESS_WINDOW steps after warm-up
+# is less than MIN_PROGRESS (relative) below its mean over its first PROGRESS_WINDOW steps: a
+# fresh model at a working learning rate moves far more by then (tiny-L2 at its recipe's lr:
+# the loss from 6.7 at step 1 to 3.0 at step 60, 55% down), one at lr 1e-12 0.01%. Runs from
+# pretrained weights may start near their final loss, so they are not judged by it.
+PROGRESS_WINDOW = 10
+MIN_PROGRESS = 0.01
 
 
 def barrier(name: str) -> None:
@@ -61,6 +68,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.signum = 0
+        self.finishing = False  # past the last step: the final evaluation and summary
         self._previous: dict = {}
 
     def __enter__(self) -> "StopSignals":
@@ -83,6 +91,11 @@ class StopSignals:
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
+        if self.finishing:  # every step is trained and saved: only the evaluation is left
+            print(f"{name}: the last step is trained and saved; finishing the final evaluation "
+                  f"and summary.json (send it again to exit at once, without them: rerunning "
+                  f"the same command then evaluates again)", file=sys.stderr, flush=True)
+            return
         print(f"{name}: stopping after the current step, once its checkpoint is saved (send it "
               f"again to exit at once, without saving)", file=sys.stderr, flush=True)
 
@@ -101,8 +114,9 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task, tasks=No
     only then is the data iterator restored in place: restoring it starts reading batches,
     which may depend on the model (a frozen backbone's cached states).
     tasks: the trials' tasks (trainer/trials.py), when the run has trials; `task` is the
-    first. Returns (state, state shardings)."""
-    state, shardings, data_state = _model_state(cfg, tx, mesh, mngr, task, tasks)
+    first. Returns (state, state shardings, whether the model starts from fresh weights: no
+    checkpoint, no pretrained weights)."""
+    state, shardings, data_state, fresh = _model_state(cfg, tx, mesh, mngr, task, tasks)
     if tasks is None:
         task.model_ready(state.model)
     else:
@@ -111,11 +125,12 @@ def restore_or_init(cfg: Config, tx, mesh, mngr, data_iter, task: Task, tasks=No
     if data_state is not None:
         data_iter.set_state(data_state)
     data_iter.start_prefetch()  # loader threads or workers start while the step compiles
-    return state, shardings
+    return state, shardings, fresh
 
 
 def _model_state(cfg: Config, tx, mesh, mngr, task: Task, tasks=None):
-    """(state, shardings, the data iterator's saved state or None for a fresh start)."""
+    """(state, shardings, the data iterator's saved state or None for a fresh start, whether
+    the model's weights are fresh)."""
     cfgs = None if tasks is None else [t.cfg for t in tasks]
     abstract, shardings = (state_shardings(cfg, tx, mesh, task) if cfgs is None
                            else tr.trial_shardings(cfgs, tx, mesh, task))
@@ -141,17 +156,20 @@ def _model_state(cfg: Config, tx, mesh, mngr, task: Task, tasks=None):
                          f"moved to {dest}; resuming from step {step}")
             barrier("checkpoint_fallback")
             mngr.reload()  # forget the steps moved away (the next saves must not touch them)
-        return state, shardings, data_state
+        return state, shardings, data_state, False
     # pretrained weights, with this run's run-time options, or None
     if cfgs is None:
         pretrained = task.initial_model(mesh, abstract.model)
-        return sharded_init(cfg, tx, mesh, task, shardings, pretrained), shardings, None
+        state = sharded_init(cfg, tx, mesh, task, shardings, pretrained)
+        return state, shardings, None, pretrained is None
     model = tr.one_abstract_model(abstract)
     if tr.own_pretrained(cfgs):
         pretrained = [t.initial_model(mesh, model) for t in tasks]
+        fresh = all(p is None for p in pretrained)
     else:
         pretrained = task.initial_model(mesh, model)
-    return tr.trials_init(cfgs, tx, task, shardings, pretrained), shardings, None
+        fresh = pretrained is None
+    return tr.trials_init(cfgs, tx, task, shardings, pretrained), shardings, None, fresh
 
 
 def train(cfg: Config, task: Task | list[Task]) -> dict:
@@ -217,7 +235,8 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
         data_iter = lm_iterator(task.dataset())
     else:
         data_iter = tr.TrialIterator([lm_iterator(t.dataset()) for t in tasks])
-    state, shardings = restore_or_init(cfgs[0], tx, mesh, mngr, data_iter, task, trials)
+    state, shardings, fresh = restore_or_init(cfgs[0], tx, mesh, mngr, data_iter, task,
+                                              trials)
     model_of = ((lambda k: state.model) if trials is None
                 else (lambda k: state.models().one(k)))
     start = int(np.asarray(state.step).flat[0])  # [K] with trials
@@ -236,7 +255,8 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
     eval_sharding = batch_sharding(mesh)
     fields = tr.varying(cfgs) if trials else []
     names = [tr.label(c, fields) for c in cfgs]  # "run.seed=1, optim.lr=0.003"
-    frozen_seen: set[int] = set()
+    frozen_seen: set[int] = set()  # trials whose freezing was reported
+    frozen_logged: set[int] = set()  # ... and logged to metrics.jsonl
     writer = MetricsWriter(run_dir, enabled=primary)
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * n_trials
     flops_per_token, n_params = task.flops_per_token(model_of(0)), task.param_count(model_of(0))
@@ -247,9 +267,17 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
     bar = tqdm(total=cfg.run.steps, initial=start, disable=not (primary and cfg.run.progress),
                unit="step", dynamic_ncols=True)
     # Throughput is timed from the first finished step of this invocation (so compilation is
-    # excluded) to the latest one, less the time spent evaluating in between.
-    last = {"time": time.perf_counter(), "step": start}
+    # excluded) to the latest one, on a clock that stops while evaluating. A step whose record
+    # carries a rate is waited for as soon as it is dispatched, before the next is (timed):
+    # where the CPU runs a step as it is dispatched, the record of step N comes after step N+1
+    # ran, and a rate read then would count N+1 in the interval before it and in none after.
+    clock = TrainingClock()
+    last = {"time": clock.now(), "step": start}
     first = dict(last)
+    stamps: dict[int, float] = {}  # the clock when each timed step was done
+
+    def timed(step: int) -> bool:
+        return step == start + 1 or step % cfg.run.log_every == 0 or step == end
     # This invocation's training figures; the end fills in what it did not measure (a
     # resumed run with fewer than two steps left) from metrics.jsonl.
     history: dict = {}
@@ -258,6 +286,9 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
     stuck = {"zero_grad": 0, "uniform": 0, "warned": set()}
     ln_vocab = math.log(cfg.vocab_size) if task.reports_perplexity else None
     warmup = cfg.optim.warmup_steps or 0
+    # the losses of a fresh run's first PROGRESS_WINDOW steps and of the window after warm-up
+    progress_at = max(warmup, PROGRESS_WINDOW) + PROGRESS_WINDOW if fresh and start == 0 else 0
+    losses: dict[int, float] = {}
 
     def non_finite(step: int, m: dict) -> str | None:
         values = [("loss", m["loss"]), ("gradient norm", m["grad_norm"]),
@@ -309,6 +340,20 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
             warn(f"the loss has stayed at ln(vocab_size) = ln {cfg.vocab_size} = "
                  f"{ln_vocab:.4f} (uniform predictions) for {STUCK_STEPS} steps in a row after "
                  f"warm-up ({steps}): the run is not learning")
+        if step <= PROGRESS_WINDOW or step > progress_at - PROGRESS_WINDOW:
+            losses[step] = m["loss"]
+        if step == progress_at and not (stuck["zero_grad"] or stuck["uniform"]):
+            # (a run the two detectors above are already watching is theirs to name)
+            window = (progress_at - PROGRESS_WINDOW + 1, progress_at)
+            before = float(np.mean([losses[s] for s in range(1, PROGRESS_WINDOW + 1)]))
+            after = float(np.mean([losses[s] for s in range(window[0], window[1] + 1)]))
+            drop = (before - after) / abs(before) if before else 0.0
+            if drop < MIN_PROGRESS:
+                warn(f"the mean loss over steps {window[0]}-{window[1]}, after warm-up, is "
+                     f"{after:.4f}, {100 * drop:.2f}% below its mean over steps "
+                     f"1-{PROGRESS_WINDOW} ({before:.4f}): a model trained from fresh weights "
+                     f"should have moved further; the run is hardly learning (optim.lr "
+                     f"{cfg.optim.lr:g}?)")
 
     def record(step: int, metrics) -> None:
         """Read a finished step's metrics (a sync point) and log them (one record per trial
@@ -325,12 +370,12 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
         history.update(train_loss=m["loss"])
         for k, r in enumerate(rows if trials is not None else []):
             trial_history[k].update(train_loss=r["loss"])
-        now = time.perf_counter()
+        now = stamps.pop(step, None)
         rates = {}
-        if step == start + 1:
+        if now is not None and step == start + 1:
             last.update(time=now, step=step)
             first.update(time=now, step=step)
-        elif step % cfg.run.log_every == 0 or step == end:
+        elif now is not None:
             tps = (step - last["step"]) * tokens_per_step / max(now - last["time"], 1e-9)
             rates = dict(tokens_per_s=tps, mfu=tps * flops_per_token / peak_total)
             last.update(time=now, step=step)
@@ -339,6 +384,10 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
             bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{tps:,.0f}")
         if step % cfg.run.log_every == 0 or step == end or step == start + 1:
             for k, r in enumerate(rows):
+                if r.get("frozen"):  # logged once, as frozen: its later values mean nothing
+                    if k in frozen_logged:
+                        continue
+                    frozen_logged.add(k)
                 extra = {n: v for n, v in r.items()
                          if n not in ("loss", "grad_norm", "param_norm", "tokens")}
                 ppl = {"ppl": math.exp(min(r["loss"], 80.0))} if task.reports_perplexity else {}
@@ -350,25 +399,23 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
     def run_eval(step: int, final: bool = False) -> None:
         """Each trial's evaluation by its own task (Task.evaluate: vmapped over the stacked
         model where the trials evaluate on the same inputs)."""
-        t0 = time.perf_counter()
-        models = Models(state.model) if trials is None else state.models()
-        results = task.evaluate(models, tasks, step, eval_sharding, final)
-        for k, (ev, message) in enumerate(results):
-            trial = {} if trials is None else {"trial": k}
-            (history if trials is None else trial_history[k]).update(ev)
-            writer.write(step, **trial, **{n: v for n, v in ev.items()
-                                           if isinstance(v, (int, float))
-                                           and not n.endswith("_tokens")})
-            bar.write(f"step {step}: {'' if trials is None else f'trial {k}: '}{message}")
-        spent = time.perf_counter() - t0  # not training time
-        last["time"] += spent
-        first["time"] += spent
+        jax.block_until_ready(state)  # the step in flight is training time: the clock runs
+        with clock.paused():
+            models = Models(state.model) if trials is None else state.models()
+            results = task.evaluate(models, tasks, step, eval_sharding, final)
+            for k, (ev, message) in enumerate(results):
+                trial = {} if trials is None else {"trial": k}
+                (history if trials is None else trial_history[k]).update(ev)
+                writer.write(step, **trial, **{n: v for n, v in ev.items()
+                                               if isinstance(v, (int, float))
+                                               and not n.endswith("_tokens")})
+                bar.write(f"step {step}: {'' if trials is None else f'trial {k}: '}{message}")
 
     trial_history: list[dict] = [{} for _ in tasks]  # each trial's train loss and evaluation
     pending = None
     saving = None  # step of the latest asynchronous save, watched for a failure
     stopped = None  # (step, signal) of a stop asked for by SIGTERM / SIGINT
-    # the handlers are the loop's only: restored before the summary, an error or a stop
+    # the handlers are the run's only: restored after the summary, an error or a stop
     with StopSignals() as signals:
         try:
             for step in range(start + 1, end + 1):
@@ -382,6 +429,9 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
                         raise
                 batch = to_global(next(data_iter), b_sharding)
                 state, metrics = step_fn(state, batch)
+                if timed(step):
+                    jax.block_until_ready(state)
+                    stamps[step] = clock.now()
                 if pending is not None:  # step N is dispatched; now read step N-1 without stalling
                     record(*pending)
                 pending = (step, metrics)
@@ -412,41 +462,45 @@ def _train(cfg: Config, task, run_dir: Path, primary: bool) -> dict:
             with contextlib.suppress(Exception):
                 mngr.wait_until_finished()
             raise
-    bar.close()
-    if stopped is not None:
-        writer.close()
-        mngr.close()
-        step, signum = stopped
-        raise Interrupted(f"stopped at step {step} by {signal.Signals(signum).name}: checkpoint "
-                          f"of step {step} saved; rerun the same command to resume")
+        bar.close()
+        if stopped is not None:
+            writer.close()
+            mngr.close()
+            step, signum = stopped
+            raise Interrupted(f"stopped at step {step} by {signal.Signals(signum).name}: "
+                              f"checkpoint of step {step} saved; rerun the same command to "
+                              f"resume")
 
-    final_step = int(np.asarray(state.step).flat[0])
-    summary = {"step": final_step, "done": final_step >= cfg.run.steps}
-    if final_step >= cfg.run.steps:
-        run_eval(final_step, final=True)
-        if primary:
-            measured = training_figures(run_dir / "metrics.jsonl", final_step, tokens_per_step)
-            if "tokens_per_s" in measured:
-                measured["mfu"] = measured["tokens_per_s"] * flops_per_token / peak_total
-            history = {**measured, **history}
-        summary.update(history)
-        summary.update(params=n_params, flops_per_token=flops_per_token,
-                       peak_flops=peak, peak_source=peak_source, devices=mesh.size)
-        if trials is None:
-            summary.update(task.summary(state.model))
-        else:
-            summary.pop("train_loss", None)
-            frozen = np.asarray(jax.device_get(state.frozen))
-            per_trial = [{"trial": k, "settings": tr.settings(cfgs[k], fields),
-                          "frozen": bool(frozen[k]), **trial_history[k],
-                          **t.summary(model_of(k))} for k, t in enumerate(tasks)]
-            summary.update(tr.aggregate(per_trial), evaluation=(
-                "vmapped" if task.vmaps_evaluation(tasks) else "trial by trial"))
-    summary.update(run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"),
-                   metrics=str(run_dir / "metrics.jsonl"), tensorboard=str(run_dir / "tb"))
-    if primary and summary["done"]:
-        with writing(run_dir / "summary.json"):
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        # A signal from here on lets the run finish: it is trained and saved (StopSignals).
+        signals.finishing = True
+        final_step = int(np.asarray(state.step).flat[0])
+        summary = {"step": final_step, "done": final_step >= cfg.run.steps}
+        if final_step >= cfg.run.steps:
+            run_eval(final_step, final=True)
+            if primary:
+                measured = training_figures(run_dir / "metrics.jsonl", final_step,
+                                            tokens_per_step)
+                if "tokens_per_s" in measured:
+                    measured["mfu"] = measured["tokens_per_s"] * flops_per_token / peak_total
+                history = {**measured, **history}
+            summary.update(history)
+            summary.update(params=n_params, flops_per_token=flops_per_token,
+                           peak_flops=peak, peak_source=peak_source, devices=mesh.size)
+            if trials is None:
+                summary.update(task.summary(state.model))
+            else:
+                summary.pop("train_loss", None)
+                frozen = np.asarray(jax.device_get(state.frozen))
+                per_trial = [{"trial": k, "settings": tr.settings(cfgs[k], fields),
+                              "frozen": bool(frozen[k]), **trial_history[k],
+                              **t.summary(model_of(k))} for k, t in enumerate(tasks)]
+                summary.update(tr.aggregate(per_trial), evaluation=(
+                    "vmapped" if task.vmaps_evaluation(tasks) else "trial by trial"))
+        summary.update(run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"),
+                       metrics=str(run_dir / "metrics.jsonl"), tensorboard=str(run_dir / "tb"))
+        if primary and summary["done"]:
+            with writing(run_dir / "summary.json"):
+                (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     writer.close()
     mngr.close()
     return summary

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import math
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import writing
@@ -60,13 +63,33 @@ class MetricsWriter:
             self._jsonl.flush()
         prefix = "" if trial is None else f"trial_{trial}/"
         for k, v in rec.items():
-            if k not in ("step", "trial"):
+            # a non-finite value (a trial's, as it is frozen) stays in metrics.jsonl; TensorBoard
+            # would plot nothing for it and tensorboardX warns of it on every write
+            if k not in ("step", "trial") and math.isfinite(v):
                 self._tb.add_scalar(prefix + k, v, step)
 
     def close(self) -> None:
         if self.enabled:
             self._jsonl.close()
             self._tb.close()
+
+
+class TrainingClock:
+    """Wall time less the time spent evaluating: what throughput is measured against."""
+
+    def __init__(self) -> None:
+        self._paused = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self._paused
+
+    @contextmanager
+    def paused(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused += time.perf_counter() - t0
 
 
 def training_figures(path: Path, final_step: int, tokens_per_step: int) -> dict:

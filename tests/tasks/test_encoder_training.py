@@ -181,8 +181,8 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
             task_ = task_for(cfg)
             task_.prepare(run, True, lambda: None)
             tx = make_optimizer(cfg.optim, cfg.run.steps)
-            state, _ = restore_or_init(cfg, tx, make_mesh(cfg.mesh), ckpt.open_manager(run, 1),
-                                       lm_iterator(task_.dataset()), task_)
+            state, _, _ = restore_or_init(cfg, tx, make_mesh(cfg.mesh), ckpt.open_manager(run, 1),
+                                          lm_iterator(task_.dataset()), task_)
             for a, b in zip(jax.tree.leaves(eqx.filter(state.model.encoder, eqx.is_array)),
                             jax.tree.leaves(eqx.filter(enc, eqx.is_array))):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

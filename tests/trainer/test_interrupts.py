@@ -117,6 +117,62 @@ print("not reached", flush=True)
         "SIGTERM again: exiting at once, without saving"]
 
 
+def _train_py(tokenizer, run, prelude: str, steps: int,
+              cache_dir=None) -> subprocess.CompletedProcess:
+    """train.py run as its own __main__, for `steps` steps, in a process that first runs
+    `prelude`."""
+    argv = ["train.py", *map(str, args(run, tokenizer)), f"--run.steps={steps}"]
+    script = prelude + f"""
+import runpy, sys
+sys.argv = {argv!r}
+runpy.run_path({str(REPO / "train.py")!r}, run_name="__main__")
+"""
+    return subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, env=subprocess_env(cache_dir=cache_dir), timeout=240)
+
+
+def test_a_ctrl_c_while_the_process_exits_ends_it_without_a_traceback(tmp_path, tokenizer):
+    """What is left after train.py's last line is the interpreter's clean-up (jax's atexit
+    callbacks): a Ctrl-C there, such as a second one after a stop, ends the process at once
+    (130 in a shell) instead of printing a KeyboardInterrupt traceback from inside a callback.
+    The Ctrl-C is sent by the last atexit callback to run (the first registered); a config
+    error is the quickest way out of train.py, and every way out ends through the same line."""
+    res = _train_py(tokenizer, tmp_path / "run", """
+import atexit, os, signal, time
+def clean_up():  # as jax's does, work that a Ctrl-C lands in
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+atexit.register(clean_up)
+""", steps=-1)
+    assert res.returncode == -signal.SIGINT, res.stderr[-3000:]
+    assert res.stderr.splitlines() == ["config error: run.steps: must be positive, got -1"], \
+        res.stderr[-3000:]
+
+
+def test_a_signal_during_the_final_evaluation_lets_the_finished_run_write_its_summary(
+        tmp_path, tokenizer, jit_cache):
+    """Every step is trained and saved when the final evaluation starts: a SIGTERM then (sent
+    here by the evaluation itself) lets it finish, writes summary.json and exits 0."""
+    run = tmp_path / "run"
+    res = _train_py(tokenizer, run, """
+import os, signal
+from jaxdepth.tasks.task_base import TaskBase
+evaluate = TaskBase.evaluate
+def signalled(self, models, tasks, step, sharding, final):
+    if final:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return evaluate(self, models, tasks, step, sharding, final)
+TaskBase.evaluate = signalled
+""", steps=3, cache_dir=jit_cache)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.splitlines()[-1:] == [
+        "SIGTERM: the last step is trained and saved; finishing the final evaluation and "
+        "summary.json (send it again to exit at once, without them: rerunning the same command "
+        "then evaluates again)"], res.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["done"] and summary["step"] == 3 and "valid_loss" in summary
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_processes_stop_at_the_same_step_when_one_gets_the_signal(tmp_path, tokenizer):
