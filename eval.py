@@ -40,8 +40,9 @@ def parse(argv):
     p.add_argument("--run", required=True, help="run directory written by train.py")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--trial", type=int, default=None,
-                   help="a run with trials: evaluate this trial (exported first to "
-                        "<run>/trials/<k>, a single-trial run that the results go to)")
+                   help="a run with trials (required there, refused elsewhere): evaluate this "
+                        "trial (exported first to <run>/trials/<k>, a single-trial run that the "
+                        "results go to)")
     p.add_argument("--data", default="", help="comma-separated text/JSONL files (default: the run's validation set)")
     p.add_argument("--batch", type=int, default=0, help="sequences per batch (default: the run's batch size)")
     p.add_argument("--out", default="", help="LM: JSON output path (default: <run>/eval_step<N>.json); "
@@ -78,9 +79,18 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
         cfg = Config.from_dict(saved_config(run_dir))
         cfgs = trial_configs(cfg)
         cfg = cfgs[0] if len(cfgs) == 1 else cfg  # a solo run: {seed} paths as it trained
-        return cfg, task_for(cfg)
+        return cfg, task_for(cfg), len(cfgs)
 
-    cfg, task = task_of(run)
+    cfg, task, n_trials = task_of(run)
+    # A run with trials saves the K models stacked: restored as one model, every checkpoint
+    # would read as corrupt (its tree does not match). Told from the config before restoring.
+    if trial is None and n_trials > 1:
+        raise ConfigError(f"--trial: {run} is a run with {n_trials} trials, each its own model; "
+                          f"give --trial k (0..{n_trials - 1}) to evaluate trial k", field="trial")
+    if trial is not None and n_trials == 1 and (run / "config.json").is_file():
+        raise ConfigError(f"--trial {trial}: {run} is a run without trials (no run.seeds or "
+                          f"trials list in its config.json); evaluate it without --trial",
+                          field="trial")
     # A flag this kind of run does not read would be silently ignored: refused before anything
     # is written (a trial's export). A kind that reads none says why itself.
     given = [f for f in dataclasses.fields(request)
@@ -95,7 +105,7 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
         from jaxdepth.trainer.trial_export import export_trial
 
         run = export_trial(run, trial, task_for)
-        cfg, task = task_of(run)
+        cfg, task, _ = task_of(run)
     return task.evaluate_checkpoint(run, request)
 
 

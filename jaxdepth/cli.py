@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, TrialsConfig,
-                     apply_overrides, kinds_reading, recipe_lines, refuse_unread)
+                     apply_overrides, kinds_reading, recipe_lines, refuse_shadowed,
+                     refuse_unread)
 from .presets import from_preset, presets
 from .run_kinds import kind_of
 
@@ -175,7 +176,10 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
     kind_of(cfg)  # refuse a model.arch / task.name combination no task runs, before any work
     # a field given here that this kind of run does not read would be silently ignored (a
     # config file or preset may hold every field: only what is given here is checked)
-    refuse_unread(cfg, [(sec, name) for sec, names in overrides.items() for name in names])
+    given = [(sec, name) for sec, names in overrides.items() for name in names]
+    refuse_unread(cfg, given)
+    # a field given here that a trials list also sets would be dropped from every trial
+    refuse_shadowed(cfg, given)
     return cfg
 
 

@@ -96,6 +96,20 @@ def refuse_unread(cfg: "Config", given) -> None:
                               f"{', '.join(kinds)})", field=given_as)
 
 
+def refuse_shadowed(cfg: "Config", given) -> None:
+    """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
+    explicitly) that a list of cfg's trials sets in every trial (``per_trial``), where the
+    value given would go unused. The list may come from a config file: the field given is
+    dropped all the same; a field a config file or preset sets is not checked, since those
+    hold every field."""
+    lists = per_trial(cfg)
+    for section, name in given:
+        setting = f"{section}.{name}"
+        if setting in lists:
+            raise ConfigError(f"{setting}: given with {lists[setting]}, which sets it for every "
+                              f"trial; give one of them", field=setting)
+
+
 def resumable_fields() -> frozenset[str]:
     """Every ``section.field`` declared ``resumable``."""
     return frozenset(f"{sec}.{f.name}" for sec, cls in SECTIONS.items()
@@ -207,8 +221,8 @@ class DataConfig:
     workers: int = read_by("lm", default=0)
     # On resume, start the data stream afresh at the restored step on the corpus as it is now
     # (e.g. shards appended) instead of refusing a changed corpus; the token-file path
-    # re-tokenizes it (data/corpus/streaming.py, data/corpus/prepare.py). Every resume given
-    # it restarts.
+    # re-tokenizes it with the run's tokenizer (data/corpus/streaming.py,
+    # data/corpus/prepare.py). Every resume given it restarts.
     restart_stream: bool = read_by("lm", default=False, may_resume=True)
     # streaming: documents the tokenizer is trained on
     tokenizer_sample: int = read_by("lm", default=50_000)
@@ -312,13 +326,15 @@ class OptimConfig:
         _require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
         _require(self.clip_norm >= 0.0, "optim.clip_norm", "must be >= 0")
 
-    def with_recipe(self, recipe: dict, kind: str) -> "OptimConfig":
+    def with_recipe(self, recipe: dict, kind: str,
+                    per_trial: frozenset = frozenset()) -> "OptimConfig":
         """These settings, with the fields left unset taken from `recipe` (run kind `kind`'s).
         A recipe's learning rate belongs to its optimizer: naming another optimizer without a
-        learning rate is refused rather than run at a rate meant for a different update rule."""
+        learning rate is refused rather than run at a rate meant for a different update rule,
+        unless every trial gives its own (per_trial: the fields a trials list sets)."""
         if not self.from_recipe:
             return self
-        if "lr" in self.from_recipe and "name" not in self.from_recipe \
+        if "lr" in self.from_recipe and "lr" not in per_trial and "name" not in self.from_recipe \
                 and self.name != recipe["name"]:
             raise ConfigError(f"optim.lr: the {kind} recipe's learning rate {recipe['lr']} is "
                               f"for {recipe['name']}; with optim.name {self.name} give "
@@ -406,7 +422,8 @@ class TrialsConfig:
     """Values of a setting tried side by side, as trials of one compiled program
     (trainer/trials.py): each field a comma-separated list for the setting it names. The
     trials are the grid product of these lists and run.seeds. Only settings that change no
-    array shape can vary between trials."""
+    array shape can vary between trials. A list gives its setting (a learning rate for an
+    optimizer other than the recipe's included); the setting given as well is refused."""
     lr: str = ""  # optim.lr
     weight_decay: str = ""  # optim.weight_decay
     # task.seed (few-shot sample, grammar splits); "seed": each trial's run.seed (a few-shot
@@ -702,8 +719,8 @@ class Config:
             except ConfigError:  # no task runs this config: kind_of says why where it is asked
                 kind = None
             if kind is not None:
-                object.__setattr__(self, "optim",
-                                   self.optim.with_recipe(kind.recipe(self), kind.NAME))
+                object.__setattr__(self, "optim", self.optim.with_recipe(
+                    kind.recipe(self), kind.NAME, _optim_per_trial(self)))
 
     def changed(self, section: str) -> list[str]:
         """The fields of a section that differ from its defaults (model.arch, the choice of
@@ -832,8 +849,10 @@ SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
 def recipe_lines(cfg: Config) -> list[str]:
     """What the run kind's recipe set (printed at start-up): nothing when the config set every
     optimizer field itself."""
+    # Not the recipe's: None (a field its optimizer does not read), or a field a trials list
+    # sets, which every trial runs at a value of its own.
     taken = [f for f in RECIPE_FIELDS if f in cfg.optim.from_recipe
-             and getattr(cfg.optim, f) is not None]  # None: a field its optimizer does not read
+             and getattr(cfg.optim, f) is not None and f not in _optim_per_trial(cfg)]
     if not taken:
         return []
     values = ", ".join(f"{f}={getattr(cfg.optim, f)}" for f in taken)
@@ -993,6 +1012,22 @@ def trial_grid(cfg: Config) -> list[dict]:
     if cfg.trials.task_seed == FOLLOWS_SEED:
         grid = [{**t, "task.seed": t["run.seed"]} for t in grid]
     return grid
+
+
+def per_trial(cfg: Config) -> dict[str, str]:
+    """The settings (``section.field``) that each trial of cfg sets for itself, each to the list
+    that sets it (``{"optim.lr": "trials.lr", "run.seed": "run.seeds"}``): the value cfg holds
+    for such a setting is no trial's. {} for a run without trials."""
+    grid = trial_grid(cfg)
+    if not grid:
+        return {}
+    lists = {**{f: f"trials.{n}" for n, (f, _) in TRIAL_FIELDS.items()}, "run.seed": "run.seeds"}
+    # without run.seeds every trial keeps cfg's run.seed
+    return {s: lists[s] for s in grid[0] if s != "run.seed" or cfg.run.seeds.strip()}
+
+
+def _optim_per_trial(cfg: Config) -> frozenset[str]:
+    return frozenset(s.split(".")[1] for s in per_trial(cfg) if s.startswith("optim."))
 
 
 def trial_configs(cfg: Config) -> list[Config]:

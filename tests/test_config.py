@@ -530,6 +530,66 @@ def test_a_field_is_checked_only_where_the_user_gave_it(tmp_path):
     assert lm.fusion.method == "concat" and lm.run.steps == 3
 
 
+_NER = ["--task.name", "ner", "--task.dir", "d", "--model.arch", "encoder"]
+_SHADOWED = [  # (command line, the field given, the list that sets it for every trial)
+    (["--optim.lr", "0.01", "--trials.lr", "1e-3,2e-3"], "optim.lr", "trials.lr"),
+    (["--trials.weight_decay", "0,0.1", "--optim.weight_decay", "0.01"],
+     "optim.weight_decay", "trials.weight_decay"),
+    (["--task.name", "semantic_parsing", "--task.seed", "3", "--trials.task_seed", "1,2"],
+     "task.seed", "trials.task_seed"),
+    # "seed": each trial's task.seed is its run.seed
+    (["--task.name", "semantic_parsing", "--task.seed", "3", "--trials.task_seed", "seed",
+      "--run.seeds", "0,1"], "task.seed", "trials.task_seed"),
+    ([*_NER, "--task.n_shot", "4", "--trials.n_shot", "2,4"], "task.n_shot", "trials.n_shot"),
+    (["--model.dropout", "0.1", "--trials.dropout", "0,0.1"], "model.dropout", "trials.dropout"),
+    (["--preset", "act-tiny", "--act.dropout", "0.1", "--trials.act_dropout", "0,0.1"],
+     "act.dropout", "trials.act_dropout"),
+    ([*_NER, "--fusion.dropout", "0.2", "--trials.fusion_dropout", "0,0.1"],
+     "fusion.dropout", "trials.fusion_dropout"),
+    (["--preset", "act-tiny", "--trials.tau", "0,1e-4", "--act.tau", "1e-3"], "act.tau", "trials.tau"),
+    (["--run.seed", "3", "--run.seeds", "0,1"], "run.seed", "run.seeds"),
+    (["--run.seed", "3", "--run.seeds", "0"], "run.seed", "run.seeds"),  # a one-trial grid too
+]
+
+
+@pytest.mark.parametrize("argv, given, varied", _SHADOWED, ids=[c[1] for c in _SHADOWED])
+def test_a_field_given_with_the_list_that_sets_it_per_trial_is_refused(argv, given, varied):
+    """The trials' list sets the field in every trial, so a value given for the field itself
+    would go unused: both given is refused, naming both, where the value was silently dropped."""
+    with pytest.raises(ConfigError, match=rf"^{re.escape(given)}: given with "
+                                          rf"{re.escape(varied)}, which sets it for every "
+                                          rf"trial; give one of them$") as e:
+        parse_args(argv)
+    assert e.value.field == given
+
+
+def test_every_trials_list_is_checked_against_the_field_it_sets():
+    from jaxdepth.config import TRIAL_FIELDS
+    assert {g for _, g, _ in _SHADOWED} == {f for f, _ in TRIAL_FIELDS.values()} | {"run.seed"}
+
+
+def test_a_trials_list_conflicts_only_with_a_field_the_user_gave(tmp_path):
+    """A config file or a preset holds every field, so what it sets does not conflict with a
+    trials list; a field given on the command line does, wherever the list comes from."""
+    from jaxdepth.config import trial_configs
+    path = tmp_path / "c.json"
+    path.write_text(Config().to_json())  # optim.lr and run.seed among every field
+    cfg = parse_args(["--config", str(path), "--trials.lr", "1e-3,2e-3", "--run.seeds", "0,1"])
+    assert [(c.optim.lr, c.run.seed) for c in trial_configs(cfg)] == \
+        [(1e-3, 0), (1e-3, 1), (2e-3, 0), (2e-3, 1)]
+    ft = parse_args(["--preset", "tiny-L2+finetune", "--task.name", "semantic_parsing",
+                     "--trials.lr", "1e-4,1e-3", "--trials.dropout", "0,0.2"])  # sets both
+    assert [(c.optim.lr, c.model.dropout) for c in trial_configs(ft)] == \
+        [(1e-4, 0.0), (1e-4, 0.2), (1e-3, 0.0), (1e-3, 0.2)]
+    path.write_text(cfg.to_json())  # a run with trials: its list in the file
+    assert len(trial_configs(parse_args(["--config", str(path)]))) == 4
+    with pytest.raises(ConfigError, match=r"^optim\.lr: given with trials\.lr, which sets it"):
+        parse_args(["--config", str(path), "--optim.lr", "0.01"])
+    # an emptied list sets nothing
+    assert parse_args(["--config", str(path), "--optim.lr", "0.01", "--trials.lr", "",
+                       "--run.seeds", ""]).optim.lr == 0.01
+
+
 def test_help_names_the_run_kinds_of_a_field(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])

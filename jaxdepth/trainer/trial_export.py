@@ -2,6 +2,15 @@
 have written: its config, every checkpoint of the run as that trial's own (state, data-iterator
 state and fingerprints of the solo layout), its metrics, its summary, its data. What reads a
 run (eval.py, task.init_from, the analyses) reads it unchanged, and it resumes as a solo run.
+
+An export goes to the trial's own directory (<run>/trials/<k>, where its evaluations already
+are) or to a directory outside the run that is new, empty, or an export of the same trial of
+the same run (its marker, .export.json, written before anything else there): rerunning an
+interrupted or finished export finishes or refreshes it, keeping the checkpoints and files it
+already wrote and writing config.json, metrics.jsonl and summary.json afresh from the run (as
+a re-export to <run>/trials/<k> does). Any other directory is refused before anything is
+written: the export would mix two runs' files. Of the source run, only <run>/trials/<k> is
+written to, and only when it is the destination.
 """
 from __future__ import annotations
 
@@ -28,24 +37,105 @@ class _SavedState:
         return json.dumps(self.state, indent=4).encode()
 
 
+# Files only ever replaced whole, through a temporary file renamed over them (save_tokens,
+# Tokenizer.save), never written in place: a hard link to them stays the source run's file
+# when the exported run resumes. Any other file is copied: evals.jsonl is appended to,
+# valid_docs.txt and source.json are rewritten in place (prepare_lm_data), a fusion state
+# cache is memory-mapped "w+"; through a hard link, each would change the source run's file.
+_REPLACED_WHOLE = frozenset({"train.npy", "valid.npy", "tokenizer.model"})
+
+MARKER = ".export.json"  # which trial of which run a directory is the export of
+
+
 def _link_tree(src: Path, dest: Path) -> None:
-    """dest as a copy of src, its files hard-linked where the file system allows."""
+    """dest as a copy of src, its _REPLACED_WHOLE files hard-linked where the file system
+    allows; a file already in dest is kept (what an earlier or interrupted export wrote, or
+    what the exported run wrote since)."""
     for root, _, files in os.walk(src):
         target = dest / Path(root).relative_to(src)
         target.mkdir(parents=True, exist_ok=True)
         for f in files:
-            if not (target / f).exists():
+            frm, to = Path(root) / f, target / f
+            if to.exists():
+                continue
+            if f in _REPLACED_WHOLE:
                 try:
-                    os.link(Path(root) / f, target / f)
+                    os.link(frm, to)
+                    continue
                 except OSError:
-                    shutil.copy2(Path(root) / f, target / f)
+                    pass
+            # through a temporary file: an interrupted export leaves no half file that its
+            # rerun would keep
+            tmp = to.with_name(f"{f}.tmp{os.getpid()}")
+            try:
+                shutil.copy2(frm, tmp)
+                os.replace(tmp, to)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+
+
+def _record(run: Path, k: int) -> dict:
+    return {"run": str(run.resolve()), "trial": k}
+
+
+def _check_destination(run: Path, k: int, dest: Path) -> None:
+    """Refuse an --out whose files the export would replace or mix with its own: inside the
+    source run (other than the trial's own directory), or not empty and not an export of this
+    trial of this run (MARKER). Before anything is written."""
+    own = tr.trial_dir(run, k)
+    if dest.resolve() == own.resolve():
+        return  # where its evaluations are: part of the export
+    instead = f"give a new or empty directory (or no --out: {own})"
+    source = run.resolve()
+    if dest.resolve() == source or source in dest.resolve().parents:
+        where = "is" if dest.resolve() == source else "is inside"
+        raise ConfigError(f"--out {dest}: {where} the run that trial {k} is exported from "
+                          f"({run}), whose files the export would change; {instead}",
+                          field="out")
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise ConfigError(f"--out {dest}: not a directory; {instead}", field="out")
+    names = sorted((p.name for p in dest.iterdir()), key=lambda n: (n.startswith("."), n))
+    if not names:
+        return
+    try:
+        record = json.loads((dest / MARKER).read_text())
+    except (OSError, ValueError):
+        record = None
+    if record == _record(run, k):
+        return  # the same export, interrupted or done: it goes on, keeping what it wrote
+    if isinstance(record, dict) and {"run", "trial"} <= set(record):
+        what = f"holds the export of trial {record['trial']} of {record['run']}"
+    else:
+        what = f"not empty (it holds {', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
+    raise ConfigError(f"--out {dest}: {what}; exporting trial {k} of {run} there would mix "
+                      f"two runs' files; {instead}", field="out")
+
+
+def _mark(dest: Path, run: Path, k: int) -> None:
+    """Write MARKER (atomically: a torn one would refuse the rerun), unless it is there."""
+    marker = dest / MARKER
+    if marker.is_file():
+        return
+    tmp = marker.with_name(f"{MARKER}.tmp{os.getpid()}")
+    try:
+        with writing(marker):
+            tmp.write_text(json.dumps(_record(run, k)))
+        os.replace(tmp, marker)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def export_trial(run_dir, k: int, task_for, out=None) -> Path:
     """Export trial k of the run in run_dir to `out` (default: its trial directory,
     <run>/trials/<k>, where its evaluations already are); returns that directory. task_for
     (jaxdepth.tasks.task_for) gives the Task that builds the model. Checkpoints already
-    exported are kept; the others are written from the run's."""
+    exported are kept; the others are written from the run's. Another `out` than the trial's
+    directory must be new, empty or an export of the same trial (module docstring); else a
+    ConfigError on field "out", before anything is written."""
     run = Path(run_dir)
     mngr = ckpt.open_manager(run, read_only=True)
     try:
@@ -60,10 +150,12 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
         if not 0 <= k < len(cfgs):
             raise ConfigError(f"--trial {k}: {run} has trials 0-{len(cfgs) - 1}", field="trial")
         dest = Path(out) if out else tr.trial_dir(run, k)
+        _check_destination(run, k, dest)
         mesh = make_mesh(MeshConfig(data=1))
         tx = make_optimizer(cfgs[0].optim, cfg.run.steps)
         abstract, shardings = tr.trial_shardings(cfgs, tx, mesh, task_for(cfgs[0]))
         dest.mkdir(parents=True, exist_ok=True)
+        _mark(dest, run, k)
         solo = ckpt.open_manager(dest, cfg.run.keep)
         done = set(solo.all_steps())
         try:

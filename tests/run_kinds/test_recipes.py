@@ -96,6 +96,29 @@ def test_another_optimizer_without_a_learning_rate_is_refused():
     assert parse_args(["--optim.name", "adamw", "--optim.lr", "1e-3"]).optim.b2 == 0.99
 
 
+def test_a_learning_rate_given_per_trial_satisfies_another_optimizer(tmp_path):
+    """Every trial of --trials.lr has its own learning rate, so naming another optimizer than
+    the recipe's needs no --optim.lr: each trial trains that optimizer at its own rate."""
+    from jaxdepth.trainer.trials import hparams
+    cfg = parse_args(["--optim.name", "adamw", "--trials.lr", "1e-3,2e-3"])
+    trials = C.trial_configs(cfg)
+    assert [(c.optim.name, c.optim.lr, c.optim.b2) for c in trials] == \
+        [("adamw", 1e-3, 0.99), ("adamw", 2e-3, 0.99)]
+    assert hparams(trials)["lr"].tolist() == pytest.approx([1e-3, 2e-3])  # what the step reads
+    # start-up does not claim the recipe's rate, which no trial runs at
+    assert "lr=" not in " ".join(preset_lines(cfg))
+    # a one-trial list, another kind, and a config file alike
+    one = C.trial_configs(parse_args(NER + ["--optim.name", "adafactor", "--trials.lr", "1e-2"]))
+    assert [(c.optim.name, c.optim.lr) for c in one] == [("adafactor", 1e-2)]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"optim": {"name": "lion"}, "trials": {"lr": "1e-4,3e-4"}}))
+    assert [c.optim.lr for c in C.trial_configs(parse_args(["--config", str(path)]))] == \
+        [1e-4, 3e-4]
+    # a list that varies another field leaves the learning rate to be given
+    with pytest.raises(ConfigError, match=r"^optim\.lr: the lm recipe's learning rate 0\.06"):
+        parse_args(["--optim.name", "adamw", "--trials.weight_decay", "0,0.1"])
+
+
 def test_a_moment_the_optimizer_does_not_read_is_refused_naming_both():
     with pytest.raises(ConfigError, match=r"^optim\.b1: the lm recipe's optimizer adafactor does "
                                           r"not read it \(read by: adamw, lamb.*--optim\.name$"):

@@ -12,6 +12,7 @@ WRITE = textwrap.dedent("""
     w = MetricsWriter(Path(sys.argv[1]))
     w.write(1, loss=2.5, lr=0.125)
     w.write(2, trial=3, loss=1.25)
+    w.write(3, trial=2, loss=0.5, param_norm=float("inf"), frozen=1.0)  # a trial freezing
     w.close()
     loaded = "torch" in sys.modules and sys.modules["torch"] is not None
     # the scalars of the TensorBoard event file (TFRecord framing: length, its CRC, the
@@ -36,5 +37,10 @@ def test_scalars_reach_both_files_and_torch_stays_unloaded(tmp_path):
     assert got["torch_loaded"] is False  # torch was not imported, installed or not
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records == [{"step": 1, "loss": 2.5, "lr": 0.125},
-                       {"step": 2, "trial": 3, "loss": 1.25}]
-    assert got["scalars"] == [["loss", 1, 2.5], ["lr", 1, 0.125], ["trial_3/loss", 2, 1.25]]
+                       {"step": 2, "trial": 3, "loss": 1.25},
+                       {"step": 3, "trial": 2, "loss": 0.5, "param_norm": float("inf"),
+                        "frozen": 1.0}]
+    # a non-finite value stays in metrics.jsonl only: tensorboardX would warn of each one
+    assert got["scalars"] == [["loss", 1, 2.5], ["lr", 1, 0.125], ["trial_2/frozen", 3, 1.0],
+                              ["trial_2/loss", 3, 0.5], ["trial_3/loss", 2, 1.25]]
+    assert "NaN or Inf" not in res.stderr, res.stderr[-2000:]

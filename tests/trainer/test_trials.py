@@ -200,6 +200,9 @@ def test_lr_trials_equal_the_solo_runs_of_each_lr(lm):
     assert len({float(losses(trials, k)[-1]) for k in range(len(LRS)) if k != 2}) == 7
     for k, lr in enumerate(LRS):  # its own schedule: warm-up to its lr over 50 steps
         recs = train_records(trials, k)
+        if k == 2:  # frozen at step 2: not logged after it
+            close(recs[2]["lr"], lr * 1 / 50, f"lr of trial {k}")
+            continue
         close([recs[s]["lr"] for s in (2, 8)], [lr * 1 / 50, lr * 7 / 50], f"lr of trial {k}")
     s = summary(trials)
     assert [t["settings"] for t in s["trials"]] == [{"run.seed": 0, "optim.lr": lr} for lr in LRS]
@@ -270,16 +273,20 @@ def ft_args(run, tokenizer, n_eval: int, splits: str, **fields) -> list[str]:
         "data.seq_len": 64, **fields})
 
 
+def ft_trials(runs, tokenizer) -> Path:
+    """4 fine-tuning trials, run seeds 0, 1 by task seeds 0, 1 (trial 3 prepares its own data
+    in trials/3/data, and writes its evaluations to trials/3/evals.jsonl)."""
+    return runs("ft-trials", lambda run: ft_args(run, tokenizer, n_eval=4, splits="dev", **{
+        "run.seeds": "0,1", "trials.task_seed": "0,1"}))
+
+
 def test_prefix_lm_trials_equal_their_solo_run(runs, tokenizer):
     """Fine-tuning on the embedded grammar's passivization task with dropout: trial 3 (task
     seed 1, run seed 1) prepares its own splits (trials/3/data) and equals the solo run of
     those seeds: losses, the dev loss and exact match of each evaluation, its predictions."""
-    def args(run, **fields):
-        return ft_args(run, tokenizer, n_eval=4, splits="dev", **fields)
-
-    trials = runs("ft-trials", lambda run: args(run, **{"run.seeds": "0,1",
-                                                        "trials.task_seed": "0,1"}))
-    one = runs("ft-solo", lambda run: args(run, **{"run.seed": 1, "task.seed": 1}))
+    trials = ft_trials(runs, tokenizer)
+    one = runs("ft-solo", lambda run: ft_args(run, tokenizer, n_eval=4, splits="dev",
+                                              **{"run.seed": 1, "task.seed": 1}))
     # each task seed scores its own sample of the splits: evaluated one trial at a time
     assert summary(trials)["evaluation"] == "trial by trial"
     assert [t["settings"] for t in summary(trials)["trials"]] == [
@@ -605,6 +612,120 @@ def test_an_exported_stopped_trial_resumes_as_its_solo_run(lm, stopped, tmp_path
     close(summary(out)["valid_loss"], summary(one)["valid_loss"])
 
 
+def test_an_export_to_a_directory_in_use_is_refused_before_anything_is_written(
+        lm, stopped, tmp_path, capsys):
+    """--out the run itself, a place inside it, or another run's directory: one line naming
+    the directory, exit 2, and every file of both left as it was. An empty one is written."""
+    from _train_helpers import snapshot
+    from jaxdepth.export_trial import main as export_main
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped, run)  # --out the run: the fixture stays whole even if it fails
+    other = tmp_path / "solo"  # a run of its own: its metrics would be replaced
+    other.mkdir()
+    (other / "metrics.jsonl").write_text('{"step": 1, "loss": 6.0}\n')
+    (other / "config.json").write_text("{}")
+    before = {d: snapshot(d) for d in (run, other)}
+    mine = run / "trials" / "1"
+    for out, why in [
+            (run, f"is the run that trial 1 is exported from ({run}), whose files the export "
+                  f"would change"),
+            (run / "elsewhere", f"is inside the run that trial 1 is exported from ({run}), "
+                                f"whose files the export would change"),
+            (other, f"not empty (it holds config.json, metrics.jsonl); exporting trial 1 of "
+                    f"{run} there would mix two runs' files")]:
+        code, _, err = call(export_main, ["--run", run, "--trial", 1, "--out", out], capsys)
+        assert code == 2
+        assert error_line(err) == (f"config error: --out {out}: {why}; give a new or empty "
+                                   f"directory (or no --out: {mine})")
+    assert {d: snapshot(d) for d in (run, other)} == before
+    assert not (run / "elsewhere").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert export_main(["--run", str(run), "--trial", "1", "--out", str(empty)]) == 0
+    assert (empty / "checkpoints" / "3").is_dir() and (empty / "config.json").is_file()
+    assert snapshot(run) == before[run]
+    # the token files and the tokenizer, only ever replaced whole, are shared; the rest copied
+    for name, shared in [("train.npy", True), ("tokenizer.model", True),
+                         ("valid_docs.txt", False), ("source.json", False)]:
+        assert (empty / "data" / name).samefile(run / "data" / name) == shared, name
+
+
+def test_an_interrupted_export_finishes_when_rerun_and_no_other_goes_there(
+        stopped, tmp_path, capsys, monkeypatch):
+    """An export that stopped half-way (a full disk while writing its metrics) leaves its
+    marker: the same export rerun finishes it; another trial's export there is refused."""
+    import errno
+
+    from jaxdepth.export_trial import main as export_main
+    from jaxdepth.tasks import load_model
+    from jaxdepth.trainer import trial_export
+
+    out = tmp_path / "trial1"
+
+    def full_disk(src, dest, k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dest))
+
+    with monkeypatch.context() as m:
+        m.setattr(trial_export, "_write_metrics", full_disk)
+        code, _, err = call(export_main, ["--run", stopped, "--trial", 1, "--out", out], capsys)
+    assert code == 2 and "no space left on device" in error_line(err)
+    assert (out / "checkpoints" / "3").is_dir() and not (out / "metrics.jsonl").exists()
+    code, _, err = call(export_main, ["--run", stopped, "--trial", 0, "--out", out], capsys)
+    assert code == 2
+    assert error_line(err) == (
+        f"config error: --out {out}: holds the export of trial 1 of {stopped.resolve()}; "
+        f"exporting trial 0 of {stopped} there would mix two runs' files; give a new or empty "
+        f"directory (or no --out: {stopped / 'trials' / '0'})")
+    assert not (out / "metrics.jsonl").exists()
+    code, printed, _ = call(export_main, ["--run", stopped, "--trial", 1, "--out", out], capsys)
+    assert code == 0 and printed.strip() == str(out)
+    assert sorted(r["step"] for r in read_metrics(out) if "grad_norm" in r) == [1, 2, 3]
+    assert all("trial" not in r for r in read_metrics(out))
+    _, cfg, step = load_model(out)
+    assert step == 3 and cfg.run.seed == 1 and not cfg.run.seeds
+
+
+def test_a_resumed_export_leaves_its_source_run_as_it_was(runs, tokenizer, tmp_path,
+                                                          train_main):
+    """Trial 3 of the fine-tuning trials (its own data and evals.jsonl under trials/3),
+    exported and trained on to step 6: it appends its evaluations and rewrites what it
+    prepares in its own files, and every file of the source run stays byte for byte."""
+    from _train_helpers import snapshot
+    from jaxdepth.export_trial import main as export_main
+
+    run = tmp_path / "run"
+    shutil.copytree(ft_trials(runs, tokenizer), run)  # the module's run stays whole if it fails
+    before = snapshot(run)
+    out = tmp_path / "trial3"
+    assert export_main(["--run", str(run), "--trial", "3", "--out", str(out)]) == 0
+    assert train_main(["--config", str(out / "config.json"), "--run.dir", str(out),
+                       "--run.steps", "6"]) == 0
+    assert [r["step"] for r in map(json.loads, (out / "evals.jsonl").read_text().splitlines())
+            ] == [2, 4, 6]
+    assert snapshot(run) == before
+
+
+def test_eval_of_a_run_with_trials_asks_for_one_and_of_a_run_without_refuses_one(
+        lm, eval_main, capsys):
+    """Without --trial, a run with trials is named as such (not as corrupt checkpoints that
+    do not match the model); --trial on a solo run is refused. Nothing is written."""
+    from _train_helpers import snapshot
+
+    trials, one = seed_trials(lm), solo(lm, 1)
+    before = {d: snapshot(d) for d in (trials, one)}
+    code, _, err = call(eval_main, ["--run", trials], capsys)
+    assert code == 2
+    assert error_line(err) == (f"config error: --trial: {trials} is a run with 2 trials, each "
+                               f"its own model; give --trial k (0..1) to evaluate trial k")
+    code, _, err = call(eval_main, ["--run", one, "--trial", 0], capsys)
+    assert code == 2
+    assert error_line(err) == (f"config error: --trial 0: {one} is a run without trials (no "
+                               f"run.seeds or trials list in its config.json); evaluate it "
+                               f"without --trial")
+    assert {d: snapshot(d) for d in (trials, one)} == before
+
+
 # ----------------------------------------------------------------------------- 5. freezing
 
 def test_a_non_finite_trial_is_frozen_and_the_others_go_on(lm, runs):
@@ -620,11 +741,13 @@ def test_a_non_finite_trial_is_frozen_and_the_others_go_on(lm, runs):
     assert warnings[0].startswith("warning: trial 2 (run.seed=0, optim.lr=1e+30)")
     for words in ("non-finite parameter norm", "at step 2", "frozen", "other trials go on"):
         assert words in warnings[0], (words, warnings[0])
-    # ... and keeps its last finite state: the same evaluation at 4 and 8
+    # ... is logged once as frozen, at the step it froze, and not after (its later values
+    # mean nothing; test_metrics_writer: no non-finite value reaches TensorBoard)
     recs = train_records(trials, 2)
-    assert [recs[s]["frozen"] for s in range(1, STEPS + 1)] == [0.0] + [1.0] * (STEPS - 1)
+    assert sorted(recs) == [1, 2] and [recs[s]["frozen"] for s in (1, 2)] == [0.0, 1.0]
     assert not math.isfinite(recs[2]["param_norm"])
-    assert all(math.isfinite(recs[s]["loss"]) for s in range(1, STEPS + 1))
+    assert all(math.isfinite(recs[s]["loss"]) for s in (1, 2))
+    # ... and keeps its last finite state: the same evaluation at 4 and 8
     frozen = evals(trials, 2)
     assert frozen[4] == frozen[8] != evals(trials, 0)[8]
 
