@@ -130,4 +130,6 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from jaxdepth.errors import exit_process
+
+    exit_process(main(sys.argv[1:]))

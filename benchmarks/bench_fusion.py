@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdepth.config import Config, apply_overrides
+from jaxdepth.config import Config, ConfigError, apply_overrides
 from jaxdepth.data.finetune.ner_sentences import ner_labels
 from jaxdepth.models.backbone import depth_and_width
 from jaxdepth.tasks import task_for, train
@@ -326,7 +326,10 @@ def _run(args, ner_dir: str) -> dict:
             name = config_name(method, mode)
             cfg = make_config(args, method, mode, ner_dir)
             tx = make_optimizer(cfg.optim, cfg.run.steps)
-            task = task_for(cfg)
+            try:  # a --seq-len past an --hf backbone's positions is refused here (FusionTask)
+                task = task_for(cfg)
+            except ConfigError as e:
+                raise SystemExit(f"--seq-len {args.seq_len}: {e}") from None
             _, shardings = state_shardings(cfg, tx, mesh, task)
             # init_state run eagerly then placed (what sharded_init does, minus compiling one
             # init program per configuration, which costs more than the benchmark itself)

@@ -259,12 +259,31 @@ class Sweep(PlannedExperiment):
                             {s: self.finetune_config(task, depth, s, init, 0) for s in todo},
                             {s: self.finetune_dir(task, depth, s, init) for s in todo},
                             lambda seed, s: self.append(self._finetune_row(
-                                task, depth, seed, init, s, self.finetune_dir(task, depth, seed,
-                                                                              init))))
+                                task, depth, seed, init, 0, s, self.finetune_dir(task, depth, seed,
+                                                                                 init))))
 
-    def _finetune_row(self, task, depth, seed, init, s: dict, run_dir: Path) -> dict:
+    def _started_from(self, depth: int, seed: int, init: str, init_step: int,
+                      s: dict) -> int | None:
+        """The pretrained step a fine-tuning unit started from (None: from scratch). Its
+        summary says so when this invocation started the unit; a unit resumed from its own
+        checkpoint never reads the pretrained one, and its summary's init_step is None: then
+        it is the step its config names, init_step, 0 naming the pretraining run's latest."""
+        if s["init_step"] is not None or init == "scratch":
+            return s["init_step"]
+        if init_step:
+            return init_step
+        from ..trainer.checkpoint import open_manager
+        mngr = open_manager(self.pretrain_dir(depth, seed), read_only=True)
+        try:
+            return mngr.latest_step()
+        finally:
+            mngr.close()
+
+    def _finetune_row(self, task, depth, seed, init, init_step: int, s: dict,
+                      run_dir: Path) -> dict:
         key = dict(kind="finetune", task=task, depth=depth, seed=seed, init=init)
-        return {**key, "init_step": s["init_step"], "dev_loss": s["dev_loss"],
+        return {**key, "init_step": self._started_from(depth, seed, init, init_step, s),
+                "dev_loss": s["dev_loss"],
                 **{k: s.get(k) for k in ("id_accuracy", "gen_accuracy", "lexical", "structural",
                                          "by_type")},
                 "unk_examples": s["unk"]["examples_with_unk"], "run_dir": str(run_dir)}
@@ -279,7 +298,7 @@ class Sweep(PlannedExperiment):
         cfg = self.finetune_config(task, depth, seed, init, init_step)
         self.units_run += 1
         s = _timed(f"fine-tune L{depth} seed {seed} on {task} ({init})", train, cfg)
-        row = self._finetune_row(task, depth, seed, init, s, cfg.run.dir)
+        row = self._finetune_row(task, depth, seed, init, init_step, s, cfg.run.dir)
         self.append(row)
         return row
 
@@ -433,7 +452,14 @@ def plan_from_args(args) -> Plan | None:
 
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    return run_main(lambda: _run(args), debug=args.debug)  # a user's error: one line, exit 2
+    return run_main(lambda: _advised(args), debug=args.debug)  # a user's error: one line, exit 2
+
+
+def _advised(args) -> int:
+    from ..trainer.run_lock import OUT_ADVICE, advising
+
+    with advising(OUT_ADVICE):  # a unit's run in use: another experiment on this --out
+        return _run(args)
 
 
 def _run(args) -> int:
@@ -464,7 +490,8 @@ def _run(args) -> int:
 
 
 if __name__ == "__main__":
+    from ..errors import exit_process
     from ..runtime import tune_malloc
 
     tune_malloc()  # the process is ours (see runtime.tune_malloc)
-    sys.exit(main())
+    exit_process(main())

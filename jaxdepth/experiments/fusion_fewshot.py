@@ -257,7 +257,14 @@ def plan_from_args(args) -> Plan | None:
 
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    return run_main(lambda: _run(args), debug=args.debug)  # a user's error: one line, exit 2
+    return run_main(lambda: _advised(args), debug=args.debug)  # a user's error: one line, exit 2
+
+
+def _advised(args) -> int:
+    from ..trainer.run_lock import OUT_ADVICE, advising
+
+    with advising(OUT_ADVICE):  # a unit's run in use: another experiment on this --out
+        return _run(args)
 
 
 def _run(args) -> int:
@@ -277,7 +284,8 @@ def _run(args) -> int:
 
 
 if __name__ == "__main__":
+    from ..errors import exit_process
     from ..runtime import tune_malloc
 
     tune_malloc()  # the process is ours, as train.py's and depth_sweep's (runtime.tune_malloc)
-    sys.exit(main())
+    exit_process(main())

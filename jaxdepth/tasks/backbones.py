@@ -94,6 +94,25 @@ def backbone_vocab(cfg: Config) -> int:
     return abstract.cfg.vocab_size
 
 
+def check_positions(cfg: Config) -> None:
+    """Refuse a data.seq_len longer than task.init_from's backbone has positions (an encoder's
+    max_positions, ACT's max_len; a decoder's relative positions have no limit): every
+    sequence (an NER sentence, an MLM window) is data.seq_len pieces, which the embedding
+    would refuse only once the model first runs, with a traceback. Built abstractly from the
+    source's config, before the run directory is touched. A fresh backbone fits by
+    construction (an encoder gets data.seq_len positions; act.max_len is checked with the
+    config)."""
+    src = cfg.task.init_from
+    if not src:
+        return
+    backbone = eqx.filter_eval_shape(build_backbone, cfg, key=jax.random.key(0))
+    limit = getattr(backbone.cfg, "max_len", None)
+    if limit is not None and cfg.data.seq_len > limit:
+        raise ConfigError(f"data.seq_len: {cfg.data.seq_len} is longer than the backbone of "
+                          f"task.init_from {src} takes ({limit} positions); lower "
+                          f"--data.seq_len to {limit} or less", field="data.seq_len")
+
+
 class FusionTask(TaskBase):
     """A backbone + fusion module + head (docs/design.md §4): NER or MLM."""
 
@@ -104,6 +123,7 @@ class FusionTask(TaskBase):
         super().__init__(cfg)
         # its class (models/fusions/): a ConfigError naming fusion.method for an unknown one
         self.fusion_method = fusion_method(cfg.fusion.method)
+        check_positions(cfg)
 
     def build_model(self, *, key):
         cfg, f = self.cfg, self.cfg.fusion

@@ -17,10 +17,32 @@ from typing import Iterator
 from ..errors import UserError
 
 LOCK_FILE = ".lock"
+# What the message tells the user to do instead of waiting: train.py's, and the experiments'
+# (jaxdepth/experiments/), whose units' run directories lie under their --out.
+RUN_DIR_ADVICE = "give this run another --run.dir"
+OUT_ADVICE = "give this experiment another --out"
 
 
 class RunDirectoryInUse(UserError):
-    """Another process trains in this run directory."""
+    """Another process trains in this run directory. The message ends with what to do, in
+    the words of the command the user ran (``advice``; ``advising``)."""
+
+    def __init__(self, run_dir: Path, lock: Path, holder: str, advice: str = RUN_DIR_ADVICE):
+        self.run_dir, self.lock, self.holder = run_dir, lock, holder
+        super().__init__(f"{run_dir} is in use by {holder} (lock {lock}); wait for it to "
+                         f"finish, or {advice}")
+
+
+@contextmanager
+def advising(advice: str) -> Iterator[None]:
+    """A run directory in use inside the block is reported with `advice` instead of
+    train.py's: a command that trains runs under a directory of its own (an experiment's
+    --out) has no --run.dir to give."""
+    try:
+        yield
+    except RunDirectoryInUse as e:
+        raise RunDirectoryInUse(e.run_dir, e.lock, e.holder, advice).with_traceback(
+            e.__traceback__) from None
 
 
 @contextmanager
@@ -37,9 +59,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
             who = f"process {holder}" if holder.isdigit() else "another process"
-            raise RunDirectoryInUse(
-                f"{run_dir} is in use by {who} (lock {path}); wait for it to finish, or give "
-                f"this run another --run.dir") from None
+            raise RunDirectoryInUse(run_dir, path, who) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

@@ -105,16 +105,46 @@ def test_sweep_end_to_end(tmp_path, capsys):
         Sweep.open(out, Plan(**{**PLAN.to_json(), "seeds": (0, 1)}))
 
 
+def test_a_resumed_finetuning_unit_records_the_step_it_started_from(tmp_path, monkeypatch):
+    """A fine-tuning unit interrupted and resumed restores its own checkpoint and never reads
+    the pretrained one again: its row still names the pretrained step it started from, as
+    the uninterrupted unit's does (null was written)."""
+    from jaxdepth.config import apply_overrides
+    from jaxdepth.errors import RunFailed
+
+    plan = Plan(**{**PLAN.to_json(), "depths": (1,), "scratch": (),
+                   "pretrain": {**PLAN.pretrain, "run.steps": 4, "data.grammar_docs": 300},
+                   "finetune": {**PLAN.finetune, "run.steps": 4, "run.save_every": 2}})
+    out = tmp_path / "sweep"
+    whole = Sweep.finetune_config
+
+    def stopping(self, *a, **k):  # the first start stops after 2 of its 4 steps
+        return apply_overrides(whole(self, *a, **k), {"run": {"stop_after": 2}})
+
+    monkeypatch.setattr(Sweep, "finetune_config", stopping)
+    with pytest.raises(RunFailed, match="stopped at step 2"):
+        Sweep.open(out, plan).run()
+    monkeypatch.setattr(Sweep, "finetune_config", whole)
+    Sweep.open(out, None).run()  # resumes the unit from its step 2
+    rows = _jsonl(out / "results.jsonl")
+    assert [(r["kind"], r["step"] if r["kind"] == "pretrain" else r["init_step"])
+            for r in rows] == [("pretrain", 4), ("finetune", 4)]
+
+
 def test_a_sweep_on_a_directory_in_use_is_one_line(tmp_path, capsys):
-    """A second sweep on the same --out meets the first one's run lock: one line, exit 2."""
+    """A second sweep on the same --out meets the first one's run lock: one line, exit 2,
+    whose advice names the sweep's own flag (--out), not train.py's --run.dir."""
+    import os
     from jaxdepth.trainer.run_lock import run_lock
     out = tmp_path / "sweep"
     argv = ["run", "--out", str(out), "--size", "tiny", "--depths", "1", "--seeds", "0",
             "--tasks", "passivization", "--scratch", "none"]
-    with run_lock(out / "pretrain" / "L1-s0"):
+    run = out / "pretrain" / "L1-s0"
+    with run_lock(run):
         assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "is in use by process" in err[0]
+    assert err == [f"error: {run} is in use by process {os.getpid()} (lock {run / '.lock'}); "
+                   f"wait for it to finish, or give this experiment another --out"]
 
 
 def test_plan_validation():

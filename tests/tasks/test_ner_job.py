@@ -555,18 +555,27 @@ def _bert_arrays(V, D, L, F, P):
     return random_arrays("bert", heads=False, sizes=(V, D, L, F, P))
 
 
-def test_ner_on_a_hugging_face_backbone(wikiann_dir, tmp_path):
+def _hf_bert(hf, wikiann_dir, P=40):
+    """A random BERT of P positions in directory hf, with a WordPiece tokenizer.json of the
+    tiny WikiAnn's words; its sizes (V, D, L, F, P)."""
     pytest.importorskip("tokenizers")
-    from jaxdepth.models.hf_import import load_hf_encoder, save_hf_checkpoint
-    from jaxdepth.tasks import load_model, train
+    from jaxdepth.models.hf_import import save_hf_checkpoint
+    from test_encoder_hf import hf_config
 
-    hf = tmp_path / "bert"
     words = sorted({w for s in read_wikiann(wikiann_dir / "train") + read_wikiann(
         wikiann_dir / "dev") + read_wikiann(wikiann_dir / "test") for w in s.tokens} - {"UNESCO"})
     vocab = _write_wordpiece(hf, words, extra=["UN", "##ES", "##CO"])  # UNESCO: 3 pieces
-    V, D, L, F, P = len(vocab) + 3, 32, 2, 64, 40
-    from test_encoder_hf import hf_config
-    save_hf_checkpoint(hf, _bert_arrays(V, D, L, F, P), hf_config("bert", (V, D, L, F, P), 2))
+    sizes = (len(vocab) + 3, 32, 2, 64, P)
+    save_hf_checkpoint(hf, _bert_arrays(*sizes), hf_config("bert", sizes, 2))
+    return sizes
+
+
+def test_ner_on_a_hugging_face_backbone(wikiann_dir, tmp_path):
+    from jaxdepth.models.hf_import import load_hf_encoder
+    from jaxdepth.tasks import load_model, train
+
+    hf = tmp_path / "bert"
+    V, D, L, F, P = _hf_bert(hf, wikiann_dir)
 
     run = tmp_path / "ner_hf"
     summary = train(_ner_cfg(run, wikiann_dir, task={"init_from": str(hf)},
@@ -584,6 +593,32 @@ def test_ner_on_a_hugging_face_backbone(wikiann_dir, tmp_path):
 
 
 # ----------------------------------------------------------------------------- 7. errors
+
+@pytest.mark.parametrize("source", ["hf", "run"])
+def test_seq_len_beyond_the_backbones_positions_is_one_line(source, pretrained, wikiann_dir,
+                                                             tmp_path, capsys):
+    """data.seq_len longer than the backbone's position table (a 40-position BERT; the
+    pretrained run's encoder, 32 positions) is refused before anything is written, naming the
+    value, the limit and the source, instead of a traceback from the embedding."""
+    from _train_helpers import load_main
+    from test_faults import one_line_error
+
+    if source == "hf":
+        src, limit = tmp_path / "bert", _hf_bert(tmp_path / "bert", wikiann_dir)[-1]
+    else:
+        src, limit = pretrained, SEQ_LEN
+    run = tmp_path / "run"
+    argv = ["--task.name", "ner", "--task.dir", str(wikiann_dir), "--task.init_from", str(src),
+            "--fusion.method", "base", "--fusion.mode", "fe", "--data.seq_len", "64",
+            "--data.batch_size", "8", "--run.steps", "2", "--run.dir", str(run),
+            "--run.progress", "false", "--mesh.data", "1"]
+    code = load_main("train.py")(argv)
+    err = capsys.readouterr().err
+    assert one_line_error(err, code) == (
+        f"config error: data.seq_len: 64 is longer than the backbone of task.init_from {src} "
+        f"takes ({limit} positions); lower --data.seq_len to {limit} or less")
+    assert not run.exists()
+
 
 def test_init_from_that_is_neither_hf_nor_a_run(wikiann_dir, tmp_path):
     from jaxdepth.tasks import train

@@ -232,9 +232,26 @@ def test_the_token_cache_of_a_changed_corpus_is_not_reused(tmp_path, tok, capsys
     again = prepare_lm_data(dataclasses.replace(cfg, restart_stream=True), 256, run, True)
     assert capsys.readouterr().err == (
         f"warning: data.restart_stream: {corpus}: changed since the cache was built (size "
-        f"{size} -> {size + len(added)} bytes); {run / 'data'} is built again from the corpus "
-        f"as it is now, and the run resumes on it at its checkpoint's step\n")
+        f"{size} -> {size + len(added)} bytes); {run / 'data'} is re-tokenized with the run's "
+        f"tokenizer {run / 'data' / 'tokenizer.model'} from the corpus as it is now, and the "
+        f"run resumes on it at its checkpoint's step\n")
     assert len(again.train) > len(first)
+    # the run's tokenizer deleted: none other can stand in for it
+    tok_path = run / "data" / "tokenizer.model"
+    kept_tok = tok_path.read_bytes()
+    tok_path.unlink()
+    size = corpus.stat().st_size
+    with open(corpus, "a") as f:
+        f.write(added)
+    with pytest.raises(DataError) as e:
+        prepare_lm_data(dataclasses.replace(cfg, restart_stream=True), 256, run, True)
+    assert str(e.value) == (
+        f"{corpus}: changed since the cache was built (size {size} -> {size + len(added)} "
+        f"bytes); data.restart_stream re-tokenizes it with the tokenizer the checkpoints in "
+        f"{run / 'checkpoints'} trained with, {tok_path}, which is gone: restore it, or start "
+        f"afresh with another --run.dir")
+    tok_path.write_bytes(kept_tok)
+    corpus.write_text(corpus.read_text()[:-len(added)])
     # a stamp written before files were stamped is taken as it is
     stamp = json.loads((run / "data" / "source.json").read_text())
     del stamp["files"]
@@ -242,6 +259,45 @@ def test_the_token_cache_of_a_changed_corpus_is_not_reused(tmp_path, tok, capsys
     corpus.write_text(corpus.read_text() + json.dumps({"text": "a cat ran ."}) + "\n")
     kept = prepare_lm_data(cfg, 256, run, True)
     assert np.array_equal(np.array(kept.train), np.array(again.train))
+
+
+def test_restart_stream_re_tokenizes_a_changed_corpus_with_the_runs_tokenizer(tmp_path, capsys):
+    """A run that trained its own tokenizer, resumed on a changed corpus with
+    --data.restart_stream true, keeps that tokenizer (its model's ids mean the same pieces)
+    and re-tokenizes the corpus as it is now with it: the tokens are the new documents
+    encoded by the tokenizer of the first start, its file unchanged byte for byte."""
+    texts = grammar.corpus_texts(80, seed=5)
+    corpus = Path(jsonl(tmp_path / "c.jsonl", texts))
+    valid = jsonl(tmp_path / "valid.jsonl", grammar.corpus_texts(10, seed=8))
+    run = tmp_path / "run"
+
+    def argv(steps, **fields):
+        args = {"run.dir": run, "run.steps": steps, "run.save_every": 2, "run.progress": "false",
+                "run.samples": 0, "run.grammar_samples": 0, "run.eval_every": 1000,
+                "data.corpus": corpus, "data.valid": valid, "model.vocab_size": 128,
+                "data.seq_len": 16, "data.batch_size": 4, "mesh.data": 1, **fields}
+        return ["--preset", "tiny-L2"] + [str(a) for k, v in args.items() for a in (f"--{k}", v)]
+
+    main = load_main("train.py")
+    assert main(argv(2)) == 0
+    tok_path = run / "data" / "tokenizer.model"
+    trained = tok_path.read_bytes()
+    # another corpus: a tokenizer trained on it would map the ids to other pieces
+    changed = grammar.corpus_texts(80, seed=6) + [t.replace("cat", "dog") for t in texts]
+    size = corpus.stat().st_size
+    jsonl(corpus, changed)
+    capsys.readouterr()
+    assert main(argv(4, **{"data.restart_stream": "true"})) == 0
+    assert tok_path.read_bytes() == trained
+    want = tokenize_documents(changed, Tokenizer.load(str(tok_path)))
+    assert np.array_equal(np.load(run / "data" / "train.npy"), want)
+    assert json.loads((run / "summary.json").read_text())["step"] == 4
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "restart_stream" in line]
+    assert warnings == [
+        f"warning: data.restart_stream: {corpus}: changed since the cache was built (size "
+        f"{size} -> {corpus.stat().st_size} bytes); {run / 'data'} is re-tokenized with the "
+        f"run's tokenizer {tok_path} from the corpus as it is now, and the run resumes on it at "
+        f"its checkpoint's step"]
 
 
 # ----------------------------------------------------------------------------- 7. window counts

@@ -169,26 +169,34 @@ def _has_checkpoint(run_dir: Path) -> bool:
     return d.is_dir() and any(p.name.isdigit() for p in d.iterdir())
 
 
-def _cache_is_current(stamp_path: Path, stamp: dict, cfg: DataConfig, run_dir: Path) -> bool:
-    """Whether <run>/data holds the tokens of exactly these sources. Built from other data
-    fields (or never completed): no, rebuild it. From files that changed since: the run's
-    checkpoints trained on the cached tokens, so a resume is refused (CorpusChanged) unless
-    data.restart_stream asks to re-tokenize; without a checkpoint it is rebuilt. A stamp
-    written before files were stamped is taken as it is."""
+# What prepare_lm_data does with <run>/data (_cache_state).
+CURRENT, BUILD, RETOKENIZE = "current", "build", "re-tokenize"
+
+
+def _cache_state(stamp_path: Path, stamp: dict, cfg: DataConfig, run_dir: Path) -> str:
+    """CURRENT when <run>/data holds the tokens of exactly these sources. Built from other
+    data fields (or never completed): BUILD it anew, its tokenizer too. From files that
+    changed since: the run's checkpoints trained on the cached tokens, so a resume is refused
+    (CorpusChanged) unless data.restart_stream asks to RETOKENIZE the corpus with the run's
+    tokenizer (a retrained one would give the trained embeddings other pieces: refused too
+    if it is gone); without a checkpoint it is built anew. A stamp written before files were
+    stamped is taken as it is."""
     if not stamp_path.is_file():
-        return False
+        return BUILD
     try:
         saved = json.loads(stamp_path.read_text())
     except json.JSONDecodeError:
-        return False
+        return BUILD
     if {k: v for k, v in saved.items() if k != "files"} != \
             {k: v for k, v in stamp.items() if k != "files"}:
-        return False
+        return BUILD
     if "files" not in saved:
-        return True
+        return CURRENT
     change = _files_change(saved["files"], stamp["files"])
-    if not change or not _has_checkpoint(run_dir):
-        return not change
+    if not change:
+        return CURRENT
+    if not _has_checkpoint(run_dir):
+        return BUILD
     data_dir = stamp_path.parent
     if not cfg.restart_stream:
         raise CorpusChanged(f"{change}; the checkpoints in {run_dir / 'checkpoints'} trained on "
@@ -196,9 +204,16 @@ def _cache_is_current(stamp_path: Path, stamp: dict, cfg: DataConfig, run_dir: P
                             f"resume exactly, give --data.restart_stream true to re-tokenize "
                             f"the corpus as it is now and resume on it, or start afresh with "
                             f"another --run.dir")
-    warn(f"data.restart_stream: {change}; {data_dir} is built again from the corpus as it is "
-         f"now, and the run resumes on it at its checkpoint's step")
-    return False
+    tok_path = data_dir / "tokenizer.model"
+    if not tok_path.is_file():  # deleted by hand: another tokenizer would remap the ids
+        raise CorpusChanged(f"{change}; data.restart_stream re-tokenizes it with the tokenizer "
+                            f"the checkpoints in {run_dir / 'checkpoints'} trained with, "
+                            f"{tok_path}, which is gone: restore it, or start afresh with "
+                            f"another --run.dir")
+    warn(f"data.restart_stream: {change}; {data_dir} is re-tokenized with the run's tokenizer "
+         f"{tok_path} from the corpus as it is now, and the run resumes on it at its "
+         f"checkpoint's step")
+    return RETOKENIZE
 
 
 def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary: bool,
@@ -206,28 +221,34 @@ def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary:
     """Build (or reuse) the run's tokenizer and token files.
 
     The cache is reused only if it was built from the same data fields and files
-    (_cache_is_current); the stamp recording them is written last, so an interrupted
+    (_cache_state); the stamp recording them is written last, so an interrupted
     preparation is redone. (Resuming a checkpoint with other data fields is refused before
     this is called.)
     """
     data_dir = run_dir / "data"
     tok_path = data_dir / "tokenizer.model"
     stamp_path = data_dir / "source.json"
-    if is_primary and not _cache_is_current(stamp_path, stamp := _source_stamp(cfg, vocab_size),
-                                            cfg, run_dir):
+    state = CURRENT
+    if is_primary:
+        state = _cache_state(stamp_path, stamp := _source_stamp(cfg, vocab_size), cfg, run_dir)
+    if state != CURRENT:
         train_docs, valid_docs = load_documents(cfg)
-        if cfg.tokenizer:
-            tok = Tokenizer.load(cfg.tokenizer)
+        source = str(tok_path)
+        if state == RETOKENIZE:
+            tok = Tokenizer.load(tok_path)
+        elif cfg.tokenizer:
+            tok, source = Tokenizer.load(cfg.tokenizer), cfg.tokenizer
         else:
             # The grammar corpus tokenizer also serves its seq2seq tasks (one tokenizer for
             # pretraining and fine-tuning), so it keeps the logical forms' symbols.
             chars = grammar.LF_SYMBOLS if cfg.corpus == "grammar" else ""
             tok = train_tokenizer(train_docs, vocab_size, cfg.tokenizer_type, required_chars=chars,
                                   source=corpus_name(cfg))
-        check_vocab(tok, vocab_size, cfg.tokenizer or str(tok_path))
+        check_vocab(tok, vocab_size, source)
         data_dir.mkdir(parents=True, exist_ok=True)
         with writing(data_dir):
-            tok.save(tok_path)
+            if state != RETOKENIZE:
+                tok.save(tok_path)
             save_tokens(data_dir / "train.npy", tokenize_documents(train_docs, tok))
             (data_dir / "valid_docs.txt").write_text(
                 "\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:N_PROMPT_DOCS]))
