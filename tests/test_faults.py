@@ -377,6 +377,32 @@ def test_a_full_disk_while_preparing_data_leaves_no_partial_file(tmp_path):
     assert not list((run / "data").glob("train.npy*"))
 
 
+@pytest.mark.parametrize("name", ["config.json", "summary.json"])
+def test_a_file_too_large_to_write_leaves_the_one_before(tmp_path, name):
+    """config.json and summary.json (what eval.py and the experiments read) are written whole
+    or not at all: a write the file-size limit cuts short (a full disk's ENOSPC in EFBIG's
+    place) raises naming the file, and leaves the file that was there, without a temporary
+    one beside it."""
+    script = f"""
+import resource, sys
+from pathlib import Path
+from jaxdepth.files import write_whole
+path = Path(sys.argv[1]) / {name!r}
+write_whole(path, '{{"old": 1}}')
+resource.setrlimit(resource.RLIMIT_FSIZE, (500, 500))
+try:
+    write_whole(path, '{{"new": "' + 'x' * 5000 + '"}}')
+except OSError as e:
+    print(e.strerror, e.filename)
+"""
+    res = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True, env=subprocess_env(), timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == f"File too large {tmp_path / name}"
+    assert (tmp_path / name).read_text() == '{"old": 1}'
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
 def test_a_run_directory_that_cannot_be_created(tmp_path, train_main, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")

@@ -24,7 +24,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from ..config import Config, ConfigError, MeshConfig, resumable_fields
-from ..errors import UserError, describe, one_line, os_error_reason, warn, writing
+from ..errors import UserError, describe, one_line, os_error_reason, warn
+from ..files import write_whole
 from .fingerprint import fingerprints, mismatches
 from .optim import make_optimizer
 from .sharding import make_mesh
@@ -324,9 +325,7 @@ def move_aside(run_dir: Path, step: int) -> Path:
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:
-    path = run_dir / "config.json"
-    with writing(path):
-        path.write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+    write_whole(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
 
 
 def load_model(run_dir, task_for, step: int | None = None, mesh=None, mesh_cfg=None,

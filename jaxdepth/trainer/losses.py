@@ -23,6 +23,44 @@ def lm_loss_sums(logits_BTV: Array, targets_BT: Array, weights_BT: Array,
     return objective, nll, jnp.sum(weights_BT)
 
 
+def _chunk_terms(x_CD, w_DV, t_C, wt_C, with_z: bool):
+    """(NLL sum, sum of w logz^2, [d nll / d logits, d z-term / d logits if with_z]) of one
+    chunk of tokens."""
+    logits = jnp.dot(x_CD, w_DV, preferred_element_type=jnp.float32)
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    probs = jnp.exp(logits - logz[:, None])
+    gold = jnp.take_along_axis(logits, t_C[:, None], axis=-1)[:, 0]
+    nll = jnp.sum((logz - gold) * wt_C)
+    onehot = jax.nn.one_hot(t_C, w_DV.shape[1], dtype=jnp.float32)
+    d_nll = (probs - onehot) * wt_C[:, None]  # d nll / d logits
+    grads = [d_nll]
+    z = jnp.sum(logz * logz * wt_C)
+    if with_z:
+        grads.append(probs * (2.0 * logz * wt_C)[:, None])  # d sum(w logz^2) / d logits
+    return nll, z, grads
+
+
+def _chunked_forward(x_ND, w_DV, targets_N, weights_N, chunk: int, with_z: bool):
+    """(NLL sum, z sum, input gradients, weight gradients) over chunks of `chunk` tokens."""
+    d = x_ND.shape[1]
+    xs = (x_ND.reshape(-1, chunk, d), targets_N.reshape(-1, chunk), weights_N.reshape(-1, chunk))
+
+    def body(carry, inp):
+        nll_acc, z_acc, dw_acc = carry
+        x_CD, t_C, wt_C = inp
+        nll, z, grads = _chunk_terms(x_CD, w_DV, t_C, wt_C, with_z)
+        dx = [jnp.dot(g.astype(w_DV.dtype), w_DV.T, preferred_element_type=jnp.float32)
+              for g in grads]
+        dw = [acc + jnp.dot(x_CD.T, g.astype(x_CD.dtype), preferred_element_type=jnp.float32)
+              for acc, g in zip(dw_acc, grads)]
+        return (nll_acc + nll, z_acc + z, dw), dx
+
+    zeros = [jnp.zeros(w_DV.shape, jnp.float32) for _ in range(2 if with_z else 1)]
+    (nll, z, dw), dx = jax.lax.scan(body, (jnp.float32(0), jnp.float32(0), zeros), xs)
+    dx = [g.reshape(-1, d) for g in dx]
+    return nll, z, dx, dw
+
+
 def fused_lm_head_loss(x_ND: Array, w_DV: Array, targets_N: Array, weights_N: Array,
                        z_loss: float = 0.0, chunk: int = 2048) -> tuple[Array, Array]:
     """(objective sum, NLL sum) of softmax(x @ w), computed over chunks of tokens.
@@ -43,37 +81,8 @@ def fused_lm_head_loss(x_ND: Array, w_DV: Array, targets_N: Array, weights_N: Ar
     with_z = z_loss > 0.0
     x_dtype, w_dtype = x_ND.dtype, w_DV.dtype
 
-    def chunk_terms(x_CD, w_DV, t_C, wt_C):
-        logits = jnp.dot(x_CD, w_DV, preferred_element_type=jnp.float32)
-        logz = jax.nn.logsumexp(logits, axis=-1)
-        probs = jnp.exp(logits - logz[:, None])
-        gold = jnp.take_along_axis(logits, t_C[:, None], axis=-1)[:, 0]
-        nll = jnp.sum((logz - gold) * wt_C)
-        onehot = jax.nn.one_hot(t_C, w_DV.shape[1], dtype=jnp.float32)
-        d_nll = (probs - onehot) * wt_C[:, None]  # d nll / d logits
-        grads = [d_nll]
-        z = jnp.sum(logz * logz * wt_C)
-        if with_z:
-            grads.append(probs * (2.0 * logz * wt_C)[:, None])  # d sum(w logz^2) / d logits
-        return nll, z, grads
-
-    def forward(x_ND, w_DV, targets_N, weights_N):
-        xs = (x_ND.reshape(-1, chunk, d), targets_N.reshape(-1, chunk), weights_N.reshape(-1, chunk))
-
-        def body(carry, inp):
-            nll_acc, z_acc, dw_acc = carry
-            x_CD, t_C, wt_C = inp
-            nll, z, grads = chunk_terms(x_CD, w_DV, t_C, wt_C)
-            dx = [jnp.dot(g.astype(w_DV.dtype), w_DV.T, preferred_element_type=jnp.float32)
-                  for g in grads]
-            dw = [acc + jnp.dot(x_CD.T, g.astype(x_CD.dtype), preferred_element_type=jnp.float32)
-                  for acc, g in zip(dw_acc, grads)]
-            return (nll_acc + nll, z_acc + z, dw), dx
-
-        zeros = [jnp.zeros(w_DV.shape, jnp.float32) for _ in range(2 if with_z else 1)]
-        (nll, z, dw), dx = jax.lax.scan(body, (jnp.float32(0), jnp.float32(0), zeros), xs)
-        dx = [g.reshape(-1, d) for g in dx]
-        return nll, z, dx, dw
+    def forward(*args):
+        return _chunked_forward(*args, chunk, with_z)
 
     @jax.custom_vjp
     def loss(x_ND, w_DV, targets_N, weights_N):

@@ -44,7 +44,7 @@ import jax
 
 from ..config import Config
 from ..errors import UserError
-from .trials import TrialState
+from .trials import per_trial
 
 SKIP_ENV = "JAXDEPTH_SKIP_MEMORY_CHECK"
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit value (or near it).
@@ -229,10 +229,8 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     mesh.model), frozen parts (no gradient), and any model other than the decoder and the
     ACT family beyond its model section's dimensions."""
     layers, d, f, h, remat = _model_dims(cfg)
-    trials, whole = 1, state
-    if isinstance(state, TrialState):  # K trials' states and batches, stacked
-        trials, state = state.n_trials, state.state
-        batch = {n: v[0] for n, v in batch.items()}
+    whole = state
+    trials, state, batch = per_trial(state, batch)
     rows, seq = next(iter(batch.values())).shape[:2]
     tokens = rows // cfg.optim.accum_steps * seq / data_shards  # per device and micro-batch
     width = 2 if cfg.model.compute_dtype == "bfloat16" and not on_host else 4
@@ -303,7 +301,7 @@ def step_check(cfg: Config, mesh, limit_of: Callable[[list], Limit | None] | Non
         fallback = analytic(cfg, state, batch, sharing, mesh.shape["data"], on_host)
         estimate = None if compiled is None else xla_estimate(compiled, sharing)
         limit = (limit_of or (lambda ds: host_limit() if on_host else device_limit(ds)))(devices)
-        rows = next(iter(batch.values())).shape[1 if isinstance(state, TrialState) else 0]
+        rows = next(iter(per_trial(state, batch)[2].values())).shape[0]
         check(cfg, estimate or fallback, fallback if estimate else None, limit, rows)
 
     return check_compiled

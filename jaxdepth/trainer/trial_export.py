@@ -20,7 +20,8 @@ import shutil
 from pathlib import Path
 
 from ..config import Config, ConfigError, MeshConfig, trial_configs
-from ..errors import warn, writing
+from ..errors import warn
+from ..files import write_whole
 from . import checkpoint as ckpt
 from . import trials as tr
 from .optim import make_optimizer
@@ -116,17 +117,8 @@ def _check_destination(run: Path, k: int, dest: Path) -> None:
 
 def _mark(dest: Path, run: Path, k: int) -> None:
     """Write MARKER (atomically: a torn one would refuse the rerun), unless it is there."""
-    marker = dest / MARKER
-    if marker.is_file():
-        return
-    tmp = marker.with_name(f"{MARKER}.tmp{os.getpid()}")
-    try:
-        with writing(marker):
-            tmp.write_text(json.dumps(_record(run, k)))
-        os.replace(tmp, marker)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    if not (dest / MARKER).is_file():
+        write_whole(dest / MARKER, json.dumps(_record(run, k)))
 
 
 def export_trial(run_dir, k: int, task_for, out=None) -> Path:
@@ -158,6 +150,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
         _mark(dest, run, k)
         solo = ckpt.open_manager(dest, cfg.run.keep)
         done = set(solo.all_steps())
+        unreadable = []
         try:
             for step in steps:
                 if step in done:
@@ -167,16 +160,30 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
                     state = tr.restore(mngr, step, abstract, shardings)
                     ckpt.verify(mngr, step, state)
                 except Exception as e:
-                    warn(f"checkpoint {step} in {run / 'checkpoints'} is unreadable "
-                         f"({ckpt.unreadable_because(e)}); not exported")
+                    unreadable.append((step, ckpt.unreadable_because(e)))
                     continue
                 ckpt.save(solo, step, state.trial(k),
                           _SavedState(data["trials"][k]), cfgs[k])
                 solo.wait_until_finished()
+            if not solo.all_steps():  # an export without a checkpoint would be no run
+                what = "; ".join(f"step {s}: {why}" for s, why in unreadable)
+                raise ckpt.NoReadableCheckpoint(
+                    f"no readable checkpoint in {run / 'checkpoints'} ({what}); nothing "
+                    f"exported")
+            for step, why in unreadable:
+                warn(f"checkpoint {step} in {run / 'checkpoints'} is unreadable ({why}); not "
+                     f"exported")
         finally:
             solo.close()
     finally:
         mngr.close()
+    _write_files(run, cfgs, k, dest)
+    return dest
+
+
+def _write_files(run: Path, cfgs: list, k: int, dest: Path) -> None:
+    """Trial k's files besides its checkpoints: its config, what its task wrote, its data,
+    its metrics and its summary."""
     ckpt.write_config(dest, cfgs[k])
     own = tr.trial_dir(run, k)  # what its task wrote while training (evaluations, analyses)
     if own.is_dir() and own.resolve() != dest.resolve():
@@ -192,13 +199,11 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
         run_level = {n: v for n, v in s.items()
                      if n not in ("trials", "mean", "ci95", "groups", "n_trials", "n_frozen",
                                   "evaluation")}
-        with writing(dest / "summary.json"):
-            (dest / "summary.json").write_text(json.dumps(
-                {**run_level, **{n: v for n, v in mine.items() if n != "trial"},
-                 "run_dir": str(dest), "checkpoints": str(dest / "checkpoints"),
-                 "metrics": str(dest / "metrics.jsonl"), "exported_from": str(run),
-                 "trial": k}, indent=2))
-    return dest
+        write_whole(dest / "summary.json", json.dumps(
+            {**run_level, **{n: v for n, v in mine.items() if n != "trial"},
+             "run_dir": str(dest), "checkpoints": str(dest / "checkpoints"),
+             "metrics": str(dest / "metrics.jsonl"), "exported_from": str(run),
+             "trial": k}, indent=2))
 
 
 def _write_metrics(src: Path, dest: Path, k: int) -> None:
@@ -215,5 +220,4 @@ def _write_metrics(src: Path, dest: Path, k: int) -> None:
             continue
         if rec.pop("trial", None) == k:
             lines.append(json.dumps(rec))
-    with writing(dest):
-        dest.write_text("".join(line + "\n" for line in lines))
+    write_whole(dest, "".join(line + "\n" for line in lines))

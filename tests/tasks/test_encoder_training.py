@@ -174,6 +174,7 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
             from jaxdepth.data.corpus.pipeline import lm_iterator
             from jaxdepth.tasks import task_for
             from jaxdepth.trainer.loop import restore_or_init
+            from jaxdepth.trainer.trials import Trials
             from jaxdepth.trainer.optim import make_optimizer
             from jaxdepth.trainer.sharding import make_mesh
             from jaxdepth.trainer.step import init_state
@@ -181,8 +182,9 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
             task_ = task_for(cfg)
             task_.prepare(run, True, lambda: None)
             tx = make_optimizer(cfg.optim, cfg.run.steps)
-            state, _, _ = restore_or_init(cfg, tx, make_mesh(cfg.mesh), ckpt.open_manager(run, 1),
-                                          lm_iterator(task_.dataset()), task_)
+            trials = Trials([cfg], [task_], make_mesh(cfg.mesh))
+            state, _, _ = restore_or_init(trials, tx, ckpt.open_manager(run, 1),
+                                          lm_iterator(task_.dataset()))
             for a, b in zip(jax.tree.leaves(eqx.filter(state.model.encoder, eqx.is_array)),
                             jax.tree.leaves(eqx.filter(enc, eqx.is_array))):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

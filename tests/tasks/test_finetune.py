@@ -128,7 +128,10 @@ def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     mngr = ckpt.open_manager(tmp_path / "ft", 1)
     from jaxdepth.data.corpus.pipeline import lm_iterator
-    state, _, _ = restore_or_init(cfg, tx, mesh, mngr, lm_iterator(task.dataset()), task)
+    from jaxdepth.trainer.trials import Trials
+
+    state, _, _ = restore_or_init(Trials([cfg], [task], mesh), tx, mngr,
+                                  lm_iterator(task.dataset()))
     want, _, _ = load_model(pre, 2)
     for a, b in zip(jax.tree.leaves(state.model), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -123,13 +123,13 @@ def test_a_checkpoint_without_the_new_fingerprints_is_taken_as_before(
 def forced_metrics(monkeypatch):
     """forced_metrics(step -> {metric: value}) makes the train step report those values (the
     state is trained as ever); returns the metrics each step really had, by step."""
-    from jaxdepth.trainer import loop
+    from jaxdepth.trainer.trials import Trials
 
-    real, seen = loop.make_train_step, {}
+    real, seen = Trials.make_step, {}
 
     def force(forced):
-        def make_train_step(*a, **k):
-            fn = real(*a, **k)
+        def make_step(self, *a, **k):
+            fn = real(self, *a, **k)
 
             def step(state, batch):
                 state, m = fn(state, batch)
@@ -138,7 +138,7 @@ def forced_metrics(monkeypatch):
                 return state, {**m, **{k: jnp.float32(v) for k, v in forced(s).items()}}
             return step
 
-        monkeypatch.setattr(loop, "make_train_step", make_train_step)
+        monkeypatch.setattr(Trials, "make_step", make_step)
         return seen
     return force
 

@@ -85,7 +85,7 @@ def test_a_signal_saves_the_step_it_stops_at_and_the_rerun_resumes_bit_for_bit(
 def test_a_second_signal_exits_at_once_and_handlers_are_restored():
     script = """
 import os, signal, threading, time
-from jaxdepth.trainer.loop import StopSignals
+from jaxdepth.trainer.signals import StopSignals
 
 before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 def in_thread():

@@ -27,6 +27,7 @@ from _train_helpers import base_args, committed_steps, step_losses
 from jaxdepth.cli import parse_args
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import loop
+from jaxdepth.trainer.trials import Trials
 
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -84,13 +85,13 @@ def counted_train(cfg, monkeypatch) -> tuple[dict, TraceCounter]:
     # counts in every run, not only when it happens to be first in the process.
     jax.clear_caches()
     counter = TraceCounter()
-    make = loop.make_train_step
+    make = Trials.make_step
 
-    def make_counted(*args, **kwargs):
-        return counter.watch(make(*args, **kwargs))
+    def make_counted(self, *args, **kwargs):
+        return counter.watch(make(self, *args, **kwargs))
 
     with monkeypatch.context() as m, counter:
-        m.setattr(loop, "make_train_step", make_counted)
+        m.setattr(Trials, "make_step", make_counted)
         summary = loop.train(cfg, task_for(cfg))
     return summary, counter
 

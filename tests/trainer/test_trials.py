@@ -522,6 +522,16 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
     assert code == 2 and "written before the trials kept their frozen backbone once" in \
         err.getvalue(), err.getvalue()[-2000:]
     assert sorted(p.name for p in (old / "checkpoints").iterdir()) == ["4"]
+    # ... and so is its export, rather than an exported run without a checkpoint
+    from jaxdepth.export_trial import main as export_main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = export_main(["--run", str(old), "--trial", "1"])
+    assert code == 2 and err.getvalue().splitlines() == [
+        f"error: no readable checkpoint in {old / 'checkpoints'} (step 4: written before the "
+        f"trials kept their frozen backbone once (it holds a copy per trial): resume or export "
+        f"it with jaxdepth at commit ebc47d7 or earlier); nothing exported"], err.getvalue()
 
     dest = export_trial(trials, 1, task_for)
     exported, _, _ = load_model(dest)

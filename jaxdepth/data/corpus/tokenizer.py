@@ -7,14 +7,14 @@ pickles (grain may send it to worker processes) and saves as an ordinary `.model
 from __future__ import annotations
 
 import io
-import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
 
-from ...errors import DataError, one_line, writing
+from ...errors import DataError, one_line
+from ...files import write_whole
 from ...config import CLS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID  # noqa: F401 (the layout)
 
 SPECIAL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")  # ids CLS_ID, SEP_ID, MASK_ID in this order
@@ -86,15 +86,7 @@ class Tokenizer:
         """Write the model to `path` atomically: through a temporary file in the same
         directory, renamed into place, so that a failed write (a full disk) leaves neither
         half a model nor the temporary file."""
-        path = Path(path)
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        try:
-            with writing(path):
-                tmp.write_bytes(self._proto)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_whole(path, self._proto)
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:

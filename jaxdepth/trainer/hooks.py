@@ -1,0 +1,284 @@
+"""What the training loop does around its steps, each a hook that owns its state: reading and
+logging a step's metrics (``Records``, which hands each step's rows to the ``NonFinite`` and
+``Stuck`` watchers and times it with ``Throughput``), saving checkpoints (``Checkpoints``) and
+evaluating (``Evaluations``). The loop (loop.py) only calls them in order; signals.py stops it.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from ..errors import RunFailed, warn
+from . import checkpoint as ckpt
+from .metrics import TrainingClock
+
+
+class NonFiniteLossError(RunFailed):
+    pass
+
+
+# A run that is not learning, without any NaN: a warning (once) after this many steps in a row
+# with a gradient norm of exactly 0, or (a run whose loss is a token NLL) with the loss within
+# UNIFORM_TOLERANCE of ln(vocab_size), the loss of uniform predictions, after warm-up.
+STUCK_STEPS = 20
+UNIFORM_TOLERANCE = 1e-3
+# ... or (a run from fresh weights) whose mean loss over the PROGRESS_WINDOW steps after warm-up
+# is less than MIN_PROGRESS (relative) below its mean over its first PROGRESS_WINDOW steps: a
+# fresh model at a working learning rate moves far more by then (tiny-L2 at its recipe's lr:
+# the loss from 6.7 at step 1 to 3.0 at step 60, 55% down), one at lr 1e-12 0.01%. Runs from
+# pretrained weights may start near their final loss, so they are not judged by it.
+PROGRESS_WINDOW = 10
+MIN_PROGRESS = 0.01
+
+
+def non_finite(step: int, m: dict) -> str | None:
+    """What is not finite in a step's metrics, in words; None if everything is."""
+    values = [("loss", m["loss"]), ("gradient norm", m["grad_norm"]),
+              ("parameter norm after the update", m["param_norm"])]
+    bad = [f"{name} ({v})" for name, v in values if not math.isfinite(v)]
+    if not bad:
+        return None
+    finite = [f"{name} {v}" for name, v in values if math.isfinite(v)]
+    return (f"non-finite {' and '.join(bad)} at step {step}"
+            f"{' (finite: ' + ', '.join(finite) + ')' if finite else ''}")
+
+
+class NonFinite:
+    """A trial whose values turn non-finite is frozen (its update masked by the step:
+    trials.py) and named once; the run stops when every trial is, which for a run of one is
+    at once. A state whose values are not finite is never checkpointed."""
+
+    def __init__(self, trials, mngr, checkpoints: Path):
+        self.trials, self.mngr, self.checkpoints = trials, mngr, checkpoints
+        self.seen: set[int] = set()  # the trials named frozen
+
+    def __call__(self, step: int, rows: list[dict]) -> None:
+        for k, m in enumerate(rows):
+            why = non_finite(step, m)
+            if not m.get("frozen", why is not None) or k in self.seen:
+                continue
+            self.seen.add(k)
+            why = why or "non-finite values"
+            if len(self.seen) == self.trials.k:
+                good = self.mngr.latest_step()
+                kept = (f"The last good checkpoint (step {good}) in {self.checkpoints} is "
+                        f"intact." if good is not None else "No checkpoint was saved yet.")
+                raise NonFiniteLossError(f"{self.trials.all_frozen(k, why)}; stopping. {kept}")
+            warn(f"trial {k} ({self.trials.names[k]}): {why}; frozen at its last finite "
+                 f"state, the other trials go on")
+
+
+class Stuck:
+    """Warns once about a run that is not learning though every value is finite: a gradient
+    norm of exactly 0, a token loss at ln(vocab_size), or (from fresh weights) a loss that
+    hardly moved from its first steps by the end of warm-up. Watches the mean over the trials
+    not frozen."""
+
+    def __init__(self, cfg, ln_vocab: float | None, progress_from_start: bool):
+        self.cfg, self.ln_vocab = cfg, ln_vocab
+        self.warmup = cfg.optim.warmup_steps or 0
+        self.counts = {"zero_grad": 0, "uniform": 0}
+        self.warned: set[str] = set()
+        # the step at which the losses after warm-up are compared with the first ones (0: never)
+        self.progress_at = (max(self.warmup, PROGRESS_WINDOW) + PROGRESS_WINDOW
+                            if progress_from_start else 0)
+        self.losses: dict[int, float] = {}
+
+    def __call__(self, step: int, m: dict) -> None:
+        c = self.counts
+        c["zero_grad"] = c["zero_grad"] + 1 if m["grad_norm"] == 0 else 0
+        uniform = (self.ln_vocab is not None and step > self.warmup
+                   and abs(m["loss"] - self.ln_vocab) <= UNIFORM_TOLERANCE)
+        c["uniform"] = c["uniform"] + 1 if uniform else 0
+        steps = f"steps {step - STUCK_STEPS + 1}-{step}"
+        if self._first("zero_grad"):
+            warn(f"the gradient norm has been exactly 0 for {STUCK_STEPS} steps in a row "
+                 f"({steps}): the parameters get no gradient; the run is not learning")
+        if self._first("uniform"):
+            warn(f"the loss has stayed at ln(vocab_size) = ln {self.cfg.vocab_size} = "
+                 f"{self.ln_vocab:.4f} (uniform predictions) for {STUCK_STEPS} steps in a row "
+                 f"after warm-up ({steps}): the run is not learning")
+        self._progress(step, m["loss"])
+
+    def _first(self, what: str) -> bool:
+        if self.counts[what] != STUCK_STEPS or what in self.warned:
+            return False
+        self.warned.add(what)
+        return True
+
+    def _progress(self, step: int, loss: float) -> None:
+        w = PROGRESS_WINDOW
+        if step <= w or step > self.progress_at - w:
+            self.losses[step] = loss
+        if step != self.progress_at or any(self.counts.values()):
+            return  # (a run the two detectors above are already watching is theirs to name)
+        before = float(np.mean([self.losses[s] for s in range(1, w + 1)]))
+        after = float(np.mean([self.losses[s] for s in range(step - w + 1, step + 1)]))
+        drop = (before - after) / abs(before) if before else 0.0
+        if drop < MIN_PROGRESS:
+            warn(f"the mean loss over steps {step - w + 1}-{step}, after warm-up, is "
+                 f"{after:.4f}, {100 * drop:.2f}% below its mean over steps 1-{w} "
+                 f"({before:.4f}): a model trained from fresh weights should have moved "
+                 f"further; the run is hardly learning (optim.lr {self.cfg.optim.lr:g}?)")
+
+
+class Throughput:
+    """Tokens per second and MFU, timed from the first finished step of this invocation (so
+    compilation is excluded) on a clock that stops while evaluating. A step whose record
+    carries a rate is waited for as soon as it is dispatched, before the next one is (timed):
+    where the CPU runs a step as it is dispatched, the record of step N comes after step N+1
+    ran, and a rate read then would count N+1 in the interval before it and in none after."""
+
+    def __init__(self, start: int, end: int, log_every: int, tokens_per_step: int,
+                 flops_per_token: int, peak_total: float):
+        self.start, self.end, self.log_every = start, end, log_every
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.peak_total = peak_total
+        self.clock = TrainingClock()
+        self.last = {"time": self.clock.now(), "step": start}
+        self.first = dict(self.last)
+        self.stamps: dict[int, float] = {}  # the clock when each timed step was done
+        self.figures: dict = {}  # this invocation's tokens_per_s and mfu, once measured
+
+    def timed(self, step: int) -> bool:
+        return step == self.start + 1 or step % self.log_every == 0 or step == self.end
+
+    def dispatched(self, step: int, state) -> None:
+        if self.timed(step):
+            jax.block_until_ready(state)
+            self.stamps[step] = self.clock.now()
+
+    def mfu(self, tokens_per_s: float) -> float:
+        return tokens_per_s * self.flops_per_token / self.peak_total
+
+    def rates(self, step: int) -> dict:
+        """{tokens_per_s, mfu} since the last timed step, at a timed step after the first."""
+        now = self.stamps.pop(step, None)
+        if now is None:
+            return {}
+        if step == self.start + 1:
+            self.last.update(time=now, step=step)
+            self.first.update(time=now, step=step)
+            return {}
+        tps = (step - self.last["step"]) * self.tokens_per_step / max(now - self.last["time"],
+                                                                     1e-9)
+        self.last.update(time=now, step=step)
+        avg = ((step - self.first["step"]) * self.tokens_per_step
+               / max(now - self.first["time"], 1e-9))
+        self.figures = dict(tokens_per_s=avg, mfu=self.mfu(avg))
+        return dict(tokens_per_s=tps, mfu=self.mfu(tps))
+
+
+class Records:
+    """Reads each finished step's metrics (a sync point, one step behind the dispatch) and
+    logs them: every log_every steps, the first and the last, one record per trial; a frozen
+    trial once, at the record that finds it frozen (its later values mean nothing). The
+    watchers see every step."""
+
+    def __init__(self, trials, writer, throughput: Throughput, watchers: list, stuck,
+                 lr_at: list, reports_perplexity: bool, bar):
+        self.trials, self.writer, self.throughput = trials, writer, throughput
+        self.watchers, self.stuck, self.lr_at = watchers, stuck, lr_at
+        self.reports_perplexity, self.bar = reports_perplexity, bar
+        self.history: list[dict] = [{} for _ in range(trials.k)]  # each trial's results
+        self.frozen_logged: set[int] = set()
+        self.pending = None  # (step, metrics) dispatched, not read yet
+
+    def dispatched(self, step: int, metrics) -> None:
+        """Step `step` is dispatched: read the one before it, which it no longer stalls."""
+        self.flush()
+        self.pending = (step, metrics)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.record(*pending)
+
+    def record(self, step: int, metrics) -> None:
+        rows = self.trials.rows(metrics)
+        for watch in self.watchers:
+            watch(step, rows)
+        live = [r for r in rows if not r.get("frozen")]
+        m = {n: float(np.mean([r[n] for r in live])) for n in rows[0]}
+        if self.stuck is not None:
+            self.stuck(step, m)
+        for k, r in enumerate(rows):
+            self.history[k].update(train_loss=r["loss"])
+        rates = self.throughput.rates(step)
+        if rates:
+            self.bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{rates['tokens_per_s']:,.0f}")
+        if self.throughput.timed(step):
+            for k, r in enumerate(rows):
+                self._write(step, k, r, rates)
+
+    def _write(self, step: int, k: int, r: dict, rates: dict) -> None:
+        if r.get("frozen"):
+            if k in self.frozen_logged:
+                return
+            self.frozen_logged.add(k)
+        extra = {n: v for n, v in r.items()
+                 if n not in ("loss", "grad_norm", "param_norm", "tokens")}
+        ppl = {"ppl": math.exp(min(r["loss"], 80.0))} if self.reports_perplexity else {}
+        self.writer.write(step, **self.trials.tag(k), loss=r["loss"], **ppl,
+                          lr=float(self.lr_at[k](step - 1)), grad_norm=r["grad_norm"],
+                          param_norm=r["param_norm"], **extra, **rates)
+
+
+class Checkpoints:
+    """Saves every save_every steps, at the last step of this invocation and at a stop
+    asked by a signal, asynchronously; a failed save stops the run at the first step after
+    it is detected, its previous checkpoint intact."""
+
+    def __init__(self, mngr, cfg, checkpoints: Path, end: int):
+        self.mngr, self.cfg, self.where, self.end = mngr, cfg, checkpoints, end
+        self.saving = None  # step of the latest asynchronous save, watched for a failure
+
+    def due(self, step: int, stop: int) -> bool:
+        return step % self.cfg.run.save_every == 0 or step == self.end or bool(stop)
+
+    def watch(self, step: int) -> None:
+        """Before step `step`: raise CheckpointSaveFailed if the save in flight failed."""
+        if self.saving is not None and ckpt.check_saves(self.mngr, self.saving, step - 1,
+                                                        where=self.where):
+            self.saving = None
+
+    def save(self, step: int, state, data_iter) -> None:
+        self.wait(step)
+        ckpt.save(self.mngr, step, state, data_iter, self.cfg)
+        self.saving = step
+
+    def wait(self, step: int) -> None:
+        if self.saving is not None:
+            ckpt.check_saves(self.mngr, self.saving, step, wait=True, where=self.where)
+            self.saving = None
+
+
+class Evaluations:
+    """Each trial's evaluation by its own task (Task.evaluate: vmapped over the stacked
+    model where the trials evaluate on the same inputs), every eval_every steps but the last
+    (the final evaluation is the summary's), logged, and kept in each trial's results. Its
+    time is not training time: the throughput clock stops."""
+
+    def __init__(self, trials, writer, records: Records, throughput: Throughput, sharding,
+                 cfg, bar):
+        self.trials, self.writer, self.records = trials, writer, records
+        self.throughput, self.sharding, self.cfg, self.bar = throughput, sharding, cfg, bar
+
+    def due(self, step: int) -> bool:
+        return step % self.cfg.run.eval_every == 0 and step != self.cfg.run.steps
+
+    def __call__(self, step: int, state, final: bool = False) -> None:
+        jax.block_until_ready(state)  # the step in flight is training time: the clock runs
+        task, tasks = self.trials.tasks[0], self.trials.tasks
+        with self.throughput.clock.paused():
+            results = task.evaluate(self.trials.models(state), tasks, step, self.sharding,
+                                    final)
+            for k, (ev, message) in enumerate(results):
+                self.records.history[k].update(ev)
+                self.writer.write(step, **self.trials.tag(k), **{
+                    n: v for n, v in ev.items()
+                    if isinstance(v, (int, float)) and not n.endswith("_tokens")})
+                self.bar.write(f"step {step}: {self.trials.prefix(k)}{message}")
