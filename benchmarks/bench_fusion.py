@@ -30,7 +30,8 @@ every step). ``--unit`` instead times one few-shot FE unit end to end, as ``trai
 every evaluation (target: cached >= 5x faster). ``--grid`` times the FE half of the miniature
 few-shot experiment (``fusion_fewshot all --preset miniature --modes fe``, 40 units in one
 process each way) cached and uncached on one pretrained backbone, and checks that every
-unit's results agree (target: cached >= 3x faster).
+unit's results agree (target: cached >= 3x faster). ``models/all-MiniLM-L6-v2`` below is what
+``python -m jaxdepth.data.download all-MiniLM-L6-v2 --cache models`` makes.
 
     python benchmarks/bench_fusion.py                     # d 256, 4 layers, T 64, B 16, P 16
     python benchmarks/bench_fusion.py --hf /path/to/bert-base-cased --seq-len 128 --batch 8

