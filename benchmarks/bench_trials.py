@@ -203,7 +203,7 @@ def solo_stepper(cfg: Config, mesh, args, data_dir, record: dict) -> Stepper:
 
 
 def trials_stepper(cfgs: list[Config], mesh, args, data_dir, record: dict) -> Stepper:
-    """The K-trial step of cfgs, as the training loop builds it (trainer/loop.py)."""
+    """The K-trial step of cfgs, as the training loop builds it (run_trials.Trials)."""
     tx = make_optimizer(cfgs[0].optim, cfgs[0].run.steps)
     tasks = [task_for(c) for c in cfgs]
     _, shardings = tr.trial_shardings(cfgs, tx, mesh, tasks[0])

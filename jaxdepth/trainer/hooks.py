@@ -58,6 +58,7 @@ class NonFinite:
     def __call__(self, step: int, rows: list[dict]) -> None:
         for k, m in enumerate(rows):
             why = non_finite(step, m)
+            # a run of one has no "frozen" of its step's: its first non-finite value stops it
             if not m.get("frozen", why is not None) or k in self.seen:
                 continue
             self.seen.add(k)
@@ -67,18 +68,18 @@ class NonFinite:
                 kept = (f"The last good checkpoint (step {good}) in {self.checkpoints} is "
                         f"intact." if good is not None else "No checkpoint was saved yet.")
                 raise NonFiniteLossError(f"{self.trials.all_frozen(k, why)}; stopping. {kept}")
-            warn(f"trial {k} ({self.trials.names[k]}): {why}; frozen at its last finite "
-                 f"state, the other trials go on")
+            warn(f"{self.trials.named(k)}{why}; frozen at its last finite state, the other "
+                 f"trials go on")
 
 
 class Stuck:
-    """Warns once about a run that is not learning though every value is finite: a gradient
+    """Warns once about a trial that is not learning though every value is finite: a gradient
     norm of exactly 0, a token loss at ln(vocab_size), or (from fresh weights) a loss that
-    hardly moved from its first steps by the end of warm-up. Watches the mean over the trials
-    not frozen."""
+    hardly moved from its first steps by the end of warm-up. One per trial, with its own
+    config; `who` starts its warnings in a run of several ("trial 1 (optim.lr=1e-12): ")."""
 
-    def __init__(self, cfg, ln_vocab: float | None, progress_from_start: bool):
-        self.cfg, self.ln_vocab = cfg, ln_vocab
+    def __init__(self, cfg, ln_vocab: float | None, progress_from_start: bool, who: str = ""):
+        self.cfg, self.ln_vocab, self.who = cfg, ln_vocab, who
         self.warmup = cfg.optim.warmup_steps or 0
         self.counts = {"zero_grad": 0, "uniform": 0}
         self.warned: set[str] = set()
@@ -95,10 +96,10 @@ class Stuck:
         c["uniform"] = c["uniform"] + 1 if uniform else 0
         steps = f"steps {step - STUCK_STEPS + 1}-{step}"
         if self._first("zero_grad"):
-            warn(f"the gradient norm has been exactly 0 for {STUCK_STEPS} steps in a row "
+            warn(f"{self.who}the gradient norm has been exactly 0 for {STUCK_STEPS} steps in a row "
                  f"({steps}): the parameters get no gradient; the run is not learning")
         if self._first("uniform"):
-            warn(f"the loss has stayed at ln(vocab_size) = ln {self.cfg.vocab_size} = "
+            warn(f"{self.who}the loss has stayed at ln(vocab_size) = ln {self.cfg.vocab_size} = "
                  f"{self.ln_vocab:.4f} (uniform predictions) for {STUCK_STEPS} steps in a row "
                  f"after warm-up ({steps}): the run is not learning")
         self._progress(step, m["loss"])
@@ -119,7 +120,7 @@ class Stuck:
         after = float(np.mean([self.losses[s] for s in range(step - w + 1, step + 1)]))
         drop = (before - after) / abs(before) if before else 0.0
         if drop < MIN_PROGRESS:
-            warn(f"the mean loss over steps {step - w + 1}-{step}, after warm-up, is "
+            warn(f"{self.who}the mean loss over steps {step - w + 1}-{step}, after warm-up, is "
                  f"{after:.4f}, {100 * drop:.2f}% below its mean over steps 1-{w} "
                  f"({before:.4f}): a model trained from fresh weights should have moved "
                  f"further; the run is hardly learning (optim.lr {self.cfg.optim.lr:g}?)")
@@ -178,8 +179,8 @@ class Records:
     trial once, at the record that finds it frozen (its later values mean nothing). The
     watchers see every step."""
 
-    def __init__(self, trials, writer, throughput: Throughput, watchers: list, stuck,
-                 lr_at: list, reports_perplexity: bool, bar):
+    def __init__(self, trials, writer, throughput: Throughput, watchers: list,
+                 stuck: list[Stuck], lr_at: list, reports_perplexity: bool, bar):
         self.trials, self.writer, self.throughput = trials, writer, throughput
         self.watchers, self.stuck, self.lr_at = watchers, stuck, lr_at
         self.reports_perplexity, self.bar = reports_perplexity, bar
@@ -201,12 +202,13 @@ class Records:
         rows = self.trials.rows(metrics)
         for watch in self.watchers:
             watch(step, rows)
+        # (a run of one reports no "frozen": its step stops the run at a non-finite value)
         live = [r for r in rows if not r.get("frozen")]
         m = {n: float(np.mean([r[n] for r in live])) for n in rows[0]}
-        if self.stuck is not None:
-            self.stuck(step, m)
         for k, r in enumerate(rows):
             self.history[k].update(train_loss=r["loss"])
+            if self.stuck and not r.get("frozen"):
+                self.stuck[k](step, r)
         rates = self.throughput.rates(step)
         if rates:
             self.bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{rates['tokens_per_s']:,.0f}")

@@ -32,7 +32,7 @@ from .run_lock import run_lock
 from .sharding import batch_sharding, make_mesh, to_global
 from .signals import StopSignals
 from .task import Task
-from .trials import Trials
+from .run_trials import Trials
 
 
 def barrier(name: str) -> None:
@@ -136,7 +136,6 @@ class _Run:
     run_dir: Path
     primary: bool
     mngr: object
-    mesh: object
     state: object
     step_fn: object
     data_iter: object
@@ -210,7 +209,8 @@ def _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter
                             flops_per_token, peak * mesh.size)
     checkpoints = run_dir / "checkpoints"  # as the user gave it (mngr.directory is absolute)
     ln_vocab = math.log(cfg.vocab_size) if task.reports_perplexity else None
-    stuck = Stuck(cfg, ln_vocab, fresh and start == 0) if primary else None
+    stuck = [Stuck(c, ln_vocab, fresh and start == 0, trials.named(k))
+             for k, c in enumerate(trials.cfgs)] if primary else []
     records = Records(trials, writer, throughput, [NonFinite(trials, mngr, checkpoints)],
                       stuck, [schedule(c.optim, cfg.run.steps) for c in trials.cfgs],
                       task.reports_perplexity, bar)
@@ -218,8 +218,8 @@ def _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter
                               bar)
     facts = dict(params=n_params, flops_per_token=flops_per_token, peak_flops=peak,
                  peak_source=peak_source, devices=mesh.size)
-    return _Run(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter, start,
-                end, bar, writer, throughput, records,
+    return _Run(cfg, trials, run_dir, primary, mngr, state, step_fn, data_iter, start, end,
+                bar, writer, throughput, records,
                 Checkpoints(mngr, cfg, checkpoints, end), evaluations, facts)
 
 
@@ -278,22 +278,14 @@ def _finish(run: _Run) -> dict:
                                         run.throughput.tokens_per_step)
             if "tokens_per_s" in measured:
                 measured["mfu"] = run.throughput.mfu(measured["tokens_per_s"])
-        frozen = trials.frozen(run.state)
         models = trials.models(run.state)
-        per_trial = [{"trial": k, "settings": _settings(trials, k), "frozen": bool(frozen[k]),
-                      **run.records.history[k], **t.summary(models.one(k))}
-                     for k, t in enumerate(trials.tasks)]
-        run_level = {**measured, **run.throughput.figures, **run.facts}
-        summary.update(trials.summary(run_level, per_trial))
+        summary.update(trials.summary(
+            {**measured, **run.throughput.figures}, run.facts, run.records.history,
+            [t.summary(models.one(k)) for k, t in enumerate(trials.tasks)],
+            trials.frozen(run.state)))
     summary.update(run_dir=str(run.run_dir), checkpoints=str(run.run_dir / "checkpoints"),
                    metrics=str(run.run_dir / "metrics.jsonl"),
                    tensorboard=str(run.run_dir / "tb"))
     if run.primary and summary["done"]:
         write_whole(run.run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
-
-
-def _settings(trials: Trials, k: int) -> dict:
-    from .trials import settings
-
-    return settings(trials.cfgs[k], trials.fields)

@@ -115,6 +115,16 @@ def _check_destination(run: Path, k: int, dest: Path) -> None:
                       f"two runs' files; {instead}", field="out")
 
 
+def _unmark(dest: Path) -> None:
+    """Take back what a refused first export wrote: its marker and empty directories."""
+    (dest / MARKER).unlink(missing_ok=True)
+    for d in (dest / "checkpoints", dest):
+        try:
+            d.rmdir()  # only if empty
+        except OSError:
+            pass
+
+
 def _mark(dest: Path, run: Path, k: int) -> None:
     """Write MARKER (atomically: a torn one would refuse the rerun), unless it is there."""
     if not (dest / MARKER).is_file():
@@ -146,6 +156,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
         mesh = make_mesh(MeshConfig(data=1))
         tx = make_optimizer(cfgs[0].optim, cfg.run.steps)
         abstract, shardings = tr.trial_shardings(cfgs, tx, mesh, task_for(cfgs[0]))
+        fresh = not (dest / MARKER).is_file()  # no export of this trial here yet
         dest.mkdir(parents=True, exist_ok=True)
         _mark(dest, run, k)
         solo = ckpt.open_manager(dest, cfg.run.keep)
@@ -165,18 +176,19 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
                 ckpt.save(solo, step, state.trial(k),
                           _SavedState(data["trials"][k]), cfgs[k])
                 solo.wait_until_finished()
-            if not solo.all_steps():  # an export without a checkpoint would be no run
-                what = "; ".join(f"step {s}: {why}" for s, why in unreadable)
-                raise ckpt.NoReadableCheckpoint(
-                    f"no readable checkpoint in {run / 'checkpoints'} ({what}); nothing "
-                    f"exported")
-            for step, why in unreadable:
-                warn(f"checkpoint {step} in {run / 'checkpoints'} is unreadable ({why}); not "
-                     f"exported")
+            exported = bool(solo.all_steps())
         finally:
             solo.close()
     finally:
         mngr.close()
+    if not exported:  # an export without a checkpoint would be no run
+        if fresh:  # leave the directory as it was found: the refusal writes nothing
+            _unmark(dest)
+        what = "; ".join(f"step {s}: {why}" for s, why in unreadable)
+        raise ckpt.NoReadableCheckpoint(f"no readable checkpoint in {run / 'checkpoints'} "
+                                        f"({what}); nothing exported")
+    for step, why in unreadable:
+        warn(f"checkpoint {step} in {run / 'checkpoints'} is unreadable ({why}); not exported")
     _write_files(run, cfgs, k, dest)
     return dest
 

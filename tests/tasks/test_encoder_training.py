@@ -174,7 +174,7 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
             from jaxdepth.data.corpus.pipeline import lm_iterator
             from jaxdepth.tasks import task_for
             from jaxdepth.trainer.loop import restore_or_init
-            from jaxdepth.trainer.trials import Trials
+            from jaxdepth.trainer.run_trials import Trials
             from jaxdepth.trainer.optim import make_optimizer
             from jaxdepth.trainer.sharding import make_mesh
             from jaxdepth.trainer.step import init_state

@@ -128,7 +128,7 @@ def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     mngr = ckpt.open_manager(tmp_path / "ft", 1)
     from jaxdepth.data.corpus.pipeline import lm_iterator
-    from jaxdepth.trainer.trials import Trials
+    from jaxdepth.trainer.run_trials import Trials
 
     state, _, _ = restore_or_init(Trials([cfg], [task], mesh), tx, mngr,
                                   lm_iterator(task.dataset()))

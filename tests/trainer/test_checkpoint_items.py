@@ -123,7 +123,7 @@ def test_a_checkpoint_without_the_new_fingerprints_is_taken_as_before(
 def forced_metrics(monkeypatch):
     """forced_metrics(step -> {metric: value}) makes the train step report those values (the
     state is trained as ever); returns the metrics each step really had, by step."""
-    from jaxdepth.trainer.trials import Trials
+    from jaxdepth.trainer.run_trials import Trials
 
     real, seen = Trials.make_step, {}
 
@@ -287,6 +287,17 @@ def test_a_fresh_run_whose_loss_hardly_moves_warns_once(tmp_path, tokenizer, tra
         f"({before:.4f}): a model trained from fresh weights should have moved further; the "
         f"run is hardly learning (optim.lr 1e-12?)"]
     assert warnings(0.06) == []
+    # trials: each is watched with its own settings, and the warning names the one stuck
+    run = tmp_path / "trials"
+    code, out, err = call(train_main, args(run, tokenizer, 20, **{
+        "trials.lr": "1e-12,0.06", "optim.warmup_steps": 2, "run.save_every": 20}), capsys)
+    assert code == 0, err[-3000:]
+    got = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert got == [f"warning: trial 0 (run.seed=0, optim.lr=1e-12): the mean loss over steps "
+                   f"11-20, after warm-up, is {after:.4f}, {100 * (before - after) / before:.2f}"
+                   f"% below its mean over steps 1-10 ({before:.4f}): a model trained from "
+                   f"fresh weights should have moved further; the run is hardly learning "
+                   f"(optim.lr 1e-12?)"]
 
 
 def test_throughput_is_measured_over_training_time_only(tmp_path, tokenizer, train_main, capsys):

@@ -27,7 +27,7 @@ from _train_helpers import base_args, committed_steps, step_losses
 from jaxdepth.cli import parse_args
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import loop
-from jaxdepth.trainer.trials import Trials
+from jaxdepth.trainer.run_trials import Trials
 
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

@@ -532,6 +532,8 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
         f"error: no readable checkpoint in {old / 'checkpoints'} (step 4: written before the "
         f"trials kept their frozen backbone once (it holds a copy per trial): resume or export "
         f"it with jaxdepth at commit ebc47d7 or earlier); nothing exported"], err.getvalue()
+    assert not (old / "trials" / "1" / "checkpoints").exists()  # the refusal wrote nothing
+    assert not (old / "trials" / "1" / ".export.json").exists()
 
     dest = export_trial(trials, 1, task_for)
     exported, _, _ = load_model(dest)
