@@ -22,7 +22,7 @@ from .errors import ConfigError
 from .run_kinds import kind_of
 from .run_kinds.lm_pretraining import LMPretraining
 from .optimizers import OWN_FIELDS, optimizer, optimizer_names, readers
-from .schedules import schedule_class, schedule_names
+from .schedules import schedule_class
 from .task_names import FUSION_TASKS, GRAMMAR_TASKS, PROBE_TASKS, TASKS  # noqa: F401  (re-exported)
 
 
@@ -281,10 +281,10 @@ class OptimConfig:
     (RunKind.RECIPE; None here means "the recipe's"); a value given here is kept whatever the
     kind."""
     # one class each: jaxdepth/optimizers/
-    name: str = field(default=None, metadata={"choices": optimizer_names})
+    name: str = None
     lr: float = None  # adafactor: relative to each parameter's RMS
     # warmup, then the schedule's decay to lr * min_lr_ratio (one class each: jaxdepth/schedules/)
-    schedule: str = field(default=None, metadata={"choices": schedule_names})
+    schedule: str = None
     warmup_steps: int = None  # steps of linear warmup from 0 to lr
     min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr
     weight_decay: float = None  # decoupled (AdamW/LAMB), never on norm scales and biases
@@ -650,8 +650,7 @@ class FusionConfig:
     The backbone is task.init_from: a Hugging Face BERT/RoBERTa directory, or a run of this
     project (encoder, act/albert/bert, or decoder); empty: a fresh model.arch backbone."""
     KINDS: ClassVar[tuple[str, ...]] = FUSION_TASKS  # the run kinds that read this section
-    # base (last layer) | base+n (n fresh layers) | concat | dwatt | any class of
-    # models/fusions/ (checked when the task is built)
+    # how h is made from the backbone's layer outputs (one class each: jaxdepth/models/fusions/)
     method: str = "dwatt"
     extra_layers: int = 1  # n of base+n
     mode: str = "fe"  # fe: backbone frozen, only the fusion module and head train | ft: all train
@@ -663,6 +662,8 @@ class FusionConfig:
     cache_mib: int = 2048  # the state cache stays in memory up to this size (MiB)
 
     def __post_init__(self):
+        # method is checked on the command line (cli.check_choices): its classes are models,
+        # which import this module
         _require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
         _require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
         _require(self.mode in ("fe", "ft"), "fusion.mode", f"must be fe or ft, got {self.mode!r}")
