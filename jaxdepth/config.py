@@ -22,6 +22,7 @@ from .errors import ConfigError
 from .run_kinds import kind_of
 from .run_kinds.lm_pretraining import LMPretraining
 from .optimizers import OWN_FIELDS, optimizer, optimizer_names, readers
+from .fusion_modes import fusion_mode  # also the models' (they import only this module)
 from .schedules import schedule_class
 from .task_names import FUSION_TASKS, GRAMMAR_TASKS, PROBE_TASKS, TASKS  # noqa: F401  (re-exported)
 
@@ -653,7 +654,9 @@ class FusionConfig:
     # how h is made from the backbone's layer outputs (one class each: jaxdepth/models/fusions/)
     method: str = "dwatt"
     extra_layers: int = 1  # n of base+n
-    mode: str = "fe"  # fe: backbone frozen, only the fusion module and head train | ft: all train
+    # fe: backbone frozen, only the fusion module and head train | ft: all train
+    # (jaxdepth/fusion_modes.py)
+    mode: str = "fe"
     dropout: float = 0.1  # on h before the NER head (docs/design.md §4)
     # NER in fe mode: the frozen backbone runs once per sentence and training reads its
     # states from a cache (in memory, or memory-mapped under <run>/cache when larger than
@@ -666,7 +669,7 @@ class FusionConfig:
         # which import this module
         _require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
         _require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
-        _require(self.mode in ("fe", "ft"), "fusion.mode", f"must be fe or ft, got {self.mode!r}")
+        fusion_mode(self.mode)  # a ConfigError naming fusion.mode
         _require(0.0 <= self.dropout < 1.0, "fusion.dropout", f"must be in [0, 1), got {self.dropout}")
 
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import may_drop, setting
+from ..config import fusion_mode, may_drop, setting
 from .backbone import Backbone
 from .declared import Declared
 from .encoder import BertEmbeddings
@@ -47,7 +47,7 @@ class FusedModel(Declared):
     backbone: Backbone
     fusion: FusionMethod  # fusion.method's module (its class carries the name)
     head: Dense | MLMHead  # token classification, or BERT's MLM head
-    mode: str = eqx.field(static=True)  # fe | ft
+    mode: str = eqx.field(static=True)  # fusion.mode
     rate: float = eqx.field(static=True)  # dropout on h before a classification head
 
     def __init__(self, backbone, *, method: str, mode: str, n_labels: int = 0, mlm: bool = False,
@@ -76,7 +76,7 @@ class FusedModel(Declared):
 
     @property
     def frozen_backbone(self) -> bool:
-        return self.mode == "fe"
+        return fusion_mode(self.mode).FROZEN_BACKBONE
 
     def trainable_spec(self):
         """Filter spec for the optimiser: the fusion module and head (+ the backbone in FT)."""

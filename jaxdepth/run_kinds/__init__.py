@@ -13,7 +13,7 @@ Nothing outside these modules compares a kind's name.
 
 Every module of this package is imported here, so a new kind is a new module here and its
 Task under jaxdepth/tasks/: defining a subclass with a ``NAME`` registers it. This package
-imports nothing of jaxdepth but errors.py, choices.py and task_names.py.
+imports nothing of jaxdepth but errors.py, choices.py, task_names.py and fusion_modes.py.
 """
 from __future__ import annotations
 

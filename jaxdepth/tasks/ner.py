@@ -31,6 +31,7 @@ from ..config import Config, ConfigError
 from ..data.finetune import ner_sentences
 from ..data.corpus.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
+from ..fusion_modes import fusion_mode
 from ..models.flops import module_flops_per_token
 from ..models.fusions import FusionMethod, Sentence, Words
 from ..trainer.losses import softmax_xent as _xent
@@ -333,7 +334,8 @@ class NERTask(FusionTask):
         super().__init__(cfg)
         self.labels = ner_sentences.ner_labels(cfg.task.dir)
         self.n_labels = len(self.labels)
-        self.batches = batch_format(self.fusion_method, cfg.fusion.mode == "fe" and cfg.fusion.cache)
+        frozen = fusion_mode(cfg.fusion.mode).FROZEN_BACKBONE  # its states never change
+        self.batches = batch_format(self.fusion_method, frozen and cfg.fusion.cache)
 
     def read_data(self, run_dir: Path, primary: bool, barrier) -> NERPrepared:
         cfg, t = self.cfg, self.cfg.task
