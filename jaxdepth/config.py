@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .archs import arch as arch_class, arch_names
 from .errors import ConfigError
 from .run_kinds import kind_of
 from .run_kinds.lm_pretraining import LMPretraining
@@ -126,11 +127,7 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")  # models/layers.py:acti
 ATTENTIONS = ("einsum", "dot_product", "cudnn")  # model.attention; models/layers.py:Attention
 
 
-# The one section that describes the model of each architecture: its shape, vocabulary and
-# run-time options. The other section must stay at its defaults (Config refuses it otherwise),
-# so a run's model is never described twice.
-MODEL_SECTION = {"decoder": "model", "encoder": "model", "act": "act", "albert": "act", "bert": "act"}
-ARCHS = tuple(MODEL_SECTION)
+ARCHS = arch_names()  # model.arch: one class each in archs.py, with the section it reads
 
 
 @dataclass(frozen=True)
@@ -166,7 +163,8 @@ class ModelConfig:
     # cudnn (the same call forcing cuDNN's fused flash kernel: GPU only, bf16 compute).
     attention: str = for_archs("decoder", default="einsum", may_resume=True)
     # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied, ALBERT
-    # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion backbone)
+    # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion
+    # backbone); one class each in jaxdepth/archs.py
     arch: str = "decoder"
 
     def __post_init__(self):
@@ -188,7 +186,7 @@ class ModelConfig:
         _require(self.attention != "cudnn" or self.compute_dtype == "bfloat16", "model.attention",
                  "cudnn's fused kernel takes bf16/fp16 inputs only: set model.compute_dtype "
                  "bfloat16 (or use dot_product)")
-        _require(self.arch in ARCHS, "model.arch", f"must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        arch_class(self.arch)  # a ConfigError naming model.arch
 
     @property
     def heads(self) -> int:
@@ -685,38 +683,41 @@ class Config:
     fusion: FusionConfig = field(default_factory=FusionConfig)
     trials: TrialsConfig = field(default_factory=TrialsConfig)
     preset: str = ""
-    # Layout of the saved config.json: 1 (before MODEL_SECTION: ACT runs read their
+    # Layout of the saved config.json: 1 (before Arch.SECTION: ACT runs read their
     # vocabulary from model.vocab_size), 2 (optim.b1/b2/eps saved for every optimizer) and 3
     # (the decoder's own model fields accepted for the encoder, model fields for fusion over
     # task.init_from) are upgraded on reading (Config.from_dict, upgrade).
     version: int = 4
 
     def __post_init__(self):
-        mine = MODEL_SECTION[self.model.arch]
+        # The one section that describes the model of each architecture (Arch.SECTION): the
+        # other must stay at its defaults, so a run's model is never described twice.
+        mine = self.model_section
         other = "act" if mine == "model" else "model"
         for name in self.changed(other):
-            users = ", ".join(a for a, s in MODEL_SECTION.items() if s == other)
+            users = ", ".join(a for a in arch_names() if arch_class(a).SECTION == other)
             hint = (f"set {mine}.{name} instead" if hasattr(getattr(self, mine), name)
                     else f"{other}.{name} is read for model.arch {users} only")
             raise ConfigError(f"{other}.{name}: model.arch={self.model.arch!r} is described "
                               f"by the {mine} section; {hint}", field=f"{other}.{name}")
-        archs = {f.name: f.metadata["archs"] for f in dataclasses.fields(ModelConfig)
-                 if "archs" in f.metadata}
+        read_for = {f.name: f.metadata["archs"] for f in dataclasses.fields(ModelConfig)
+                    if "archs" in f.metadata}
         for name in self.changed("model"):
-            if name in archs and self.model.arch not in archs[name]:
+            if name in read_for and self.model.arch not in read_for[name]:
                 raise ConfigError(f"model.{name}: model.arch={self.model.arch!r} does not read "
-                                  f"it (read for model.arch {', '.join(archs[name])})",
+                                  f"it (read for model.arch {', '.join(read_for[name])})",
                                   field=f"model.{name}")
         # Which sections must agree for a given model.arch and task.name is decided by
         # run_kinds.kind_of, the one place that dispatches on them.
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
-        # An encoder's rate comes from its checkpoint as often as from model.dropout, so only
-        # the decoder reads model.dropout as a trial setting (config.setting).
-        _require(not self.trials.dropout or self.model.arch == "decoder", "trials.dropout",
-                 f"varies the decoder's model.dropout; model.arch={self.model.arch!r} does not "
-                 f"read it per trial" + (" (trials.act_dropout varies act.dropout)"
-                                        if self.model_section == "act" else ""))
+        # Each architecture names the setting its model reads per trial as its dropout rate
+        # (Arch.TRIAL_DROPOUT; an encoder's comes from its checkpoint as often as not).
+        varied, own = TRIAL_FIELDS["dropout"][0], self.arch.TRIAL_DROPOUT
+        other = [f"trials.{n} varies {s}" for n, (s, _) in TRIAL_FIELDS.items() if s == own]
+        _require(not self.trials.dropout or own == varied, "trials.dropout",
+                 f"varies the decoder's {varied}; model.arch={self.model.arch!r} does not "
+                 f"read it per trial" + "".join(f" ({o})" for o in other))
         if self.optim.from_recipe:
             try:
                 kind = kind_of(self)
@@ -735,9 +736,14 @@ class Config:
                 and getattr(given, f.name) != getattr(default, f.name)]
 
     @property
+    def arch(self):
+        """model.arch's class (jaxdepth/archs.py)."""
+        return arch_class(self.model.arch)
+
+    @property
     def model_section(self) -> str:
         """Which section describes this run's model: "model" or "act"."""
-        return MODEL_SECTION[self.model.arch]
+        return self.arch.SECTION
 
     @property
     def vocab_size(self) -> int:
@@ -751,7 +757,7 @@ class Config:
 
     def to_dict(self, keep_recipe: bool = False) -> dict:
         """Every section, except the fields of the model section that model.arch does not
-        read (MODEL_SECTION): an ACT run's model is {"arch": ...}, a decoder's has no act.
+        read (Arch.SECTION): an ACT run's model is {"arch": ...}, a decoder's has no act.
         keep_recipe: the optimizer fields taken from the run kind's recipe are None (so that
         a config built from this dict takes the recipe of its own kind); a saved config
         holds the values."""
@@ -837,7 +843,7 @@ def _upgrade_model_sections(d: dict) -> dict:
     if not isinstance(model, dict) or not isinstance(d.get("act", {}), dict):
         return d  # from_dict names whatever is malformed
     arch = model.get("arch", ModelConfig.arch)
-    if MODEL_SECTION.get(arch) == "act":
+    if arch in arch_names() and arch_class(arch).SECTION == "act":
         act = {**d.get("act", {})}
         if "vocab_size" in model:
             act["vocab_size"] = model["vocab_size"]
