@@ -4,14 +4,15 @@ the model, which kind of run trains it from scratch and which fine-tunes it on a
 dropout rate, and, for the ALBERT family, the options of its encoder.
 
 Nothing outside this module compares an architecture's name (the run kinds compare the kinds
-an architecture names with their own). It imports nothing of jaxdepth but errors.py and
-choices.py, so that config.py and run_kinds/ can ask it.
+an architecture names with their own). It imports nothing of jaxdepth but choices.py and
+halting.py, so that config.py and run_kinds/ can ask it.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
 from .choices import Choices
+from .halting import FixedDepth
 
 if TYPE_CHECKING:
     from .config import Config
@@ -75,7 +76,7 @@ class ALBERT(ALBERTFamily):
 
     @classmethod
     def halting(cls, cfg):
-        return "fixed"
+        return FixedDepth.NAME
 
 
 class UntiedBERT(ALBERTFamily):

@@ -24,6 +24,7 @@ from .run_kinds import kind_of
 from .run_kinds.lm_pretraining import LMPretraining
 from .optimizers import OWN_FIELDS, optimizer, optimizer_names, readers
 from .fusion_modes import fusion_mode  # also the models' (they import only this module)
+from .halting import halting as halting_class  # also the models'
 from .schedules import schedule_class
 from .task_names import FUSION_TASKS, GRAMMAR_TASKS, PROBE_TASKS, TASKS  # noqa: F401  (re-exported)
 
@@ -539,7 +540,9 @@ class ACTConfig:
     tau: float = 1e-3  # ponder-cost weight
     eps: float = 0.01  # a token halts once its cumulative halting probability passes 1 - eps
     dropout: float = 0.0  # dropout rate in the layer and embeddings; 0 off
-    halting: str = "act"  # "act" | "fixed": exactly M iterations, no halting (weight-tied ALBERT)
+    # act | fixed: exactly M iterations, no halting (weight-tied ALBERT); one class each in
+    # jaxdepth/halting.py
+    halting: str = "act"
     # b_h at init: < 0 starts every token at M (act-cpu); tests and benchmarks also move it
     # to force depths
     halting_bias_init: float = 0.0
@@ -556,8 +559,7 @@ class ACTConfig:
         _act_require(self.tau >= 0.0, "tau", f"must be >= 0, got {self.tau}")
         _act_require(0.0 < self.eps < 1.0, "eps", f"must be in (0, 1), got {self.eps}")
         _act_require(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
-        _act_require(self.halting in ("act", "fixed"), "halting",
-                 f"must be 'act' or 'fixed', got {self.halting!r}")
+        halting_class(self.halting)  # a ConfigError naming act.halting
 
     @property
     def ff(self) -> int:
