@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .archs import arch as arch_class, arch_names
+from .attentions import attention_names, attention_path  # also the models'
 from .errors import ConfigError
 from .run_kinds import kind_of
 from .run_kinds.lm_pretraining import LMPretraining
@@ -125,7 +126,7 @@ CLS_ID, SEP_ID, MASK_ID = 3, 4, 5
 N_SPECIAL = 6  # ids below this are never drawn as MLM's random replacement tokens
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")  # models/layers.py:activation_fn
-ATTENTIONS = ("einsum", "dot_product", "cudnn")  # model.attention; models/layers.py:Attention
+ATTENTIONS = attention_names()  # model.attention: one class each in attentions.py
 
 
 ARCHS = arch_names()  # model.arch: one class each in archs.py, with the section it reads
@@ -159,9 +160,10 @@ class ModelConfig:
     scan_unroll: int = for_archs("decoder", default=0, may_resume=True)
     # tokens per chunk of the fused output-projection + loss; 0: unfused
     xent_chunk: int = read_by("lm", "prefix_lm", default=2048, may_resume=True)
-    # The decoder's training/eval attention (models/layers.py): einsum (our own, the reference) |
-    # dot_product (jax.nn.dot_product_attention, implementation=None: XLA's path in jax 0.10) |
-    # cudnn (the same call forcing cuDNN's fused flash kernel: GPU only, bf16 compute).
+    # The decoder's training/eval attention (one class each in jaxdepth/attentions.py): einsum
+    # (our own, the reference) | dot_product (jax.nn.dot_product_attention,
+    # implementation=None: XLA's path in jax 0.10) | cudnn (the same call forcing cuDNN's
+    # fused flash kernel: GPU only, bf16 compute).
     attention: str = for_archs("decoder", default="einsum", may_resume=True)
     # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied, ALBERT
     # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion
@@ -182,11 +184,7 @@ class ModelConfig:
                  f"must be none, full or dots, got {self.remat!r}")
         _require(self.scan_unroll >= 0, "model.scan_unroll", "must be >= 0")
         _require(self.xent_chunk >= 0, "model.xent_chunk", "must be >= 0")
-        _require(self.attention in ATTENTIONS, "model.attention",
-                 f"must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
-        _require(self.attention != "cudnn" or self.compute_dtype == "bfloat16", "model.attention",
-                 "cudnn's fused kernel takes bf16/fp16 inputs only: set model.compute_dtype "
-                 "bfloat16 (or use dot_product)")
+        attention_path(self.attention).check(self)  # ConfigErrors naming model.attention
         arch_class(self.arch)  # a ConfigError naming model.arch
 
     @property
