@@ -4,9 +4,10 @@ A kind of run is what train.py does with a config: pretrain a decoder LM, fine-t
 prefix LM, pretrain an ACT/ALBERT/BERT encoder, probe one, pretrain a BERT encoder with MLM, or
 fuse a backbone's layers for NER or MLM. A class holds everything about its kind that the rest
 of the code asks: its name (messages and the ``read_by`` declarations of config.py), which
-configs it runs (``claims``: by the kinds model.arch names, archs.py, and task.name; the
-kinds' claims never overlap, so exactly one kind claims any valid config) and what it refuses among them (``check``, a ConfigError naming the field), the
-keyword options of its Task, the Task that runs it (``TASK``, imported only when a run is
+configs it runs (``claims``: by task.name and the kinds model.arch's class names, archs.py;
+the kinds' claims never overlap, so exactly one kind claims any valid config) and what it
+refuses among them (``check``, a ConfigError naming the field), the keyword options of its
+Task, the Task that runs it (``TASK``, imported only when a run is
 built: the task modules import config.py, which decides a config's kind while it validates, so
 neither config.py nor this package may import them) and its optimizer recipe (``RECIPE``).
 Nothing outside these modules compares a kind's name.
