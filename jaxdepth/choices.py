@@ -1,6 +1,10 @@
 """A registry of the classes that are the values of one config field (fusion.method,
 optim.name): a class registers by being defined, and a package of choices imports every
-module it holds, so a new choice is a new module and nothing else."""
+module it holds, so a new choice is a new module and nothing else.
+
+Every registry is found by its field (``Choices.of_field``): the command line lists a field's
+choices in --help and checks its value from there (cli.py), whichever package holds the
+classes, so neither names a registry field by field."""
 from __future__ import annotations
 
 import importlib
@@ -13,9 +17,17 @@ C = TypeVar("C", bound=type)
 
 
 class Choices(Generic[C]):
+    _of_field: dict[str, "Choices"] = {}  # every registry, by the field it gives values to
+
     def __init__(self, what: str, field: str, order: Callable[[C], object] = lambda c: 0):
         self.what, self.field, self.order = what, field, order
         self._by_name: dict[str, C] = {}
+        Choices._of_field[field] = self
+
+    @classmethod
+    def of_field(cls, field: str) -> "Choices | None":
+        """The registry of config field ``field`` ("section.name"), if one is imported."""
+        return cls._of_field.get(field)
 
     def add(self, cls: C) -> None:
         if cls.NAME in self._by_name:

@@ -20,9 +20,13 @@ import tokenize
 from pathlib import Path
 from typing import Sequence
 
+from .choices import Choices
 from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, TrialsConfig,
                      apply_overrides, kinds_reading, recipe_lines, refuse_shadowed,
                      refuse_unread)
+# fusion.method's registry: its classes are models, which config.py (imported by every model)
+# cannot import, so the command line checks the field (check_choices)
+from .models import fusions  # noqa: F401
 from .presets import from_preset, presets
 from .run_kinds import kind_of
 
@@ -59,7 +63,7 @@ def read_config_file(path: Path) -> Config:
         raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})"
                           ) from None
     try:
-        return Config.from_dict(saved)
+        return check_choices(Config.from_dict(saved))
     except ConfigError as e:
         line = _line_of(text, e.field)
         raise ConfigError(f"{path}{f':{line}' if line else ''}: {e}", field=e.field) from None
@@ -111,13 +115,13 @@ def help_text(prog: str = "train.py") -> str:
             shown = ("the run kind's recipe" if sec == "optim" and f.name in RECIPE_FIELDS
                      else f"default {default!r}")
             lines.append(f"  --{sec}.{f.name:<20} {ftype:<6} {shown}")
-            # A field whose values or readers are a registry's (jaxdepth/optimizers/) lists
+            # A field whose values or readers are a registry's (jaxdepth/choices.py) lists
             # them as the registry holds them now, so a new choice needs no edit here.
             kinds = kinds_reading(sec, f.name)
+            choices = Choices.of_field(f"{sec}.{f.name}")
             doc = "; ".join(filter(None, [
                 docs.get(f.name, ""),
-                "choices: " + ", ".join(f.metadata["choices"]()) if "choices" in f.metadata
-                else "",
+                "choices: " + ", ".join(choices.names()) if choices else "",
                 "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
                 else "",
                 "run kinds: " + ", ".join(kinds) if kinds else "",
@@ -128,6 +132,18 @@ def help_text(prog: str = "train.py") -> str:
     names = sorted(presets())
     lines.append("presets: " + ", ".join(names))
     return "\n".join(lines)
+
+
+def check_choices(cfg: Config) -> Config:
+    """cfg, or a ConfigError naming the first field whose value no class of its registry
+    holds (config.py checks those whose registries it can import; this, every one)."""
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            choices = Choices.of_field(f"{section}.{f.name}")
+            value = getattr(getattr(cfg, section), f.name)
+            if choices is not None and value is not None:
+                choices(value)
+    return cfg
 
 
 def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "train.py") -> Config:
@@ -172,7 +188,7 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
         if sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
             raise ConfigError(f"{k}: unknown field (see --help)")
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
-    cfg = apply_overrides(cfg, overrides) if overrides else cfg
+    cfg = check_choices(apply_overrides(cfg, overrides) if overrides else cfg)
     kind_of(cfg)  # refuse a model.arch / task.name combination no task runs, before any work
     # a field given here that this kind of run does not read would be silently ignored (a
     # config file or preset may hold every field: only what is given here is checked)

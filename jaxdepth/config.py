@@ -18,11 +18,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .archs import arch as arch_class, arch_names
+from .attentions import attention_names, attention_path  # also the models'
 from .errors import ConfigError
 from .run_kinds import kind_of
 from .run_kinds.lm_pretraining import LMPretraining
 from .optimizers import OWN_FIELDS, optimizer, optimizer_names, readers
-from .schedules import schedule_class, schedule_names
+from .fusion_modes import fusion_mode  # also the models' (they import only this module)
+from .halting import halting as halting_class  # also the models'
+from .schedules import schedule_class
 from .task_names import FUSION_TASKS, GRAMMAR_TASKS, PROBE_TASKS, TASKS  # noqa: F401  (re-exported)
 
 
@@ -122,14 +126,10 @@ CLS_ID, SEP_ID, MASK_ID = 3, 4, 5
 N_SPECIAL = 6  # ids below this are never drawn as MLM's random replacement tokens
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")  # models/layers.py:activation_fn
-ATTENTIONS = ("einsum", "dot_product", "cudnn")  # model.attention; models/layers.py:Attention
+ATTENTIONS = attention_names()  # model.attention: one class each in attentions.py
 
 
-# The one section that describes the model of each architecture: its shape, vocabulary and
-# run-time options. The other section must stay at its defaults (Config refuses it otherwise),
-# so a run's model is never described twice.
-MODEL_SECTION = {"decoder": "model", "encoder": "model", "act": "act", "albert": "act", "bert": "act"}
-ARCHS = tuple(MODEL_SECTION)
+ARCHS = arch_names()  # model.arch: one class each in archs.py, with the section it reads
 
 
 @dataclass(frozen=True)
@@ -160,12 +160,14 @@ class ModelConfig:
     scan_unroll: int = for_archs("decoder", default=0, may_resume=True)
     # tokens per chunk of the fused output-projection + loss; 0: unfused
     xent_chunk: int = read_by("lm", "prefix_lm", default=2048, may_resume=True)
-    # The decoder's training/eval attention (models/layers.py): einsum (our own, the reference) |
-    # dot_product (jax.nn.dot_product_attention, implementation=None: XLA's path in jax 0.10) |
-    # cudnn (the same call forcing cuDNN's fused flash kernel: GPU only, bf16 compute).
+    # The decoder's training/eval attention (one class each in jaxdepth/attentions.py): einsum
+    # (our own, the reference) | dot_product (jax.nn.dot_product_attention,
+    # implementation=None: XLA's path in jax 0.10) | cudnn (the same call forcing cuDNN's
+    # fused flash kernel: GPU only, bf16 compute).
     attention: str = for_archs("decoder", default="einsum", may_resume=True)
     # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied, ALBERT
-    # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion backbone)
+    # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion
+    # backbone); one class each in jaxdepth/archs.py
     arch: str = "decoder"
 
     def __post_init__(self):
@@ -182,12 +184,8 @@ class ModelConfig:
                  f"must be none, full or dots, got {self.remat!r}")
         _require(self.scan_unroll >= 0, "model.scan_unroll", "must be >= 0")
         _require(self.xent_chunk >= 0, "model.xent_chunk", "must be >= 0")
-        _require(self.attention in ATTENTIONS, "model.attention",
-                 f"must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
-        _require(self.attention != "cudnn" or self.compute_dtype == "bfloat16", "model.attention",
-                 "cudnn's fused kernel takes bf16/fp16 inputs only: set model.compute_dtype "
-                 "bfloat16 (or use dot_product)")
-        _require(self.arch in ARCHS, "model.arch", f"must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        attention_path(self.attention).check(self)  # ConfigErrors naming model.attention
+        arch_class(self.arch)  # a ConfigError naming model.arch
 
     @property
     def heads(self) -> int:
@@ -281,10 +279,10 @@ class OptimConfig:
     (RunKind.RECIPE; None here means "the recipe's"); a value given here is kept whatever the
     kind."""
     # one class each: jaxdepth/optimizers/
-    name: str = field(default=None, metadata={"choices": optimizer_names})
+    name: str = None
     lr: float = None  # adafactor: relative to each parameter's RMS
     # warmup, then the schedule's decay to lr * min_lr_ratio (one class each: jaxdepth/schedules/)
-    schedule: str = field(default=None, metadata={"choices": schedule_names})
+    schedule: str = None
     warmup_steps: int = None  # steps of linear warmup from 0 to lr
     min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr
     weight_decay: float = None  # decoupled (AdamW/LAMB), never on norm scales and biases
@@ -540,7 +538,9 @@ class ACTConfig:
     tau: float = 1e-3  # ponder-cost weight
     eps: float = 0.01  # a token halts once its cumulative halting probability passes 1 - eps
     dropout: float = 0.0  # dropout rate in the layer and embeddings; 0 off
-    halting: str = "act"  # "act" | "fixed": exactly M iterations, no halting (weight-tied ALBERT)
+    # act | fixed: exactly M iterations, no halting (weight-tied ALBERT); one class each in
+    # jaxdepth/halting.py
+    halting: str = "act"
     # b_h at init: < 0 starts every token at M (act-cpu); tests and benchmarks also move it
     # to force depths
     halting_bias_init: float = 0.0
@@ -557,8 +557,7 @@ class ACTConfig:
         _act_require(self.tau >= 0.0, "tau", f"must be >= 0, got {self.tau}")
         _act_require(0.0 < self.eps < 1.0, "eps", f"must be in (0, 1), got {self.eps}")
         _act_require(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
-        _act_require(self.halting in ("act", "fixed"), "halting",
-                 f"must be 'act' or 'fixed', got {self.halting!r}")
+        halting_class(self.halting)  # a ConfigError naming act.halting
 
     @property
     def ff(self) -> int:
@@ -650,11 +649,12 @@ class FusionConfig:
     The backbone is task.init_from: a Hugging Face BERT/RoBERTa directory, or a run of this
     project (encoder, act/albert/bert, or decoder); empty: a fresh model.arch backbone."""
     KINDS: ClassVar[tuple[str, ...]] = FUSION_TASKS  # the run kinds that read this section
-    # base (last layer) | base+n (n fresh layers) | concat | dwatt | any class of
-    # models/fusions/ (checked when the task is built)
+    # how h is made from the backbone's layer outputs (one class each: jaxdepth/models/fusions/)
     method: str = "dwatt"
     extra_layers: int = 1  # n of base+n
-    mode: str = "fe"  # fe: backbone frozen, only the fusion module and head train | ft: all train
+    # fe: backbone frozen, only the fusion module and head train | ft: all train
+    # (jaxdepth/fusion_modes.py)
+    mode: str = "fe"
     dropout: float = 0.1  # on h before the NER head (docs/design.md §4)
     # NER in fe mode: the frozen backbone runs once per sentence and training reads its
     # states from a cache (in memory, or memory-mapped under <run>/cache when larger than
@@ -663,9 +663,11 @@ class FusionConfig:
     cache_mib: int = 2048  # the state cache stays in memory up to this size (MiB)
 
     def __post_init__(self):
+        # method is checked on the command line (cli.check_choices): its classes are models,
+        # which import this module
         _require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
         _require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
-        _require(self.mode in ("fe", "ft"), "fusion.mode", f"must be fe or ft, got {self.mode!r}")
+        fusion_mode(self.mode)  # a ConfigError naming fusion.mode
         _require(0.0 <= self.dropout < 1.0, "fusion.dropout", f"must be in [0, 1), got {self.dropout}")
 
 
@@ -681,38 +683,41 @@ class Config:
     fusion: FusionConfig = field(default_factory=FusionConfig)
     trials: TrialsConfig = field(default_factory=TrialsConfig)
     preset: str = ""
-    # Layout of the saved config.json: 1 (before MODEL_SECTION: ACT runs read their
+    # Layout of the saved config.json: 1 (before Arch.SECTION: ACT runs read their
     # vocabulary from model.vocab_size), 2 (optim.b1/b2/eps saved for every optimizer) and 3
     # (the decoder's own model fields accepted for the encoder, model fields for fusion over
     # task.init_from) are upgraded on reading (Config.from_dict, upgrade).
     version: int = 4
 
     def __post_init__(self):
-        mine = MODEL_SECTION[self.model.arch]
+        # The one section that describes the model of each architecture (Arch.SECTION): the
+        # other must stay at its defaults, so a run's model is never described twice.
+        mine = self.model_section
         other = "act" if mine == "model" else "model"
         for name in self.changed(other):
-            users = ", ".join(a for a, s in MODEL_SECTION.items() if s == other)
+            users = ", ".join(a for a in arch_names() if arch_class(a).SECTION == other)
             hint = (f"set {mine}.{name} instead" if hasattr(getattr(self, mine), name)
                     else f"{other}.{name} is read for model.arch {users} only")
             raise ConfigError(f"{other}.{name}: model.arch={self.model.arch!r} is described "
                               f"by the {mine} section; {hint}", field=f"{other}.{name}")
-        archs = {f.name: f.metadata["archs"] for f in dataclasses.fields(ModelConfig)
-                 if "archs" in f.metadata}
+        read_for = {f.name: f.metadata["archs"] for f in dataclasses.fields(ModelConfig)
+                    if "archs" in f.metadata}
         for name in self.changed("model"):
-            if name in archs and self.model.arch not in archs[name]:
+            if name in read_for and self.model.arch not in read_for[name]:
                 raise ConfigError(f"model.{name}: model.arch={self.model.arch!r} does not read "
-                                  f"it (read for model.arch {', '.join(archs[name])})",
+                                  f"it (read for model.arch {', '.join(read_for[name])})",
                                   field=f"model.{name}")
         # Which sections must agree for a given model.arch and task.name is decided by
         # run_kinds.kind_of, the one place that dispatches on them.
         _require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
                  f"must divide data.batch_size={self.data.batch_size}")
-        # An encoder's rate comes from its checkpoint as often as from model.dropout, so only
-        # the decoder reads model.dropout as a trial setting (config.setting).
-        _require(not self.trials.dropout or self.model.arch == "decoder", "trials.dropout",
-                 f"varies the decoder's model.dropout; model.arch={self.model.arch!r} does not "
-                 f"read it per trial" + (" (trials.act_dropout varies act.dropout)"
-                                        if self.model_section == "act" else ""))
+        # Each architecture names the setting its model reads per trial as its dropout rate
+        # (Arch.TRIAL_DROPOUT; an encoder's comes from its checkpoint as often as not).
+        varied, own = TRIAL_FIELDS["dropout"][0], self.arch.TRIAL_DROPOUT
+        other = [f"trials.{n} varies {s}" for n, (s, _) in TRIAL_FIELDS.items() if s == own]
+        _require(not self.trials.dropout or own == varied, "trials.dropout",
+                 f"varies the decoder's {varied}; model.arch={self.model.arch!r} does not "
+                 f"read it per trial" + "".join(f" ({o})" for o in other))
         if self.optim.from_recipe:
             try:
                 kind = kind_of(self)
@@ -731,9 +736,14 @@ class Config:
                 and getattr(given, f.name) != getattr(default, f.name)]
 
     @property
+    def arch(self):
+        """model.arch's class (jaxdepth/archs.py)."""
+        return arch_class(self.model.arch)
+
+    @property
     def model_section(self) -> str:
         """Which section describes this run's model: "model" or "act"."""
-        return MODEL_SECTION[self.model.arch]
+        return self.arch.SECTION
 
     @property
     def vocab_size(self) -> int:
@@ -747,7 +757,7 @@ class Config:
 
     def to_dict(self, keep_recipe: bool = False) -> dict:
         """Every section, except the fields of the model section that model.arch does not
-        read (MODEL_SECTION): an ACT run's model is {"arch": ...}, a decoder's has no act.
+        read (Arch.SECTION): an ACT run's model is {"arch": ...}, a decoder's has no act.
         keep_recipe: the optimizer fields taken from the run kind's recipe are None (so that
         a config built from this dict takes the recipe of its own kind); a saved config
         holds the values."""
@@ -833,7 +843,7 @@ def _upgrade_model_sections(d: dict) -> dict:
     if not isinstance(model, dict) or not isinstance(d.get("act", {}), dict):
         return d  # from_dict names whatever is malformed
     arch = model.get("arch", ModelConfig.arch)
-    if MODEL_SECTION.get(arch) == "act":
+    if arch in arch_names() and arch_class(arch).SECTION == "act":
         act = {**d.get("act", {})}
         if "vocab_size" in model:
             act["vocab_size"] = model["vocab_size"]

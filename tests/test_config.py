@@ -293,6 +293,29 @@ def test_cli_help(capsys):
            "--optim" in text
 
 
+def test_fusion_method_is_checked_when_parsed_and_listed_from_its_registry(tmp_path, capsys):
+    """Every class of models/fusions/ is a choice of fusion.method, in --help and on the
+    command line or in a --config file, refused there (naming the field) by any other name."""
+    from jaxdepth.cli import help_text
+    from jaxdepth.models.fusions import fusion_methods
+
+    names = fusion_methods()
+    assert set(names) == {"base", "base+n", "concat", "dwatt", "scalar_mix"}
+    assert f"choices: {', '.join(names)};" in " ".join(help_text().split())
+    ner = ["--task.name", "ner", "--task.dir", str(tmp_path), "--model.arch", "encoder"]
+    assert parse_args(ner + ["--fusion.method", "scalar_mix"]).fusion.method == "scalar_mix"
+    with pytest.raises(ConfigError, match=re.escape(
+            f"fusion.method: must be one of {', '.join(names)}, got 'bogus'")):
+        parse_args(ner + ["--fusion.method", "bogus"])
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps({"task": {"name": "ner", "dir": str(tmp_path)},
+                                 "model": {"arch": "encoder"},
+                                 "fusion": {"method": "bogus"}}, indent=1))
+    line = 1 + next(i for i, t in enumerate(saved.read_text().splitlines()) if '"bogus"' in t)
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(saved))}:{line}: fusion.method: must"):
+        parse_args(["--config", str(saved)])
+
+
 def test_field_docs_reads_the_comment_beside_and_above_each_field():
     from jaxdepth.cli import field_docs
 

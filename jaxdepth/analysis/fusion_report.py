@@ -16,11 +16,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ..fusion_modes import fusion_mode, fusion_modes  # noqa: E402
 from ..models.fusions import fusion_methods  # noqa: E402
 from .report import _csv, _fmt, _markdown, aggregate  # noqa: E402
 
 METHOD_ORDER = fusion_methods()
-MODE_NAMES = {"fe": "feature extraction (FE)", "ft": "fine-tuning (FT)"}
+MODE_ORDER = fusion_modes()
+
+
+def _mode_label(mode: str) -> str:
+    return fusion_mode(mode).LABEL if mode in MODE_ORDER else mode
 
 
 def _ordered(values, order) -> list:
@@ -33,7 +38,7 @@ def table(rows: Sequence[Mapping[str, Any]], value_key: str = "test_f1") -> tupl
             for a in aggregate(rows, "ner", value_key, by=("method", "mode", "n_shot"))}
     shots = sorted({r["n_shot"] for r in rows})
     methods = _ordered([r["method"] for r in rows], METHOD_ORDER)
-    modes = _ordered([r["mode"] for r in rows], ("fe", "ft"))
+    modes = _ordered([r["mode"] for r in rows], MODE_ORDER)
     header = ["mode", "method"] + [f"N={n}" for n in shots]
     md, csv = [], []
     for mode in modes:
@@ -50,7 +55,7 @@ def table(rows: Sequence[Mapping[str, Any]], value_key: str = "test_f1") -> tupl
 
 def f1_vs_shots(rows: Sequence[Mapping[str, Any]], path: str | Path) -> tuple[Path, dict]:
     """Fig. 3: test F1 against N-shot, one line per method, one panel per mode."""
-    modes = _ordered([r["mode"] for r in rows], ("fe", "ft"))
+    modes = _ordered([r["mode"] for r in rows], MODE_ORDER)
     fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 3.8), squeeze=False)
     series = {}
     for ax, mode in zip(axes[0], modes):
@@ -65,7 +70,7 @@ def f1_vs_shots(rows: Sequence[Mapping[str, Any]], path: str | Path) -> tuple[Pa
         ax.set_xscale("log", base=2)
         ax.set_xlabel("N-shot (N * C sentences)")
         ax.set_ylabel("test F1 (%)")
-        ax.set_title(MODE_NAMES.get(mode, mode))
+        ax.set_title(_mode_label(mode))
         ax.legend(fontsize=8)
     return _save(fig, path), series
 
@@ -75,7 +80,7 @@ def f1_vs_step(rows: Sequence[Mapping[str, Any]], path: str | Path,
     """Fig. 4: dev F1 against the training step at one N-shot (default: the largest), mean
     over trials, one line per method, one panel per mode."""
     n_shot = n_shot or max(r["n_shot"] for r in rows)
-    modes = _ordered([r["mode"] for r in rows], ("fe", "ft"))
+    modes = _ordered([r["mode"] for r in rows], MODE_ORDER)
     fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 3.8), squeeze=False)
     series = {}
     for ax, mode in zip(axes[0], modes):
@@ -91,7 +96,7 @@ def f1_vs_step(rows: Sequence[Mapping[str, Any]], path: str | Path,
             series[f"{mode}/{m}"] = {"x": steps, "mean": mean, "n": len(curves)}
         ax.set_xlabel("training step")
         ax.set_ylabel("dev F1 (%)")
-        ax.set_title(f"{MODE_NAMES.get(mode, mode)}, N={n_shot}")
+        ax.set_title(f"{_mode_label(mode)}, N={n_shot}")
         ax.legend(fontsize=8)
     return _save(fig, path), series
 

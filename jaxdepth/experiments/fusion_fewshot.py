@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import Config, ConfigError, apply_overrides
+from ..fusion_modes import fusion_modes
 from ..models.fusions import fusion_methods
 from ..errors import RunFailed, run_main
 from .depth_sweep import _nested, _overrides
@@ -68,7 +69,7 @@ class Plan:
     ner_dir: str
     backbone: str = ""  # HF directory or run; empty: pretrain one from `pretrain`
     methods: tuple[str, ...] = fusion_methods()  # every method of models/fusions/
-    modes: tuple[str, ...] = ("fe", "ft")
+    modes: tuple[str, ...] = fusion_modes()  # every mode of fusion_modes.py
     shots: tuple[int, ...] = (8, 16, 32, 64, 128)
     trials: int = 5
     extra_layers: int = 1  # n of Base+n
@@ -79,8 +80,9 @@ class Plan:
         bad = [m for m in self.methods if m not in fusion_methods()]
         if bad:
             raise ConfigError(f"methods: unknown {bad}; known: {list(fusion_methods())}")
-        if not set(self.modes) <= {"fe", "ft"} or not self.modes:
-            raise ConfigError(f"modes: must be fe and/or ft, got {list(self.modes)}")
+        if not set(self.modes) <= set(fusion_modes()) or not self.modes:
+            raise ConfigError(f"modes: must be {' and/or '.join(fusion_modes())}, got "
+                              f"{list(self.modes)}")
         if not self.shots or min(self.shots) < 1:
             raise ConfigError(f"shots: positive N-shot values needed, got {list(self.shots)}")
         if self.trials < 1:
@@ -227,7 +229,7 @@ def parse(argv):
                    "project; empty: pretrain a small encoder on the NER sentences")
     p.add_argument("--preset", choices=sorted(PRESETS), default="paper")
     p.add_argument("--methods", nargs="+", choices=fusion_methods())
-    p.add_argument("--modes", nargs="+", choices=["fe", "ft"])
+    p.add_argument("--modes", nargs="+", choices=fusion_modes())
     p.add_argument("--shots", nargs="+", type=int)
     p.add_argument("--trials", type=int)
     p.add_argument("--extra-layers", type=int, default=1)
@@ -247,7 +249,7 @@ def plan_from_args(args) -> Plan | None:
     pre = PRESETS[args.preset]
     return Plan(ner_dir=args.ner_dir, backbone=args.backbone,
                 methods=tuple(args.methods or fusion_methods()),
-                modes=tuple(args.modes or ("fe", "ft")),
+                modes=tuple(args.modes or fusion_modes()),
                 shots=tuple(args.shots or pre["shots"]), trials=args.trials or pre["trials"],
                 extra_layers=args.extra_layers,
                 finetune={**pre["finetune"], **_overrides(args.finetune, "--finetune")},

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..config import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
-from ..config import ACTConfig, setting
+from ..config import ACTConfig, halting_class, setting
 from .backbone import Backbone
 from .encoder import Encoder, default_inputs
 from .heads import MLMHead, gather_positions
@@ -258,7 +258,8 @@ class ACTEncoder(_Pretrainable):
 
     @property
     def ponder_weight(self) -> float:
-        return setting("act.tau", self.cfg.tau) if self.cfg.halting == "act" else 0.0
+        adaptive = halting_class(self.cfg.halting).ADAPTIVE  # only adaptive halting ponders
+        return setting("act.tau", self.cfg.tau) if adaptive else 0.0
 
     def halting_prob(self, h_hat_BTD: Array) -> Array:
         """p = sigmoid(w_h . h_hat + b_h), float32 [B, T]."""
@@ -300,7 +301,7 @@ class ACTEncoder(_Pretrainable):
     def _forward(self, driver, tokens_BT, segments_BT, mask_BT, key, return_states,
                  **driver_kw) -> ACTOutput:
         h0, mask_BT, k_layer = self._embed(tokens_BT, segments_BT, mask_BT, key)
-        if self.cfg.halting == "fixed":
+        if not halting_class(self.cfg.halting).ADAPTIVE:  # every token runs M iterations
             return self._fixed(h0, mask_BT, k_layer, return_states)
         return driver(self._step_fn(mask_BT, k_layer), h0, mask_BT, self.cfg.max_iters,
                       self.cfg.eps, return_states=return_states, **driver_kw)

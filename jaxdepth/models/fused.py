@@ -1,15 +1,18 @@
 """A backbone, a layer-fusion module and a task head: the model of the fusion tasks
 (docs/design.md §4). The backbone is any ``Backbone`` (models/backbone.py).
 
-``h`` is computed from the backbone's layer outputs ``z_LBTD`` by the method of ``fusion.method``,
-a class of models/fusions/ (Base, Base+n, Concat, DWAtt, ...), which this model asks what it
-adds and how it fuses, and whether it needs the whole sentence (``WHOLE_SEQUENCE``).
+``h`` is computed from the backbone's layer outputs ``z_LBTD`` by the module of
+``fusion.method``, a class of models/fusions/ (Base, Base+n, Concat, DWAtt, ScalarMix). What
+the method reads (its ``READS``: each word's states, or the whole sentence) is the one thing
+this model asks of it, here through ``reads``: what to take of ``z_LBTD``, how h comes at the
+wanted positions, how a frozen backbone's states form one row per sentence.
 
 Heads: token classification (NER: dropout then a linear map over ``h``) or BERT's MLM head tied
 to the backbone's word embeddings. The head only needs ``h`` where a label or a masked token
-is, so ``positions_BP`` (first sub-tokens, masked slots) are gathered *before* DWAtt / Concat,
-which then cost P rather than T positions per sequence; a whole-sequence method (Base+n: its layers attend
-over the sentence) is gathered after. The result at the gathered positions is identical.
+is, so a method that reads words gets ``z`` gathered at ``positions_BP`` (first sub-tokens,
+masked slots) *before* fusing, which then costs P rather than T positions per sequence; one
+that reads the sentence (Base+n: its layers attend over it) is gathered after. The result at
+the gathered positions is identical.
 
 Modes: ``fe`` runs the backbone without dropout under ``stop_gradient`` and leaves it out of
 ``trainable_spec``, so the train step neither differentiates nor updates it; ``ft`` trains
@@ -24,20 +27,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import may_drop, setting
+from ..config import fusion_mode, may_drop, setting
 from .backbone import Backbone
 from .declared import Declared
 from .encoder import BertEmbeddings
 from .encoder_mlm import bert_mlm_head
 from .fusion import fusion_trainable
 from .fusions import FusionMethod, fusion_method
-from .heads import MLMHead, gather_positions
+from .heads import MLMHead
 from .layers import Dense, dropout, split_or_none
-
-
-def make_fusion(method: str, backbone: Backbone, n_extra: int, *, key: Array):
-    """The module fusion.method ``method`` adds on ``backbone`` (None for Base)."""
-    return fusion_method(method).build(backbone, n_extra, key=key)
 
 
 def fusion_param_count(method: str, backbone: Backbone, n_extra: int = 1) -> int:
@@ -47,17 +45,16 @@ def fusion_param_count(method: str, backbone: Backbone, n_extra: int = 1) -> int
 
 class FusedModel(Declared):
     backbone: Backbone
-    fusion: eqx.Module | None
+    fusion: FusionMethod  # fusion.method's module (its class carries the name)
     head: Dense | MLMHead  # token classification, or BERT's MLM head
-    method: str = eqx.field(static=True)
-    mode: str = eqx.field(static=True)  # fe | ft
+    mode: str = eqx.field(static=True)  # fusion.mode
     rate: float = eqx.field(static=True)  # dropout on h before a classification head
 
     def __init__(self, backbone, *, method: str, mode: str, n_labels: int = 0, mlm: bool = False,
                  n_extra: int = 1, rate: float = 0.1, key: Array):
         kf, kh = jax.random.split(key)
         self.backbone = backbone
-        self.fusion = make_fusion(method, backbone, n_extra, key=kf)
+        self.fusion = fusion_method(method).build(backbone, n_extra, key=kf)
         if mlm:
             if not isinstance(getattr(backbone, "embed", None), BertEmbeddings):
                 raise ValueError(f"MLM with fusion needs a BERT/RoBERTa backbone (its tied word "
@@ -65,15 +62,21 @@ class FusedModel(Declared):
             self.head = bert_mlm_head(backbone.cfg, key=kh)
         else:
             self.head = Dense(backbone.width, n_labels, key=kh)
-        self.method, self.mode, self.rate = method, mode, rate
+        self.mode, self.rate = mode, rate
 
     @property
-    def kind(self) -> type[FusionMethod]:
-        return fusion_method(self.method)
+    def method(self) -> str:
+        """fusion.method"""
+        return self.fusion.NAME
+
+    @property
+    def reads(self):
+        """What the fusion method reads of the backbone (models/fusions/: Words or Sentence)."""
+        return type(self.fusion).READS
 
     @property
     def frozen_backbone(self) -> bool:
-        return self.mode == "fe"
+        return fusion_mode(self.mode).FROZEN_BACKBONE
 
     def trainable_spec(self):
         """Filter spec for the optimiser: the fusion module and head (+ the backbone in FT)."""
@@ -89,58 +92,52 @@ class FusedModel(Declared):
                                                                     mask_BT))
         return self.backbone.layer_states(tokens_BT, segments_BT, mask_BT, key=key)
 
+    def _taken(self, tokens_BT, segments_BT, mask_BT, positions_BP, key) -> Array:
+        """What the fusion method reads of the backbone's output (at positions_BP or all)."""
+        return self.reads.take(self.layer_states(tokens_BT, segments_BT, mask_BT, key=key),
+                               positions_BP)
+
     def frozen_states(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                       positions_BP: Array) -> Array:
         """What a frozen (fe) backbone gives the rest of the model, which never changes for a
         sentence, one row per sentence so it caches and batches like the other arrays: z at
-        positions_BP ([B, L, P, D]), or Base+n's input z_L at every position ([B, T, D]).
-        ``logits_from_states`` continues from here."""
-        z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT)
-        if self.kind.WHOLE_SEQUENCE:
-            return z_LBTD[-1]
-        return jnp.moveaxis(gather_positions(z_LBTD, positions_BP[None]), 0, 1)
+        positions_BP ([B, L, P, D]) for a method that reads words, z_L at every position
+        ([B, T, D]) for one that reads the sentence. ``logits_from_states`` continues from
+        here."""
+        return self.reads.rows(self._taken(tokens_BT, segments_BT, mask_BT, positions_BP, None))
 
-    def _fuse(self, z, mask_BT: Array | None, positions_BP: Array | None,
-              key: Array | None) -> Array:
-        """h from the backbone's states: z_L [B, T, D] for a whole-sequence method (gathered
-        after), else z [L, B, P or T, D] already at the wanted positions."""
-        if self.kind.WHOLE_SEQUENCE:
-            rate = 0.0 if key is None else self.backbone.dropout_rate
-            h_BTD = self.kind.fuse(self.fusion, z, mask_BT, rate, key)
-            return h_BTD if positions_BP is None else gather_positions(h_BTD, positions_BP)
-        return self.kind.fuse(self.fusion, z, mask_BT, 0.0, key)
+    def _h(self, z, mask_BT: Array | None, positions_BP: Array | None,
+           key: Array | None) -> Array:
+        """h at positions_BP (or every position) from what the method reads; a method that
+        adds layers trains them with the backbone's dropout rate."""
+        rate = 0.0 if key is None else self.backbone.dropout_rate
+        return self.reads.h(self.fusion, z, mask_BT, positions_BP, rate, key)
 
     def features(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                  positions_BP: Array | None = None, *, key: Array | None = None) -> Array:
         """h at positions_BP ([B, P, D]), or at every position ([B, T, D]) when it is None."""
         k_bb, k_fu = split_or_none(key, 2)
-        z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT, key=k_bb)
-        if self.kind.WHOLE_SEQUENCE:
-            return self._fuse(z_LBTD[-1], mask_BT, positions_BP, k_fu)
-        if positions_BP is not None:
-            z_LBTD = gather_positions(z_LBTD, positions_BP[None])
-        return self._fuse(z_LBTD, mask_BT, positions_BP, k_fu)
+        z = self._taken(tokens_BT, segments_BT, mask_BT, positions_BP, k_bb)
+        return self._h(z, mask_BT, positions_BP, k_fu)
 
     def __call__(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                  positions_BP: Array | None = None, *, key: Array | None = None,
                  n_active: int = 0) -> Array:
         """Token-classification logits (float32) at positions_BP (or every position).
-        n_active > 0 bounds the word slots in use (positions > 0) in the batch: a word-by-word
-        method then runs at those only (_packed_logits), and the logits of the other slots
-        are 0."""
+        n_active > 0 bounds the word slots in use (positions > 0) in the batch: a method
+        that reads words then runs at those only (_packed_logits), and the logits of the
+        other slots are 0."""
         k_feat, k_drop = split_or_none(key, 2)
-        if n_active and positions_BP is not None and not self.kind.WHOLE_SEQUENCE:
-            k_bb, _ = split_or_none(k_feat, 2)
-            z_LBTD = self.layer_states(tokens_BT, segments_BT, mask_BT, key=k_bb)
-            z_LBPD = gather_positions(z_LBTD, positions_BP[None])
-            L, B, P, D = z_LBPD.shape
+        k_bb, k_fu = split_or_none(k_feat, 2)
+        z = self._taken(tokens_BT, segments_BT, mask_BT, positions_BP, k_bb)
+        if n_active and positions_BP is not None and self.reads.PER_WORD:
+            L, B, P, D = z.shape
             slots_K = jnp.nonzero((positions_BP > 0).reshape(-1), size=n_active,
                                   fill_value=B * P)[0]
-            z_LKD = jnp.take(z_LBPD.reshape(L, B * P, D), slots_K, axis=1, mode="fill",
+            z_LKD = jnp.take(z.reshape(L, B * P, D), slots_K, axis=1, mode="fill",
                              fill_value=0)
             return self._packed_logits(z_LKD, slots_K, B, P, k_drop)
-        h = self.features(tokens_BT, segments_BT, mask_BT, positions_BP, key=k_feat)
-        return self._classify(h, k_drop)
+        return self._classify(self._h(z, mask_BT, positions_BP, k_fu), k_drop)
 
     def _packed_logits(self, z_LKD: Array, slots_K: Array, B: int, P: int,
                        key: Array | None) -> Array:
@@ -157,8 +154,8 @@ class FusedModel(Declared):
     def word_logits(self, z_LKD: Array, slots_K: Array | None = None,
                     key: Array | None = None) -> Array:
         """Logits [K, C] (float32) of K words from their layer states [L, K, D] alone (a
-        word-by-word method); dropout (with a key) needs each word's slot id."""
-        h_KD = self.kind.fuse(self.fusion, z_LKD[:, None], None, 0.0, None)[0]
+        method that reads words); dropout (with a key) needs each word's slot id."""
+        h_KD = self.reads.h(self.fusion, z_LKD[:, None], None, None, 0.0, None)[0]
         rate = self.head_rate
         if key is not None and may_drop(rate):
             keys_K = jax.vmap(lambda s: jax.random.fold_in(key, s))(slots_K)
@@ -173,18 +170,17 @@ class FusedModel(Declared):
             raise ValueError("logits_from_states needs a frozen backbone (fusion.mode=fe)")
         k_feat, k_drop = split_or_none(key, 2)
         _, k_fu = split_or_none(k_feat, 2)
-        z = states if self.kind.WHOLE_SEQUENCE else jnp.moveaxis(states, 1, 0)
-        return self._classify(self._fuse(z, mask_BT, positions_BP, k_fu), k_drop)
+        z = self.reads.from_rows(states)
+        return self._classify(self._h(z, mask_BT, positions_BP, k_fu), k_drop)
 
     def logits_from_words(self, words_KLD: Array, slots_K: Array, positions_BP: Array, *,
                           key: Array | None = None) -> Array:
-        """``__call__``'s logits with n_active (fe; a word-by-word method) from the frozen
+        """``__call__``'s logits with n_active (fe; a method that reads words) from the frozen
         states of the words in use alone, packed as there ([K, L, D], slots_K their flat
         index in [B, P], B * P: padding): the same numbers and dropout masks, without a
         [B, L, P, D] block per batch."""
-        if not self.frozen_backbone or self.kind.WHOLE_SEQUENCE:
-            raise ValueError("logits_from_words needs a frozen backbone (fusion.mode=fe) and "
-                             "a fusion that acts word by word")
+        if not self.frozen_backbone:
+            raise ValueError("logits_from_words needs a frozen backbone (fusion.mode=fe)")
         _, k_drop = split_or_none(key, 2)
         B, P = positions_BP.shape
         return self._packed_logits(jnp.moveaxis(words_KLD, 1, 0), slots_K, B, P, k_drop)

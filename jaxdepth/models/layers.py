@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from ..config import ACTIVATIONS, Keep, ModelConfig, may_drop
+from ..config import ACTIVATIONS, Keep, ModelConfig, attention_path, may_drop
 
 _NEG_INF = float(np.finfo(np.float32).min)
 kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
@@ -138,18 +138,18 @@ def attend(q_BTNH: Array, k_BSNH: Array, v_BSNH: Array, mask_BNTS: Array, *,
     return out_BTNH.reshape(*out_BTNH.shape[:-2], -1)
 
 
-def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, *,
-                  implementation: str | None = None, mask_B1TT: Array | None = None) -> Array:
+def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, path, *,
+                  mask_B1TT: Array | None = None) -> Array:
     """Causal ``softmax(q k^T + bias) v`` through ``jax.nn.dot_product_attention`` (T5: scale
-    1, the 1/sqrt(H) lives in the query kernel); [B, T, N*H] like ``attend``.
-
-    ``implementation=None`` is XLA's path in jax 0.10 (float32 logits and softmax, the same
-    arithmetic as ``attend``); "cudnn" forces cuDNN's fused flash kernel, which needs bf16/fp16
-    inputs, skips the masked half under ``is_causal`` and never stores the [T, T] probabilities.
+    1, the 1/sqrt(H) lives in the query kernel); [B, T, N*H] like ``attend``. ``path``: the
+    model.attention class (attentions.py) that says its ``implementation``: None is XLA's path
+    in jax 0.10 (float32 logits and softmax, the same arithmetic as ``attend``); "cudnn" forces
+    cuDNN's fused flash kernel, which needs bf16/fp16 inputs, skips the masked half under
+    ``is_causal`` and never stores the [T, T] probabilities.
     """
     # XLA's path adds the bias to float32 logits, as ``attend`` does; cuDNN takes it in the
     # inputs' dtype.
-    bias_dtype = q_BTNH.dtype if implementation == "cudnn" else jnp.float32
+    bias_dtype = q_BTNH.dtype if path.BIAS_IN_INPUT_DTYPE else jnp.float32
     # jax's own XLA path calls promote_types(bf16, float32), which strict promotion (the
     # tests' setting) refuses; every dtype here is already explicit. (Its backward, lowered
     # later with the whole step, does the same in jax 0.10: differentiate the bf16 path under
@@ -157,7 +157,7 @@ def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, 
     with jax.numpy_dtype_promotion("standard"):
         out_BTNH = jax.nn.dot_product_attention(
             q_BTNH, k_BTNH, v_BTNH, bias=bias_NTT[None].astype(bias_dtype), mask=mask_B1TT,
-            is_causal=True, scale=1.0, implementation=implementation)
+            is_causal=True, scale=1.0, implementation=path.IMPLEMENTATION)
     return out_BTNH.reshape(*out_BTNH.shape[:-2], -1)
 
 
@@ -197,9 +197,9 @@ class Attention(eqx.Module):
         documents (``segment_ids_BT``) a query sees only earlier keys of its own document."""
         q, k, v = self.project_qkv(x_BTD)
         same_doc = None if segment_ids_BT is None else same_segment_mask(segment_ids_BT)
-        if attention != "einsum":
-            impl = "cudnn" if attention == "cudnn" else None
-            return causal_attend(q, k, v, bias_NTT, implementation=impl, mask_B1TT=same_doc) @ self.wo
+        path = attention_path(attention)
+        if path.JAX:
+            return causal_attend(q, k, v, bias_NTT, path, mask_B1TT=same_doc) @ self.wo
         T = x_BTD.shape[1]
         causal = jnp.tril(jnp.ones((T, T), bool))[None, None]
         mask = causal if same_doc is None else causal & same_doc

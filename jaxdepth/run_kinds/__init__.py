@@ -4,16 +4,18 @@ A kind of run is what train.py does with a config: pretrain a decoder LM, fine-t
 prefix LM, pretrain an ACT/ALBERT/BERT encoder, probe one, pretrain a BERT encoder with MLM, or
 fuse a backbone's layers for NER or MLM. A class holds everything about its kind that the rest
 of the code asks: its name (messages and the ``read_by`` declarations of config.py), which
-configs it runs (``claims``: the kinds' claims never overlap, so exactly one kind claims any
-valid config) and what it refuses among them (``check``, a ConfigError naming the field), the
-keyword options of its Task, the Task that runs it (``TASK``, imported only when a run is
+configs it runs (``claims``: by task.name and the kinds model.arch's class names, archs.py;
+the kinds' claims never overlap, so exactly one kind claims any valid config) and what it
+refuses among them (``check``, a ConfigError naming the field), the keyword options of its
+Task, the Task that runs it (``TASK``, imported only when a run is
 built: the task modules import config.py, which decides a config's kind while it validates, so
 neither config.py nor this package may import them) and its optimizer recipe (``RECIPE``).
 Nothing outside these modules compares a kind's name.
 
 Every module of this package is imported here, so a new kind is a new module here and its
 Task under jaxdepth/tasks/: defining a subclass with a ``NAME`` registers it. This package
-imports nothing of jaxdepth but errors.py, choices.py and task_names.py.
+imports nothing of jaxdepth but errors.py, choices.py, task_names.py and fusion_modes.py
+(and config.py's Config, whose ``arch`` is archs.py's class, for type checking only).
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ class BertMLMPretraining(RunKind):
 
     @classmethod
     def claims(cls, cfg) -> bool:
-        return cfg.model.arch == "encoder" and cfg.task.name not in FUSION_TASKS
+        # with any other task too, which check refuses: no kind fine-tunes it (Arch.FINETUNING)
+        return cfg.arch.PRETRAINING == cls.NAME and cfg.task.name not in FUSION_TASKS
 
     @classmethod
     def check(cls, cfg) -> None:

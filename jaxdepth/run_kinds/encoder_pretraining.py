@@ -14,7 +14,7 @@ class EncoderPretraining(RunKind):
 
     @classmethod
     def claims(cls, cfg) -> bool:
-        return cfg.model_section == "act" and not cfg.task.name
+        return cfg.arch.PRETRAINING == cls.NAME and not cfg.task.name
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -24,6 +24,6 @@ class EncoderPretraining(RunKind):
 
     @classmethod
     def options(cls, cfg) -> dict:
-        arch = cfg.model.arch
-        return {"arch": arch, "untied": arch == "bert", "adaptive": arch == "act",
-                "halting": "fixed" if arch == "albert" else cfg.act.halting}
+        arch = cfg.arch  # one of archs.py's ALBERTFamily
+        return {"arch": arch.NAME, "untied": arch.UNTIED, "adaptive": arch.ADAPTIVE,
+                "halting": arch.halting(cfg)}

@@ -12,4 +12,4 @@ class LMPretraining(RunKind):
 
     @classmethod
     def claims(cls, cfg) -> bool:
-        return cfg.model.arch == "decoder" and not cfg.task.name
+        return cfg.arch.PRETRAINING == cls.NAME and not cfg.task.name

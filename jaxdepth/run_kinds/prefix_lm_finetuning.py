@@ -14,7 +14,7 @@ class PrefixLMFinetuning(RunKind):
     @classmethod
     def claims(cls, cfg) -> bool:
         name = cfg.task.name
-        return cfg.model.arch == "decoder" and bool(name) and name not in FUSION_TASKS
+        return cfg.arch.FINETUNING == cls.NAME and bool(name) and name not in FUSION_TASKS
 
     @classmethod
     def check(cls, cfg) -> None:

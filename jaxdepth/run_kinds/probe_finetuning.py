@@ -12,7 +12,7 @@ class ProbeFinetuning(pretraining.EncoderPretraining):
     @classmethod
     def claims(cls, cfg) -> bool:  # an ALBERT-family encoder given a task that is not fusion's
         name = cfg.task.name
-        return cfg.model_section == "act" and bool(name) and name not in FUSION_TASKS
+        return cfg.arch.FINETUNING == cls.NAME and bool(name) and name not in FUSION_TASKS
 
     @classmethod
     def check(cls, cfg) -> None:

@@ -174,7 +174,8 @@ def _shaped(x) -> bool:
 def module_flops(model, trainable_spec, seq_len: int) -> int:
     """Training FLOPs per token of a fusion model or the BERT encoder."""
     L, d = depth_and_width(strip_to_backbone(model))
-    extra = getattr(getattr(model, "fusion", None), "n", 0)  # Base+n's attention layers
+    fusion = getattr(model, "fusion", None)  # the BERT encoder has none
+    extra = 0 if fusion is None else fusion.attention_layers
     return module_flops_per_token(model, trainable_spec, seq_len, L + extra, d)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import grain
@@ -31,7 +31,9 @@ from ..config import Config, ConfigError
 from ..data.finetune import ner_sentences
 from ..data.corpus.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
+from ..fusion_modes import fusion_mode
 from ..models.flops import module_flops_per_token
+from ..models.fusions import FusionMethod, Sentence, Words
 from ..trainer.losses import softmax_xent as _xent
 from ..trainer.task import EvalRequest
 from ..trial_axis import Models
@@ -44,19 +46,15 @@ log = logging.getLogger(__name__)
 SPLITS = ("dev", "test")
 
 
-def ner_objective(n_active: int = 0):
+def ner_objective(n_active: int = 0, batches: type["NERBatches"] | None = None):
     """The mean cross-entropy over the batch's labelled words; `n_active`: a bound on the word
     slots in use in a micro-batch (FusedModel runs its fusion at those only), 0: every slot.
-    A batch with "words" (packed word states, state_cache.WordCache) or "states" (Base+n's
-    z_L) carries the frozen backbone's output instead of running it."""
+    `batches`: the run's batch format (NERBatches), by default word pieces that the backbone
+    runs on."""
+    batches = batches or TokenBatches
+
     def objective(model, mb, key, totals):
-        if "words" in mb:
-            logits = model.logits_from_words(mb["words"], mb["slots"], mb["positions"], key=key)
-        elif "states" in mb:
-            logits = model.logits_from_states(mb["states"], mb["mask"], mb["positions"], key=key)
-        else:
-            logits = model(mb["tokens"], mb["segments"], mb["mask"], mb["positions"], key=key,
-                           n_active=n_active)
+        logits = batches.logits(model, mb, key, n_active)
         labels = mb["labels"]
         valid = (labels >= 0).astype(jnp.float32)
         ce = jnp.sum(valid * _xent(logits, jnp.maximum(labels, 0))) / totals["labels"]
@@ -83,6 +81,18 @@ def _predict_words(model, words_KLD):
     return jnp.argmax(model.word_logits(jnp.moveaxis(words_KLD, 1, 0)), -1)
 
 
+def _predict_rows(models: Models, arrays: dict, batch: int, keys: tuple[str, ...], predict,
+                  *extra) -> list[np.ndarray]:
+    """predict(model, *arrays[keys], *extra) over a split's rows, `batch` at a time (the last
+    batch padded, so one compile serves all), per model."""
+    n = len(arrays[keys[0]])
+    preds = []
+    for i in range(0, n, batch):
+        part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
+        preds.append(models(predict, *(part[k] for k in keys), *extra))
+    return [np.concatenate([np.asarray(p[k]) for p in preds])[:n] for k in range(len(models))]
+
+
 EVAL_WORDS = 2048  # words per call when scoring packed states: one compilation for any split
 
 
@@ -103,6 +113,120 @@ def _predict_packed(models: Models, cache: state_cache.WordCache) -> list[np.nda
         pred[rows, cache.slot] = p_W
         preds.append(pred)
     return preds
+
+
+# ------------------------------------------------------------------------- batch formats
+
+class NERBatches:
+    """How an NER run's sentences reach the model, in training and in evaluation: one class
+    per format, chosen once when the task is built (``batch_format``), not by the keys a batch
+    holds. A batch stays a dict of arrays (what the trainer splits into micro-batches, shards
+    and stacks over trials); its format says which arrays it holds and how the model reads
+    them. A split's arrays (``encode_sentences``'s) are shared by every format; a format that
+    reads a frozen backbone's cached states adds their cache under ``CACHE``."""
+
+    CACHE: ClassVar[str | None] = None  # the key of a split's state cache; model_ready fills it
+    KEYS: ClassVar[tuple[str, ...]]  # what a training batch takes of the split's arrays
+
+    @classmethod
+    def attach(cls, arrays: dict) -> None:
+        """Add the split's (empty) state cache to its arrays."""
+
+    @staticmethod
+    def logits(model, mb: dict, key, n_active: int):
+        """The model's logits [B, P, C] on a micro-batch of this format."""
+        raise NotImplementedError
+
+    @classmethod
+    def predict(cls, models: Models, arrays: dict, batch: int,
+                n_active: int | None) -> list[np.ndarray]:
+        """Greedy label ids [n, P] of every sentence of a split, per model; n_active: the
+        slot bound for token batches (eval_active), by default the split's own."""
+        raise NotImplementedError
+
+    @classmethod
+    def source(cls, train: dict, *, accum: int, per_micro: int, **where):
+        """The grain source of training batches (where: ExampleBatchSource's global_batch,
+        seed, process_index, process_count); accum, per_micro: micro-batches per step and
+        the word slots one process packs for each (WordStateBatches)."""
+        return ExampleBatchSource({k: train[k] for k in cls.KEYS}, **where)
+
+
+class TokenBatches(NERBatches):
+    """Word pieces: the backbone runs in every step (fusion.mode ft, or fe without
+    fusion.cache), a method that reads words at the slots in use alone (n_active)."""
+
+    KEYS = ("tokens", "segments", "mask", "positions", "labels")
+
+    @staticmethod
+    def logits(model, mb, key, n_active):
+        return model(mb["tokens"], mb["segments"], mb["mask"], mb["positions"], key=key,
+                     n_active=n_active)
+
+    @classmethod
+    def predict(cls, models, arrays, batch, n_active):
+        if n_active is None:
+            n_active = eval_active([arrays], batch)
+        return _predict_rows(models, arrays, batch, ("tokens", "segments", "mask", "positions"),
+                             _predict, n_active)
+
+
+class SentenceStateBatches(NERBatches):
+    """The frozen backbone's last-layer states of each sentence, [T, D] (a method that reads
+    the sentence: Base+n), cached once (state_cache.StateCache)."""
+
+    CACHE = "states"
+    KEYS = ("states", "mask", "positions", "labels")
+
+    @classmethod
+    def attach(cls, arrays):
+        arrays[cls.CACHE] = state_cache.StateCache(len(arrays["tokens"]))
+
+    @staticmethod
+    def logits(model, mb, key, n_active):
+        return model.logits_from_states(mb["states"], mb["mask"], mb["positions"], key=key)
+
+    @classmethod
+    def predict(cls, models, arrays, batch, n_active):
+        return _predict_rows(models, arrays, batch, ("states", "mask", "positions"),
+                             _predict_from_states)
+
+
+class WordStateBatches(NERBatches):
+    """The frozen backbone's states of the words in use alone, [L, D] each (a method that
+    reads words), cached once (state_cache.WordCache) and packed per micro-batch as
+    ``FusedModel.__call__`` packs them: a batch's "words" and "slots" besides the arrays of
+    its sentences."""
+
+    CACHE = "words"
+    KEYS = ("mask", "positions", "labels")
+
+    @classmethod
+    def attach(cls, arrays):
+        arrays[cls.CACHE] = state_cache.WordCache(arrays["positions"])
+
+    @staticmethod
+    def logits(model, mb, key, n_active):
+        return model.logits_from_words(mb["words"], mb["slots"], mb["positions"], key=key)
+
+    @classmethod
+    def predict(cls, models, arrays, batch, n_active):
+        return _predict_packed(models, arrays[cls.CACHE])
+
+    @classmethod
+    def source(cls, train, *, accum, per_micro, **where):
+        return state_cache.PackedBatchSource({k: train[k] for k in cls.KEYS}, train[cls.CACHE],
+                                             accum=accum, per_micro=per_micro, **where)
+
+
+# The cached format of each kind of states a fusion method reads (models/fusions/: READS)
+_CACHED = {Words: WordStateBatches, Sentence: SentenceStateBatches}
+
+
+def batch_format(method: type[FusionMethod], cached: bool) -> type[NERBatches]:
+    """The batches of an NER run with fusion method `method`: word pieces, or with the frozen
+    backbone's states cached (cached), the states the method reads."""
+    return _CACHED[method.READS] if cached else TokenBatches
 
 
 def slots_in_use(arrays: dict) -> np.ndarray:
@@ -163,26 +287,12 @@ def eval_active(splits: list[dict], batch: int) -> int:
                             batch * a["positions"].shape[1]) for a in splits)
 
 
-def predict_ids(models: Models, arrays: dict, batch: int,
-                n_active: int | None = None) -> list[np.ndarray]:
-    """Greedy label ids [n, P] of every sentence, per model (from the cached states when
-    `arrays` has them); the last batch is padded so one compile serves all. n_active: the
-    slot bound (eval_active), by default this split's own."""
-    n = len(arrays["tokens"])
-    if "words" in arrays:
-        return _predict_packed(models, arrays["words"])
-    if "states" in arrays:
-        keys, predict, extra = ("states", "mask", "positions"), _predict_from_states, ()
-    else:
-        if n_active is None:
-            n_active = eval_active([arrays], batch)
-        keys, predict = ("tokens", "segments", "mask", "positions"), _predict
-        extra = (n_active,)
-    preds = []
-    for i in range(0, n, batch):
-        part = state_cache.pad_rows({k: arrays[k][i:i + batch] for k in keys}, batch)
-        preds.append(models(predict, *(part[k] for k in keys), *extra))
-    return [np.concatenate([np.asarray(p[k]) for p in preds])[:n] for k in range(len(models))]
+def predict_ids(models: Models, arrays: dict, batch: int, n_active: int | None = None,
+                batches: type[NERBatches] = TokenBatches) -> list[np.ndarray]:
+    """Greedy label ids [n, P] of every sentence, per model, from a split's arrays in the
+    format `batches` (its cached states, for a cached one); token batches are padded so one
+    compile serves all. n_active: the slot bound (eval_active), by default this split's own."""
+    return batches.predict(models, arrays, batch, n_active)
 
 
 def predict_tags(model, arrays: dict, n_words, labels, batch: int,
@@ -224,7 +334,8 @@ class NERTask(FusionTask):
         super().__init__(cfg)
         self.labels = ner_sentences.ner_labels(cfg.task.dir)
         self.n_labels = len(self.labels)
-        self.cached = cfg.fusion.mode == "fe" and cfg.fusion.cache
+        frozen = fusion_mode(cfg.fusion.mode).FROZEN_BACKBONE  # its states never change
+        self.batches = batch_format(self.fusion_method, frozen and cfg.fusion.cache)
 
     def read_data(self, run_dir: Path, primary: bool, barrier) -> NERPrepared:
         cfg, t = self.cfg, self.cfg.task
@@ -259,12 +370,8 @@ class NERTask(FusionTask):
         whole, part = drawn or (train_active_bound(used, rows, cfg.data.batch_size),
                                 train_active_bound(used, local, cfg.data.batch_size))
         eval_batch = cfg.task.eval_batch or cfg.data.batch_size
-        if self.cached:  # filled by model_ready, before the first batch is read
-            for a in arrays.values():
-                if self.fusion_method.WHOLE_SEQUENCE:  # its layers read the whole sentence
-                    a["states"] = state_cache.StateCache(len(a["tokens"]))
-                else:
-                    a["words"] = state_cache.WordCache(a["positions"])
+        for a in arrays.values():  # a cache is filled by model_ready, before the first batch
+            self.batches.attach(a)
         return NERPrepared(
             sentences=sentences, words=words, arrays=arrays, dropped=dropped,
             train_active=compile_size(whole, rows * P),
@@ -300,10 +407,10 @@ class NERTask(FusionTask):
 
     def model_ready(self, model) -> None:
         """fe: the frozen backbone's states of every train, dev and test sentence, once."""
-        if not self.cached:
+        if self.batches.CACHE is None:
             return
         spec = state_cache.row_spec(model, self.prepared.arrays["train"])
-        size = sum(_cache(a).nbytes(spec) for a in self.prepared.arrays.values())
+        size = sum(a[self.batches.CACHE].nbytes(spec) for a in self.prepared.arrays.values())
         n = sum(len(a["tokens"]) for a in self.prepared.arrays.values())
         on_disk = size > self.cfg.fusion.cache_mib * 2**20  # cache_mib=0: always
         where = self.run_dir / "cache"
@@ -315,7 +422,7 @@ class NERTask(FusionTask):
         batch = self.cfg.task.eval_batch or self.cfg.data.batch_size
         reused, digest = [], state_cache.backbone_digest(model)
         for split, arrays in self.prepared.arrays.items():
-            cache = _cache(arrays)
+            cache = arrays[self.batches.CACHE]
             # the training split at the width the uncached step feeds the backbone, so that
             # training is the same bit for bit; the others (scored only) by length
             by_length = split != "train"
@@ -329,42 +436,38 @@ class NERTask(FusionTask):
                   f"reused, not stored again", flush=True)
 
     def dataset(self) -> grain.MapDataset:
-        train = self.prepared.arrays["train"]
-        where = dict(global_batch=self.cfg.data.batch_size, seed=self.cfg.run.seed,
-                     process_index=jax.process_index(), process_count=jax.process_count())
-        if "words" in train:
-            return grain.MapDataset.source(state_cache.PackedBatchSource(
-                {k: train[k] for k in ("mask", "positions", "labels")}, train["words"],
-                accum=self.cfg.optim.accum_steps, per_micro=self.prepared.words_per_micro,
-                **where))
-        keep = ("states", "mask", "positions", "labels") if "states" in train else \
-            ("tokens", "segments", "mask", "positions", "labels")
-        return grain.MapDataset.source(ExampleBatchSource({k: train[k] for k in keep}, **where))
+        return grain.MapDataset.source(self.batches.source(
+            self.prepared.arrays["train"], accum=self.cfg.optim.accum_steps,
+            per_micro=self.prepared.words_per_micro, global_batch=self.cfg.data.batch_size,
+            seed=self.cfg.run.seed, process_index=jax.process_index(),
+            process_count=jax.process_count()))
 
     def objective(self):
         # not prepared (a benchmark feeding batches of its own): every word slot is in use
-        return ner_objective(self.prepared.train_active if self.prepared else 0)
+        return ner_objective(self.prepared.train_active if self.prepared else 0, self.batches)
 
     def flops_per_token(self, model) -> int:
         """With the cache a step never runs the backbone: the fusion module and head only
         (and Base+n's attention)."""
-        if not self.cached:
+        if self.batches.CACHE is None:
             return super().flops_per_token(model)
         spec = self.trainable(model)
-        extra = getattr(model.fusion, "n", 0)
         return module_flops_per_token((model.fusion, model.head), (spec.fusion, spec.head),
-                                      self.cfg.data.seq_len, extra, model.backbone.width)
+                                      self.cfg.data.seq_len, model.fusion.attention_layers,
+                                      model.backbone.width)
 
     def evaluates_alike(self, tasks) -> bool:
         """The same dev and test sentences, and any cached states the same arrays (an
         in-memory cache is shared by trials with the same frozen backbone)."""
+        cache = self.batches.CACHE
+
         def alike(a: dict, b: dict) -> bool:
-            cached = [k for k in ("words", "states") if k in a or k in b]
-            return (same_arrays({k: v for k, v in a.items() if k not in cached},
-                                {k: v for k, v in b.items() if k not in cached})
-                    and all(k in a and k in b and a[k].array is b[k].array for k in cached))
+            plain = lambda arrays: {k: v for k, v in arrays.items() if k != cache}  # noqa: E731
+            return same_arrays(plain(a), plain(b)) and (cache is None
+                                                        or a[cache].array is b[cache].array)
         p = self.prepared
-        return all(t.prepared.eval_batch == p.eval_batch and t.prepared.eval_active == p.eval_active
+        return all(t.batches is self.batches and t.prepared.eval_batch == p.eval_batch
+                   and t.prepared.eval_active == p.eval_active
                    and all(alike(t.prepared.arrays[s], p.arrays[s]) for s in SPLITS)
                    for t in tasks)
 
@@ -372,8 +475,8 @@ class NERTask(FusionTask):
         """Dev and test F1 of each trial (tagged side by side, vmapped); each trial's task
         keeps its own curve and writes its own files."""
         p = self.prepared
-        preds = {split: predict_ids(models, p.arrays[split], p.eval_batch, p.eval_active)
-                 for split in SPLITS}
+        preds = {split: predict_ids(models, p.arrays[split], p.eval_batch, p.eval_active,
+                                    self.batches) for split in SPLITS}
         return [t.finish_evaluation({s: preds[s][k] for s in SPLITS}, step, final)
                 for k, t in enumerate(tasks)]
 
@@ -417,7 +520,7 @@ class NERTask(FusionTask):
         sentences as JSONL."""
         cfg, model, step, _, _ = load_checkpoint(run, request.step, 0, tokenizer=False)
         reader = NERTask(cfg)
-        reader.cached = False  # one pass over each split: nothing to reuse
+        reader.batches = TokenBatches  # one pass over each split: nothing to cache
         data = reader.read_data(run, primary=False, barrier=lambda: None)  # never writes
         directory = Path(request.out) if request.out else run / "eval" / f"step{step}"
         res, tagged = {"run": str(run), "step": step}, {}
@@ -437,10 +540,6 @@ class NERTask(FusionTask):
                     f.writelines(json.dumps(r) + "\n" for r in rows)
             (directory / "ner.json").write_text(json.dumps(res, indent=2) + "\n")
         return res
-
-
-def _cache(arrays: dict) -> state_cache.StateCache | state_cache.WordCache:
-    return arrays["words"] if "words" in arrays else arrays["states"]
 
 
 def _curve(path: Path) -> list[dict]:

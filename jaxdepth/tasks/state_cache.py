@@ -5,13 +5,17 @@ the fusion module for a sentence (``FusedModel.frozen_states``) is the same at e
 and every evaluation. The NER task computes it once, when the model is ready, and trains and
 evaluates the fusion module and head on it. Two layouts:
 
-- ``WordCache`` (Base, Concat, DWAtt, which act word by word): the [L, D] states of every word
-  slot in use, packed sentence after sentence. A batch carries only its sentences' words
-  (``pack``), in the order ``FusedModel.__call__`` packs them with n_active, so the step computes the
-  same numbers as the uncached one. A WikiAnn sentence uses 8 of its split's 126 slots on
-  average: the padded [L, P, D] rows would be 15 times larger and were copied every step.
-- ``StateCache`` (Base+n, whose extra layer attends over the sentence): z_L at every
-  position, one [T, D] row per sentence.
+- ``WordCache`` (a method that reads words, models/fusions/: Base, Concat, DWAtt, ScalarMix):
+  the [L, D] states of every word slot in use, packed sentence after sentence. A batch carries
+  only its sentences' words (``pack``), in the order ``FusedModel.__call__`` packs them with
+  n_active, so the step computes the same numbers as the uncached one. A WikiAnn sentence uses
+  8 of its split's 126 slots on average: the padded [L, P, D] rows would be 15 times larger
+  and were copied every step.
+- ``StateCache`` (a method that reads the sentence: Base+n, whose extra layer attends over
+  it): z_L at every position, one [T, D] row per sentence.
+
+Each cache lays out and stores its own states (``shape``, ``store``); the NER task picks
+the cache of the method's ``READS`` (tasks/ner.py, its batch formats).
 
 A split's cache is held in memory, or written to a memory-mapped ``.npy`` file under
 ``<run>/cache/`` when all splits together exceed ``fusion.cache_mib``.
@@ -51,6 +55,18 @@ class StateCache:
                                "(Task.model_ready fills it before the first batch)")
         return self.array[rows]
 
+    def shape(self, spec: jax.ShapeDtypeStruct) -> tuple[int, ...]:
+        """The array that holds every sentence's states (spec: one sentence's [T, D])."""
+        return (self.n, *spec.shape)
+
+    def store(self, out: np.ndarray, rows: np.ndarray, width: int, states: np.ndarray) -> None:
+        """Write the states [len(rows), width, D] of `rows`, computed at `width` positions."""
+        if states.shape[1] != out.shape[1]:  # zeros past the width, where the mask hides them
+            out[rows] = 0
+            out[rows, :width] = states
+        else:
+            out[rows] = states
+
 
 class WordCache:
     """A split's packed word states: row r's words are words[offsets[r]:offsets[r + 1]], in
@@ -69,8 +85,18 @@ class WordCache:
 
     def nbytes(self, spec: jax.ShapeDtypeStruct) -> int:
         """Size of the states of the words alone (spec: one sentence's [L, P, D])."""
+        return int(np.prod(self.shape(spec))) * np.dtype(spec.dtype).itemsize
+
+    def shape(self, spec: jax.ShapeDtypeStruct) -> tuple[int, ...]:
+        """The array that holds every word's states, [W, L, D]."""
         L, _, D = spec.shape
-        return int(self.offsets[-1]) * L * D * np.dtype(spec.dtype).itemsize
+        return (int(self.offsets[-1]), L, D)
+
+    def store(self, out: np.ndarray, rows: np.ndarray, width: int, states: np.ndarray) -> None:
+        """Write the words of `rows` from their sentences' states [len(rows), L, P, D]."""
+        for r, row in enumerate(rows):
+            lo, hi = self.offsets[row], self.offsets[row + 1]
+            out[lo:hi] = np.moveaxis(states[r][:, self.slot[lo:hi]], 1, 0)
 
     def pack(self, rows, *, first_row: int, accum: int, micro_rows: int,
              per_micro: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,10 +187,10 @@ _REUSED_MAX = 8  # splits; an experiment's units share their dev and test sets
 
 def backbone_digest(model) -> bytes:
     """A digest of the backbone's weights and structure (its run-time options are static
-    fields of the tree) and of the kind of states the fusion method reads."""
+    fields of the tree) and of the kind of states the fusion method reads (its READS)."""
     h = hashlib.blake2b(digest_size=20)
     h.update(str(jax.tree.structure(model.backbone)).encode())
-    h.update(model.method.encode() if model.kind.WHOLE_SEQUENCE else b"words")
+    h.update(model.reads.__name__.encode())
     for leaf in jax.tree.leaves(eqx.filter(model.backbone, eqx.is_array)):
         a = np.ascontiguousarray(np.asarray(leaf))
         h.update(f"{a.dtype}{a.shape}".encode())
@@ -221,9 +247,7 @@ def fill(cache: StateCache | WordCache, model, arrays: dict, batch: int,
     padding is masked, so a row's states are those at full width up to float rounding
     (1e-5; tests/tasks/test_state_cache.py), not bit for bit: the training split, which the
     uncached path feeds the backbone at full width, is filled at full width."""
-    packed = isinstance(cache, WordCache)
-    L, P, D = spec.shape if packed else (0, 0, 0)
-    shape = (int(cache.offsets[-1]), L, D) if packed else (cache.n, *spec.shape)
+    shape = cache.shape(spec)
     if path is None:
         out = np.empty(shape, spec.dtype)
     else:
@@ -240,15 +264,7 @@ def fill(cache: StateCache | WordCache, model, arrays: dict, batch: int,
         part = pad_rows({k: (v if k == "positions" else v[:, :width]) for k, v in part.items()},
                         batch)
         states = np.asarray(_frozen_states(model, *(part[k] for k in INPUTS)))[:len(rows)]
-        if packed:  # [rows, L, P, D] -> the rows' words, [W, L, D]
-            for r, row in enumerate(rows):
-                lo, hi = cache.offsets[row], cache.offsets[row + 1]
-                out[lo:hi] = np.moveaxis(states[r][:, cache.slot[lo:hi]], 1, 0)
-        elif states.shape[1:] != spec.shape:  # per-position states (Base+n): zeros past the
-            out[rows] = 0                   # width, where the mask hides them anyway
-            out[rows, :width] = states
-        else:
-            out[rows] = states
+        cache.store(out, rows, width, states)
     if path is not None:
         out.flush()
     cache.array = out

@@ -27,8 +27,10 @@ from jaxdepth.config import EncoderConfig
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.encoder_mlm import EncoderMLM
 from jaxdepth.models.fused import FusedModel, fusion_param_count
-from jaxdepth.models.fusions.base_n import ExtraLayers
-from jaxdepth.models.fusion import KEY_DIM, DWAtt, fusion_trainable
+from jaxdepth.models.fusion import fusion_trainable
+from jaxdepth.models.fusions.base import Base
+from jaxdepth.models.fusions.base_n import BasePlusN
+from jaxdepth.models.fusions.dwatt import KEY_DIM, DWAtt
 from jaxdepth.models.heads import gather_positions
 from jaxdepth.tasks import task_for
 from jaxdepth.tasks.ner import ner_objective
@@ -186,7 +188,7 @@ def test_base_n_fe_spec_and_update(ner_dir):
     cfg = ner_cfg(ner_dir, "base+n", "fe")
     trainable = task_for(cfg).trainable
     model0 = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps), task_for(cfg)).model
-    assert isinstance(model0.fusion, ExtraLayers) and model0.fusion.n == 1
+    assert isinstance(model0.fusion, BasePlusN) and model0.fusion.n == 1
     spec = model0.trainable_spec()
     assert not any(jax.tree.leaves(spec.backbone))
     fusion_spec = jax.tree.leaves(spec.fusion)
@@ -258,8 +260,7 @@ def test_gather_before_equals_gather_after(method):
     inp = make_inputs(4)
     model = FusedModel(Encoder(ENC, key=jax.random.key(5)), method=method, mode="fe",
                        n_labels=len(LABELS), key=jax.random.key(6))
-    if model.fusion is not None:
-        model = eqx.tree_at(lambda m: m.fusion, model, randomize(model.fusion, 7))
+    model = eqx.tree_at(lambda m: m.fusion, model, randomize(model.fusion, 7))
     args = (inp["tokens"], inp["segments"], inp["mask"])
 
     @eqx.filter_jit
@@ -402,7 +403,7 @@ def test_fusion_param_count_matches_the_built_module(backbone_kind, method):
                        key=jax.random.key(14))
     count = fusion_param_count(method, bb, n_extra)
     if method == "base":
-        assert model.fusion is None and count == 0
+        assert isinstance(model.fusion, Base) and count == 0
         return
     built_trainable = n_elements(eqx.filter(model.fusion, fusion_trainable(model.fusion)))
     assert count == built_trainable
@@ -483,7 +484,7 @@ def test_base_n_layer_copies_the_backbone_activation_and_eps(arch):
         cfg = ACTConfig(vocab_size=64, embed_dim=16, d_model=32, n_heads=2, max_len=16, max_iters=2)
         backbone = (UntiedEncoder if arch == "bert" else ACTEncoder)(cfg, key=key)
         want = ("gelu_new", 1e-12)
-    extra = ExtraLayers(2, backbone.post_ln_layer, key=key)
+    extra = BasePlusN(2, backbone.post_ln_layer, key=key)
     got = (extra.layers.activation, extra.layers.attn_norm.eps, extra.layers.ff_norm.eps)
     assert got == (want[0], want[1], want[1])
     # and the layer computes with that activation: tanh GELU differs from the exact one

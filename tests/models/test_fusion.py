@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.models.fusion import KEY_DIM, Concat, DWAtt, fusion_trainable
+from jaxdepth.models.fusion import fusion_trainable
+from jaxdepth.models.fusions.concat import Concat
+from jaxdepth.models.fusions.dwatt import KEY_DIM, DWAtt
 
 L, D, B, T = 4, 16, 2, 3
 EPS = 1e-12  # LayerNorm eps of jaxdepth.models.layers.LayerNorm

@@ -8,7 +8,7 @@ from jaxdepth.config import EncoderConfig
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.fused import FusedModel, fusion_param_count
 from jaxdepth.models.fusions import fusion_methods
-from jaxdepth.models.fusions.scalar_mix import ScalarMixModule
+from jaxdepth.models.fusions.scalar_mix import ScalarMix
 
 L, B, T, D = 3, 2, 5, 8
 
@@ -16,13 +16,13 @@ L, B, T, D = 3, 2, 5, 8
 def test_mix_matches_numpy(getkey):
     z = np.asarray(jax.random.normal(getkey(), (L, B, T, D)), np.float32)
     s, gamma = np.array([0.3, -1.2, 2.0], np.float32), np.float32(0.7)
-    mix = eqx.tree_at(lambda m: (m.s, m.gamma), ScalarMixModule(L, D, key=getkey()),
+    mix = eqx.tree_at(lambda m: (m.s, m.gamma), ScalarMix(L, D, key=getkey()),
                       (jnp.asarray(s), jnp.asarray(gamma)))
     w = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
     want = gamma * np.einsum("l,lbtd->btd", w, z)
     np.testing.assert_allclose(np.asarray(mix(jnp.asarray(z))), want, rtol=1e-6, atol=1e-6)
     # at initialisation: the mean of the layers
-    fresh = ScalarMixModule(L, D, key=getkey())
+    fresh = ScalarMix(L, D, key=getkey())
     np.testing.assert_allclose(np.asarray(fresh(jnp.asarray(z))), z.mean(0), rtol=1e-6, atol=1e-6)
 
 

@@ -108,6 +108,15 @@ def test_the_kinds_that_fields_declare_exist():
     assert named and named <= set(kind_names()), named - set(kind_names())
 
 
+def test_the_kinds_that_architectures_name_exist():
+    """archs.py names the run kinds that train and fine-tune each architecture by their NAME:
+    a misspelt one would claim nothing."""
+    from jaxdepth.archs import arch
+    for name in ARCHS:
+        a = arch(name)
+        assert a.PRETRAINING in kind_names() and a.FINETUNING in (None, *kind_names()), name
+
+
 def test_a_kind_that_misses_a_declaration_is_refused_when_defined():
     from jaxdepth.run_kinds import RunKind
 

@@ -586,7 +586,8 @@ def test_ner_on_a_hugging_face_backbone(wikiann_dir, tmp_path):
     model, _, _ = load_model(run)
     ref, _, _ = load_hf_encoder(hf)
     _assert_same_arrays(model.backbone, ref)
-    assert model.fusion is None and model.head.w.shape == (D, len(LABELS))
+    assert model.fusion.NAME == "base" and not jax.tree.leaves(model.fusion)  # adds nothing
+    assert model.head.w.shape == (D, len(LABELS))
     report = json.loads((run / "analysis" / "ner.json").read_text())
     assert report["words_not_fitting"] == {"train": 0, "dev": 0, "test": 0}
     assert report["backbone"] == str(hf)

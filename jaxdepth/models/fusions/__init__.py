@@ -1,11 +1,17 @@
-"""Layer-fusion methods as choices: one class per method, in one module of this package each.
+"""Layer-fusion methods as choices: one ``eqx.Module`` per method (``fusion.method``), in one
+module of this package each. The class is the module the method adds between the backbone and
+the head, and it carries everything about the method that the rest of the code asks: its name,
+its place in tables, how it is built on a backbone (``build``), the trainable parameters it
+adds, and what it reads of the backbone's output (``READS``).
 
-A class holds everything about its method that the rest of the code asks: its name
-(``fusion.method``), its label and place in tables, the module it adds (``build``), how
-that module turns the backbone's states into ``h`` (``fuse``), whether it needs the whole
-sentence (``WHOLE_SEQUENCE``: Base+n's layers attend over it; the others work word by word, so
-a frozen backbone's states are cached per word), and the trainable parameters it adds.
-Nothing outside these modules compares a method's name.
+What a method reads decides how the model feeds it, and that is the one thing in which the
+methods differ outside their own modules. ``Words``: each word's own L layer states, so h at a
+word depends on that word alone (Base, Concat, DWAtt, ScalarMix): they are gathered at the
+wanted positions before fusing (cost ∝ P, not T), a batch runs at its words in use alone, and a
+frozen backbone's states are kept per word. ``Sentence``: the last layer's output at every
+position (Base+n, whose layers attend over the sentence): h is gathered after fusing, and a
+frozen backbone's states are kept per sentence. ``FusedModel`` (models/fused.py) and the NER
+task's state cache ask the READS type; nothing outside these modules compares a method's name.
 
 Every module of this package is imported here, so a new method is a new module: defining a
 subclass with a ``NAME`` registers it (``__init_subclass__``).
@@ -16,26 +22,80 @@ from typing import ClassVar
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array
 
 from ...choices import Choices, import_all
 from ..fusion import fusion_trainable
+from ..heads import gather_positions
 
 _METHODS: Choices[type["FusionMethod"]] = Choices("fusion method", "fusion.method",
                                                   order=lambda cls: cls.ORDER)
 
 
-class FusionMethod:
-    """A layer-fusion method. Word-by-word methods (the default) get ``z`` = the L layer outputs
-    at the wanted positions, [L, B, P, D]; a WHOLE_SEQUENCE method gets ``z`` = the last
-    layer's output at every position, [B, T, D], with the attention mask."""
+class Words:
+    """A method that reads each word's own L layer outputs, [L, B, P, D] (or [L, B, T, D] at
+    every position), and is called as ``method(z_LBPD)``; h at a word depends on that word's
+    states alone."""
+
+    PER_WORD = True  # so a batch can run at its words in use alone (FusedModel's n_active)
+
+    @staticmethod
+    def take(z_LBTD: Array, positions_BP: Array | None) -> Array:
+        """What the method reads of the backbone's layer outputs: those at positions_BP."""
+        return z_LBTD if positions_BP is None else gather_positions(z_LBTD, positions_BP[None])
+
+    @staticmethod
+    def h(method, z_LBPD: Array, mask_BT: Array | None, positions_BP: Array | None,
+          rate, key: Array | None) -> Array:
+        """h at positions_BP ([B, P, D]; every position when None) from ``take``'s states."""
+        return method(z_LBPD)
+
+    @staticmethod
+    def rows(z_LBPD: Array) -> Array:
+        """``take``'s states one row per sentence ([B, L, P, D]), to cache and batch."""
+        return jnp.moveaxis(z_LBPD, 0, 1)
+
+    @staticmethod
+    def from_rows(states_BLPD: Array) -> Array:
+        return jnp.moveaxis(states_BLPD, 1, 0)
+
+
+class Sentence:
+    """A method that reads the last layer's output at every position, [B, T, D], with the
+    attention mask, and is called as ``method(z_BTD, mask_BT, rate, key)``: its layers attend
+    over the sentence, so h is gathered at the wanted positions after fusing."""
+
+    PER_WORD = False
+
+    @staticmethod
+    def take(z_LBTD: Array, positions_BP: Array | None) -> Array:
+        return z_LBTD[-1]
+
+    @staticmethod
+    def h(method, z_BTD: Array, mask_BT: Array | None, positions_BP: Array | None,
+          rate, key: Array | None) -> Array:
+        """rate, key: the dropout of the layers it adds (the backbone's rate, when training)."""
+        mask = jnp.ones(z_BTD.shape[:2], bool) if mask_BT is None else mask_BT.astype(bool)
+        h_BTD = method(z_BTD, mask, rate, key)
+        return h_BTD if positions_BP is None else gather_positions(h_BTD, positions_BP)
+
+    @staticmethod
+    def rows(z_BTD: Array) -> Array:
+        return z_BTD
+
+    @staticmethod
+    def from_rows(states_BTD: Array) -> Array:
+        return states_BTD
+
+
+class FusionMethod(eqx.Module):
+    """A layer-fusion method: the module it adds, called on what it READS (see ``Words``,
+    ``Sentence``)."""
 
     NAME: ClassVar[str]  # the value of fusion.method, and its label in tables (``label``)
     ORDER: ClassVar[int]  # place in the few-shot grid and its tables (baselines first)
-    WHOLE_SEQUENCE: ClassVar[bool] = False
-    # The module the method adds, built as MODULE(L, d, key=...) over the backbone's L layer
-    # outputs of width d; a method that needs more overrides ``build``.
-    MODULE: ClassVar[type[eqx.Module] | None] = None
+    READS: ClassVar[type] = Words  # Words or Sentence
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -43,15 +103,15 @@ class FusionMethod:
             _METHODS.add(cls)
 
     @classmethod
-    def build(cls, backbone, n_extra: int, *, key: Array) -> eqx.Module | None:
-        """The module this method adds on ``backbone`` (None: nothing)."""
-        return cls.MODULE(backbone.n_layer_states, backbone.width, key=key)
+    def build(cls, backbone, n_extra: int, *, key: Array) -> "FusionMethod":
+        """The method's module on ``backbone``: by default ``cls(L, d, key=key)`` over the
+        backbone's L layer outputs of width d (n_extra: Base+n's n)."""
+        return cls(backbone.n_layer_states, backbone.width, key=key)
 
-    @classmethod
-    def fuse(cls, module, z: Array, mask_BT: Array | None, rate: float,
-             key: Array | None) -> Array:
-        """h from the backbone's states (see the class docstring for ``z``): [B, P or T, D]."""
-        return module(z)
+    @property
+    def attention_layers(self) -> int:
+        """Attention layers the method adds (FLOPs per token count their T x T products)."""
+        return 0
 
     @classmethod
     def label(cls, n_extra: int) -> str:
@@ -65,6 +125,13 @@ class FusionMethod:
         flags = jax.tree.leaves(fusion_trainable(abstract))
         leaves = jax.tree.leaves(abstract)
         return sum(int(x.size) for x, t in zip(leaves, flags) if t)
+
+
+def check_layers(z_LBTD: Array, n_layers: int, d_model: int) -> None:
+    """A ValueError unless z_LBTD holds n_layers layer outputs of width d_model."""
+    if z_LBTD.ndim != 4 or z_LBTD.shape[0] != n_layers or z_LBTD.shape[-1] != d_model:
+        raise ValueError(f"expected z_LBTD of shape [{n_layers}, B, T, {d_model}], "
+                         f"got {tuple(z_LBTD.shape)}")
 
 
 def fusion_method(name: str) -> type[FusionMethod]:

@@ -1,4 +1,6 @@
-"""Base: the head reads the last layer's output, h = z_L; no module is added."""
+"""Base: the head reads the last layer's output, h = z_L; no parameters are added."""
+from jaxtyping import Array
+
 from . import FusionMethod
 
 
@@ -7,12 +9,7 @@ class Base(FusionMethod):
 
     @classmethod
     def build(cls, backbone, n_extra, *, key):
-        return None
+        return cls()
 
-    @classmethod
-    def fuse(cls, module, z, mask_BT, rate, key):
-        return z[-1]
-
-    @classmethod
-    def param_count(cls, backbone, n_extra):
-        return 0
+    def __call__(self, z_LBPD: Array) -> Array:
+        return z_LBPD[-1]

@@ -1,16 +1,17 @@
-"""Base+n: n freshly initialised post-LN layers of the backbone's kind run on z_L. Its layers
-attend over the sentence, so it reads z_L at every position, not a word's states alone."""
+"""Base+n: n freshly initialised post-LN layers of the backbone's kind (one stack, scanned)
+on z_L. Its layers attend over the sentence, so it reads z_L at every position, not a word's
+states alone."""
 import equinox as eqx
-import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..layers import PostLNLayer
 from ..stack import folded_keys, init_stack, run_stack
-from . import FusionMethod
+from . import FusionMethod, Sentence
 
 
-class ExtraLayers(eqx.Module):
-    """n fresh post-LN layers (one stack, scanned) on top of the backbone."""
+class BasePlusN(FusionMethod):
+    NAME, ORDER = "base+n", 20
+    READS = Sentence
 
     layers: PostLNLayer  # every leaf has a leading axis n
     n: int = eqx.field(static=True)
@@ -20,25 +21,19 @@ class ExtraLayers(eqx.Module):
         self.layers = init_stack(lambda k: make_layer(key=k), n, key=key)
         self.n = n
 
+    @classmethod
+    def build(cls, backbone, n_extra, *, key):
+        return cls(n_extra, backbone.post_ln_layer, key=key)
+
     def __call__(self, x_BTD: Array, mask_BT: Array, rate: float = 0.0,
                  key: Array | None = None) -> Array:
         h_BTD, _ = run_stack(self.layers, x_BTD, lambda layer, h, k: layer(h, mask_BT, rate, k),
                              keys=folded_keys(key, self.n))
         return h_BTD
 
-
-class BasePlusN(FusionMethod):
-    NAME, ORDER = "base+n", 20
-    WHOLE_SEQUENCE = True
-
-    @classmethod
-    def build(cls, backbone, n_extra, *, key):
-        return ExtraLayers(n_extra, backbone.post_ln_layer, key=key)
-
-    @classmethod
-    def fuse(cls, module, z, mask_BT, rate, key):
-        mask = jnp.ones(z.shape[:2], bool) if mask_BT is None else mask_BT.astype(bool)
-        return module(z, mask, rate, key)
+    @property
+    def attention_layers(self) -> int:
+        return self.n
 
     @classmethod
     def label(cls, n_extra):

@@ -2,7 +2,6 @@
 layer and one scale, shared by every position: the standard layer-fusion baseline that few-shot
 papers compare DWAtt-like methods against. As in AllenNLP's ScalarMix, s starts at 0 (an equal
 mix) and γ at 1; the softmax runs in float32 and the mix in the states' dtype."""
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array
@@ -10,8 +9,10 @@ from jaxtyping import Array
 from . import FusionMethod
 
 
-class ScalarMixModule(eqx.Module):
+class ScalarMix(FusionMethod):
+    NAME, ORDER = "scalar_mix", 25
     AXES = {"s": ("norm",), "gamma": ()}
+
     s: Array  # [L] float32, the layer logits
     gamma: Array  # [] float32
 
@@ -25,7 +26,3 @@ class ScalarMixModule(eqx.Module):
             raise ValueError(f"expected {self.s.shape[0]} layer outputs, got {z_LBTD.shape[0]}")
         w_L = (self.gamma * jax.nn.softmax(self.s)).astype(z_LBTD.dtype)
         return jnp.einsum("l,lbtd->btd", w_L, z_LBTD)
-
-
-class ScalarMix(FusionMethod):
-    NAME, ORDER, MODULE = "scalar_mix", 25, ScalarMixModule
