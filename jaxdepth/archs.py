@@ -29,7 +29,7 @@ class Arch:
     SECTION: ClassVar[str]
     PRETRAINING: ClassVar[str]  # the run kind of a config with no task.name
     FINETUNING: ClassVar[str | None] = None  # the run kind of a task that is not fusion's
-    # The setting (config.setting) a trial varies as the model's dropout rate; None: its rate
+    # The setting (trial_tracing.setting) a trial varies as the model's dropout rate; None: its rate
     # is not a trial setting (a BERT encoder's comes from its checkpoint as often as not).
     TRIAL_DROPOUT: ClassVar[str | None] = None
 

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Sequence
 
 from .choices import Choices
-from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, TrialsConfig,
-                     apply_overrides, kinds_reading, recipe_lines, refuse_shadowed,
-                     refuse_unread)
+from .config import (RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides,
+                     kinds_reading, recipe_lines, refuse_shadowed, refuse_unread)
 # fusion.method's registry: its classes are models, which config.py (imported by every model)
 # cannot import, so the command line checks the field (check_choices)
 from .models import fusions  # noqa: F401
 from .presets import from_preset, presets
+from .trial_grid import TRIAL_FIELDS, TrialsConfig
 from .run_kinds import kind_of
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import ACT_PRESETS, Config, ConfigError, apply_overrides
+from .act_presets import ACT_PRESETS
+from .config import Config, ConfigError, apply_overrides
 from .depth_family import SIZE_CLASSES, depth_family
 
 

@@ -3,9 +3,11 @@ is imported or run):
 
 (a) no import cycle between jaxdepth modules, nor between its packages;
 (b) ``jaxdepth/models/`` imports only ``jaxdepth.config``, ``jaxdepth.models.*``, the two
-    leaf modules config is built on (``jaxdepth.errors``, ``jaxdepth.choices``) and Eq. 1
-    (``jaxdepth.depth_family``, which imports only config) (and third-party modules): no
-    trainer, task, data, analysis or experiment code;
+    leaf modules config is built on (``jaxdepth.errors``, ``jaxdepth.choices``), Eq. 1
+    (``jaxdepth.depth_family``, which imports only config), the model specs
+    (``jaxdepth.model_specs``), the per-trial tracing (``jaxdepth.trial_tracing``) and the ACT
+    sizes (``jaxdepth.act_presets``) (and third-party modules): no trainer, task, data,
+    analysis or experiment code;
 (c) ``jaxdepth/trainer/`` imports neither ``jaxdepth.tasks`` nor ``jaxdepth.models``: the
     trainer knows no task and no model class (skipped while ``jaxdepth/trainer`` is absent);
 (d) no source file names the old design file or a path outside the repository;
@@ -73,7 +75,8 @@ _TRY = (ast.Try, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Try,)
 SHARED_DATA_LOCATOR = REPO / "tests" / "conftest.py"  # exempt from the path rule only
 
 MODELS_MAY_IMPORT = ("jaxdepth.config", "jaxdepth.models", "jaxdepth.errors",
-                     "jaxdepth.choices", "jaxdepth.depth_family")
+                     "jaxdepth.choices", "jaxdepth.depth_family", "jaxdepth.model_specs",
+                     "jaxdepth.trial_tracing", "jaxdepth.act_presets")
 TRAINER_MAY_NOT_IMPORT = ("jaxdepth.tasks", "jaxdepth.models")
 # Packages whose subpackages are units of the package-cycle check on their own.
 GROUPED = ("jaxdepth.data",)
