@@ -44,7 +44,8 @@ def _parse_value(section: str, name: str, raw: str):
         if ftype == "float":
             return float(raw)
     except (KeyError, ValueError):
-        raise ConfigError(f"{section}.{name}: cannot parse {raw!r} as {ftype}") from None
+        raise ConfigError(f"{section}.{name}: cannot parse {raw!r} as {ftype}",
+                          field=f"{section}.{name}") from None
     return raw
 
 
@@ -52,16 +53,16 @@ def read_config_file(path: Path) -> Config:
     """The Config a JSON file holds; any problem is a ConfigError naming the file, and the
     line of the offending field where the file has one."""
     if not path.is_file():
-        raise ConfigError(f"config: file not found: {path}")
+        raise ConfigError(f"config: file not found: {path}", field="config")
     try:
         text = path.read_text(encoding="utf-8")
         saved = json.loads(text)
     except UnicodeDecodeError as e:
-        raise ConfigError(f"config: {path} is not UTF-8 text ({e.reason} at byte {e.start})"
-                          ) from None
+        raise ConfigError(f"config: {path} is not UTF-8 text ({e.reason} at byte {e.start})",
+                          field="config") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})"
-                          ) from None
+        raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})",
+                          field="config") from None
     try:
         return check_choices(Config.from_dict(saved))
     except ConfigError as e:
@@ -162,7 +163,7 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
             key, val = a[2:].split("=", 1)
         else:
             if i + 1 >= len(args):
-                raise ConfigError(f"{a[2:]}: missing value")
+                raise ConfigError(f"{a[2:]}: missing value", field=a[2:])
             key, val = a[2:], args[i + 1]
             i += 1
         pairs.append((key, val))
@@ -186,7 +187,7 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
                               f"shape, so only run.seeds, {can} can vary between them",
                               field=k)
         if sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
-            raise ConfigError(f"{k}: unknown field (see --help)")
+            raise ConfigError(f"{k}: unknown field (see --help)", field=k)
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
     cfg = check_choices(apply_overrides(cfg, overrides) if overrides else cfg)
     kind_of(cfg)  # refuse a model.arch / task.name combination no task runs, before any work

@@ -353,10 +353,6 @@ class RunConfig:
 
 
 
-def _act_require(cond: bool, name: str, msg: str) -> None:
-    require(cond, f"act.{name}", msg)
-
-
 @dataclass(frozen=True)
 class ACTConfig:
     """The ALBERT-family encoder of model.arch act (adaptive depth, docs/design.md §3),
@@ -387,13 +383,13 @@ class ACTConfig:
         for name in ("vocab_size", "embed_dim", "d_model", "n_heads", "max_len", "n_segments",
                      "max_iters"):
             v = getattr(self, name)
-            _act_require(isinstance(v, int) and v > 0, name, f"must be a positive integer, got {v!r}")
-        _act_require(self.d_ff >= 0, "d_ff", f"must be >= 0 (0 means 4 * d_model), got {self.d_ff}")
-        _act_require(self.d_model % self.n_heads == 0, "n_heads",
+            require(isinstance(v, int) and v > 0, f"act.{name}", f"must be a positive integer, got {v!r}")
+        require(self.d_ff >= 0, "act.d_ff", f"must be >= 0 (0 means 4 * d_model), got {self.d_ff}")
+        require(self.d_model % self.n_heads == 0, "act.n_heads",
                  f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        _act_require(self.tau >= 0.0, "tau", f"must be >= 0, got {self.tau}")
-        _act_require(0.0 < self.eps < 1.0, "eps", f"must be in (0, 1), got {self.eps}")
-        _act_require(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
+        require(self.tau >= 0.0, "act.tau", f"must be >= 0, got {self.tau}")
+        require(0.0 < self.eps < 1.0, "act.eps", f"must be in (0, 1), got {self.eps}")
+        require(0.0 <= self.dropout < 1.0, "act.dropout", f"must be in [0, 1), got {self.dropout}")
         halting_class(self.halting)  # a ConfigError naming act.halting
 
     @property
@@ -406,7 +402,7 @@ class ACTConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ACTConfig":
-        _act_require(name in ACT_PRESETS, "preset", f"unknown preset {name!r}; known: {sorted(ACT_PRESETS)}")
+        require(name in ACT_PRESETS, "act.preset", f"unknown preset {name!r}; known: {sorted(ACT_PRESETS)}")
         return cls(**{**ACT_PRESETS[name], **overrides})
 
 

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from .fields import require
 from .token_ids import CLS_ID, MASK_ID, N_SPECIAL, SEP_ID
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")  # models/layers.py:activation_fn
@@ -38,28 +39,25 @@ class EncoderConfig:
     remat: bool = False  # run-time option: rematerialise each layer in the backward pass
 
     def __post_init__(self):
+        def check(cond: bool, name: str, msg: str) -> None:
+            require(cond, f"EncoderConfig.{name}", msg)
+
         for name in self.SHAPE:
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"EncoderConfig.{name} must be a positive int, got {v!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"EncoderConfig.d_model={self.d_model} is not divisible by "
-                             f"n_heads={self.n_heads}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"EncoderConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
-        if not isinstance(self.position_offset, int) or self.position_offset < 0:
-            raise ValueError(f"EncoderConfig.position_offset must be an int >= 0, "
-                             f"got {self.position_offset!r}")
-        if self.position_offset >= self.max_positions:
-            raise ValueError(f"EncoderConfig.position_offset={self.position_offset} leaves no "
-                             f"positions (max_positions={self.max_positions})")
-        if not isinstance(self.pad_id, int) or not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"EncoderConfig.pad_id must be in [0, vocab_size), got {self.pad_id!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"EncoderConfig.dropout must be in [0, 1), got {self.dropout}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"EncoderConfig.activation must be one of {ACTIVATIONS}, "
-                             f"got {self.activation!r}")
+            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, name,
+                  f"must be a positive int, got {v!r}")
+        check(self.d_model % self.n_heads == 0, "n_heads",
+              f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        check(self.layer_norm_eps > 0, "layer_norm_eps", f"must be > 0, got {self.layer_norm_eps}")
+        check(isinstance(self.position_offset, int) and self.position_offset >= 0,
+              "position_offset", f"must be an int >= 0, got {self.position_offset!r}")
+        check(self.position_offset < self.max_positions, "position_offset",
+              f"{self.position_offset} leaves no positions (max_positions={self.max_positions})")
+        check(isinstance(self.pad_id, int) and 0 <= self.pad_id < self.vocab_size, "pad_id",
+              f"must be in [0, vocab_size), got {self.pad_id!r}")
+        check(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
+        check(self.activation in ACTIVATIONS, "activation",
+              f"must be one of {ACTIVATIONS}, got {self.activation!r}")
 
     @property
     def max_len(self) -> int:
@@ -92,37 +90,29 @@ class MLMConfig:
     first_random_id: int = N_SPECIAL
 
     def __post_init__(self):
-        def bad(field, why):
-            raise ValueError(f"MLMConfig.{field}={getattr(self, field)!r}: {why}")
+        def check(cond: bool, name: str, why: str) -> None:
+            require(cond, f"MLMConfig.{name}", f"{why}, got {getattr(self, name)!r}")
+
+        def integer(v) -> bool:
+            return not isinstance(v, bool) and isinstance(v, (int, np.integer))
 
         for f in ("seq_len", "max_predictions", "max_ngram"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                bad(f, "must be an integer")
+            check(integer(getattr(self, f)), f, "must be an integer")
         for f in ("mask_rate", "p_mask", "p_random", "short_seq_prob"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
-                    or not np.isfinite(v):
-                bad(f, "must be a finite number")
-        if not isinstance(self.sop, (bool, np.bool_)):
-            bad("sop", "must be a bool")
-        if self.seq_len < 5:
-            bad("seq_len", "must be >= 5 ([CLS] A [SEP] B [SEP] with non-empty A and B)")
-        if not 0 < self.mask_rate <= 1:
-            bad("mask_rate", "must be in (0, 1]")
-        if self.max_predictions < 1:
-            bad("max_predictions", "must be >= 1")
-        if self.max_ngram < 1:
-            bad("max_ngram", "must be >= 1")
-        if not 0 <= self.p_mask <= 1:
-            bad("p_mask", "must be in [0, 1]")
-        if not 0 <= self.p_random <= 1:
-            bad("p_random", "must be in [0, 1]")
-        if self.p_mask + self.p_random > 1 + 1e-12:
-            bad("p_random", f"p_mask + p_random = {self.p_mask + self.p_random} exceeds 1")
-        if not 0 <= self.short_seq_prob <= 1:
-            bad("short_seq_prob", "must be in [0, 1]")
+            check(not isinstance(v, bool) and isinstance(v, (int, float, np.floating, np.integer))
+                  and bool(np.isfinite(v)), f, "must be a finite number")
+        check(isinstance(self.sop, (bool, np.bool_)), "sop", "must be a bool")
+        check(self.seq_len >= 5, "seq_len",
+              "must be >= 5 ([CLS] A [SEP] B [SEP] with non-empty A and B)")
+        check(0 < self.mask_rate <= 1, "mask_rate", "must be in (0, 1]")
+        check(self.max_predictions >= 1, "max_predictions", "must be >= 1")
+        check(self.max_ngram >= 1, "max_ngram", "must be >= 1")
+        check(0 <= self.p_mask <= 1, "p_mask", "must be in [0, 1]")
+        check(0 <= self.p_random <= 1, "p_random", "must be in [0, 1]")
+        check(self.p_mask + self.p_random <= 1 + 1e-12, "p_random",
+              f"p_mask + p_random = {self.p_mask + self.p_random} exceeds 1")
+        check(0 <= self.short_seq_prob <= 1, "short_seq_prob", "must be in [0, 1]")
         for f in ("cls_id", "sep_id", "mask_id", "first_random_id"):
-            if not isinstance(getattr(self, f), (int, np.integer)) or getattr(self, f) < 0:
-                bad(f, "must be an integer >= 0")
-
+            check(isinstance(getattr(self, f), (int, np.integer)) and getattr(self, f) >= 0, f,
+                  "must be an integer >= 0")

@@ -83,7 +83,7 @@ def kind_of(cfg: "Config") -> type[RunKind]:
     if cfg.task.pack and cfg.task.name not in TASKS:  # a preset may set it before task.name
         raise ConfigError(f"task.pack: packs the examples of prefix-LM fine-tuning (task.name "
                           f"one of {', '.join(TASKS)}); task.name={cfg.task.name!r} has none "
-                          f"to pack")
+                          f"to pack", field="task.pack")
     claimed = [k for k in map(_KINDS, _KINDS.names()) if k.claims(cfg)]
     assert len(claimed) == 1, (f"run kinds {[k.NAME for k in claimed]} claim model.arch="
                                f"{cfg.model.arch!r}, task.name={cfg.task.name!r}")

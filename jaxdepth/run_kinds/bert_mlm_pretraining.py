@@ -22,4 +22,4 @@ class BertMLMPretraining(RunKind):
         if cfg.task.name:
             raise ConfigError(f"task.name: model.arch='encoder' pretrains with MLM (empty "
                               f"task.name) or is the backbone of {', '.join(FUSION_TASKS)}; "
-                              f"got {cfg.task.name!r}")
+                              f"got {cfg.task.name!r}", field="task.name")

@@ -20,7 +20,7 @@ class EncoderPretraining(RunKind):
     def check(cls, cfg) -> None:
         if cfg.act.max_len < cfg.data.seq_len:
             raise ConfigError(f"act.max_len: {cfg.act.max_len} position embeddings cannot hold "
-                              f"data.seq_len={cfg.data.seq_len}")
+                              f"data.seq_len={cfg.data.seq_len}", field="act.max_len")
 
     @classmethod
     def options(cls, cfg) -> dict:

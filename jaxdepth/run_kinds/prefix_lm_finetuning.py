@@ -20,4 +20,4 @@ class PrefixLMFinetuning(RunKind):
     def check(cls, cfg) -> None:
         if cfg.task.name in PROBE_TASKS:
             raise ConfigError(f"task.name: {cfg.task.name!r} fine-tunes an encoder: set "
-                              f"model.arch to act, albert or bert")
+                              f"model.arch to act, albert or bert", field="task.name")

@@ -20,7 +20,7 @@ class ProbeFinetuning(pretraining.EncoderPretraining):
         if cfg.task.name not in PROBE_TASKS:
             raise ConfigError(f"task.name: {cfg.task.name!r} is a decoder task; encoders "
                               f"(model.arch={cfg.model.arch!r}) fine-tune on "
-                              f"{', '.join(PROBE_TASKS)}")
+                              f"{', '.join(PROBE_TASKS)}", field="task.name")
 
     @classmethod
     def options(cls, cfg) -> dict:
