@@ -19,10 +19,10 @@ from .act_presets import ACT_PRESETS
 from .archs import arch as arch_class, arch_names
 from .attentions import attention_names, attention_path  # also the models'
 from .errors import ConfigError
-from .fields import for_archs, positive, read_by, require, resumable, typed
+from .fields import for_archs, positive, require, resumable, typed
 from .layouts import upgrade
+from . import run_kinds
 from .run_kinds import kind_of
-from .run_kinds.lm_pretraining import LMPretraining
 from .optimizers import OWN_FIELDS, optimizer, readers
 from .fusion_modes import fusion_mode  # also the models' (they import only this module)
 from .halting import halting as halting_class  # also the models'
@@ -33,10 +33,9 @@ from .task_names import FUSION_TASKS, GRAMMAR_TASKS, PROBE_TASKS, TASKS  # noqa:
 
 
 def kinds_reading(section: str, name: str) -> tuple[str, ...] | None:
-    """The run kinds that read ``section.name``; None: every kind that has the section."""
-    cls = SECTIONS[section]
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    return f.metadata.get("kinds", getattr(cls, "KINDS", None))
+    """The run kinds that read ``section.name`` (each declares it, RunKind.READS); None: every
+    kind that has the section."""
+    return run_kinds.kinds_reading(f"{section}.{name}")
 
 
 def refuse_unread(cfg: "Config", given) -> None:
@@ -99,7 +98,7 @@ class ModelConfig:
     rel_max_distance: int = for_archs("decoder", default=128)
     dropout: float = 0.0  # dropout rate in every layer (decoder / encoder); 0 off
     # weight of the z-loss log(Z)^2 on the output logits; 0 off
-    z_loss: float = read_by("lm", "prefix_lm", default=0.0)
+    z_loss: float = 0.0
     # parameters stay float32; "bfloat16" computes in bf16
     compute_dtype: str = for_archs("decoder", default="float32")
     remat: str = resumable("none")  # none | full | dots (save matmul outputs, recompute the rest)
@@ -107,7 +106,7 @@ class ModelConfig:
     # layers per scan iteration; 0: all of them up to 2 layers, else 1
     scan_unroll: int = for_archs("decoder", default=0, may_resume=True)
     # tokens per chunk of the fused output-projection + loss; 0: unfused
-    xent_chunk: int = read_by("lm", "prefix_lm", default=2048, may_resume=True)
+    xent_chunk: int = resumable(2048)
     # The decoder's training/eval attention (one class each in jaxdepth/attentions.py): einsum
     # (our own, the reference) | dot_product (jax.nn.dot_product_attention,
     # implementation=None: XLA's path in jax 0.10) | cudnn (the same call forcing cuDNN's
@@ -149,36 +148,32 @@ class ModelConfig:
         return self.d_model // self.heads
 
 
-_MLM = ("encoder_pretrain", "encoder_mlm", "mlm")  # the run kinds that make MLM examples
-_CORPUS = ("lm", *_MLM)  # the run kinds that train on data.corpus (probe: on the grammar's)
-
-
 @dataclass(frozen=True)
 class DataConfig:
     # "grammar" (embedded) or comma-separated files, directories, globs
-    corpus: str = read_by(*_CORPUS, default="grammar")
+    corpus: str = "grammar"
     # the same for validation; empty -> split off valid_fraction (not streaming)
-    valid: str = read_by(*_CORPUS, default="")
+    valid: str = ""
     # tokenize and pack on the fly from the files (data/corpus/streaming.py)
-    streaming: bool = read_by("lm", default=False)
+    streaming: bool = False
     # streaming: file streams (fixes the data order; hosts split them)
-    streams: int = read_by("lm", default=8)
+    streams: int = 8
     # streaming: loader processes per host; 0 = a thread of the trainer
-    workers: int = read_by("lm", default=0)
+    workers: int = 0
     # On resume, start the data stream afresh at the restored step on the corpus as it is now
     # (e.g. shards appended) instead of refusing a changed corpus; the token-file path
     # re-tokenizes it with the run's tokenizer (data/corpus/streaming.py,
     # data/corpus/prepare.py). Every resume given it restarts.
-    restart_stream: bool = read_by("lm", default=False, may_resume=True)
+    restart_stream: bool = resumable(False)
     # streaming: documents the tokenizer is trained on
-    tokenizer_sample: int = read_by("lm", default=50_000)
+    tokenizer_sample: int = 50_000
     # documents held out for validation when data.valid is empty
-    valid_fraction: float = read_by(*_CORPUS, default=0.05)
+    valid_fraction: float = 0.05
     # which documents valid_fraction holds out (any corpus)
-    valid_seed: int = read_by(*_CORPUS, default=1234)
+    valid_seed: int = 1234
     # enough that the default run's 400 steps see each about twice
-    grammar_docs: int = read_by(*_CORPUS, "probe", default=20000)
-    grammar_seed: int = read_by(*_CORPUS, "probe", default=1234)  # the embedded grammar's documents
+    grammar_docs: int = 20000
+    grammar_seed: int = 1234  # the embedded grammar's documents
     tokenizer: str = ""  # an existing SentencePiece .model; empty -> train one into the run dir
     # The SentencePiece algorithm of a trained tokenizer. unigram is T5's; at a few hundred
     # pieces bpe keeps frequent words and symbols whole (COGS: 56 pieces per example, not 97).
@@ -186,9 +181,9 @@ class DataConfig:
     seq_len: int = 128  # tokens per training sequence (window, packed row or encoder input)
     batch_size: int = 32  # global batch, in sequences, per optimizer step
     # encoders (MLM): share of tokens to predict
-    mask_rate: float = read_by(*_MLM, default=0.15)
-    max_predictions: int = read_by(*_MLM, default=20)  # encoders (MLM): cap per sequence (ALBERT's)
-    max_ngram: int = read_by(*_MLM, default=3)  # encoders (MLM): longest masked n-gram of words
+    mask_rate: float = 0.15
+    max_predictions: int = 20  # encoders (MLM): cap per sequence (ALBERT's)
+    max_ngram: int = 3  # encoders (MLM): longest masked n-gram of words
 
     def __post_init__(self):
         positive(self, "data", "seq_len", "batch_size", "grammar_docs", "max_predictions",
@@ -246,7 +241,7 @@ class OptimConfig:
 
     def __post_init__(self):
         unset = frozenset(f for f in RECIPE_FIELDS if getattr(self, f) is None)
-        recipe = LMPretraining.RECIPE  # a standalone OptimConfig: the default run's
+        recipe = run_kinds.default_recipe()  # a standalone OptimConfig: the default run's
         for f in unset - set(OWN_FIELDS):
             object.__setattr__(self, f, recipe[f])
         opt = optimizer(self.name)  # a ConfigError naming optim.name
@@ -331,10 +326,10 @@ class RunConfig:
     save_every: int = resumable(100)  # steps between checkpoints (and one at the end)
     keep: int = resumable(3)  # checkpoints retained (the latest ones)
     # continuations sampled from the model, printed at the end
-    samples: int = read_by("lm", default=3, may_resume=True)
-    sample_tokens: int = read_by("lm", default=24, may_resume=True)  # tokens of each one
+    samples: int = resumable(3)
+    sample_tokens: int = resumable(24)  # tokens of each one
     # embedded grammar: sampled continuations scored by its recognizer
-    grammar_samples: int = read_by("lm", default=64, may_resume=True)
+    grammar_samples: int = resumable(64)
     progress: bool = resumable(True)  # a progress bar on the terminal
     # >0: exit after this many steps in this invocation (tests, preemption drills)
     stop_after: int = resumable(0)
@@ -407,10 +402,6 @@ class ACTConfig:
 
 
 
-# The run kinds that start from a pretrained run (task.init_from): fine-tuning and fusion
-_FROM_PRETRAINED = ("prefix_lm", "probe", "ner", "mlm")
-
-
 @dataclass(frozen=True)
 class TaskConfig:
     """Fine-tuning as a prefix LM (empty name: language-model pretraining).
@@ -421,32 +412,32 @@ class TaskConfig:
     """
     name: str = ""  # the task trained on (see the class docstring); empty: LM pretraining
     # directory of a published task's files; empty: the embedded grammar's task
-    dir: str = read_by("prefix_lm", "ner", default="")
+    dir: str = ""
     # run directory of a pretrained model; empty: fresh weights
-    init_from: str = read_by(*_FROM_PRETRAINED, default="")
+    init_from: str = ""
     # checkpoint of init_from to start from; 0: its latest
-    init_step: int = read_by(*_FROM_PRETRAINED, default=0)
-    n_train: int = read_by("prefix_lm", "probe", default=2000)  # embedded grammar: training examples
+    init_step: int = 0
+    n_train: int = 2000  # embedded grammar: training examples
     # embedded grammar: dev/test size, and examples per generalization type
-    n_eval: int = read_by("prefix_lm", "probe", default=200)
+    n_eval: int = 200
     # embedded grammar splits; GeoQuery's held-out dev; periodic eval subsets; NER's sample
-    seed: int = read_by("prefix_lm", "probe", "ner", default=0)
+    seed: int = 0
     # GeoQuery (no dev split): share of train held out as dev
-    dev_fraction: float = read_by("prefix_lm", default=0.1)
+    dev_fraction: float = 0.1
     # comma-separated; empty: dev + the task's generalization splits
-    eval_splits: str = read_by("prefix_lm", default="", may_resume=True)
+    eval_splits: str = resumable("")
     # evaluations in training score at most this many examples per split
-    eval_max: int = read_by("prefix_lm", "ner", default=0, may_resume=True)
+    eval_max: int = resumable(0)
     # sequences per decoding batch; 0: data.batch_size
-    eval_batch: int = read_by("prefix_lm", "probe", "ner", default=0, may_resume=True)
+    eval_batch: int = resumable(0)
     # cut over-long examples (seqio style) instead of refusing them
-    truncate: bool = read_by("prefix_lm", default=False)
+    truncate: bool = False
     # Training rows hold several examples, attention kept inside each (seqio pack=True): the
     # same loss per example, several times the examples per step on short tasks. Dev loss
     # and decoding stay one example per row.
-    pack: bool = read_by("prefix_lm", default=False)
+    pack: bool = False
     # ner: train on N * C sentences drawn with task.seed (C entity types); 0: all
-    n_shot: int = read_by("ner", default=0)
+    n_shot: int = 0
 
     def __post_init__(self):
         names = TASKS + PROBE_TASKS + FUSION_TASKS
@@ -474,7 +465,6 @@ class FusionConfig:
 
     The backbone is task.init_from: a Hugging Face BERT/RoBERTa directory, or a run of this
     project (encoder, act/albert/bert, or decoder); empty: a fresh model.arch backbone."""
-    KINDS: ClassVar[tuple[str, ...]] = FUSION_TASKS  # the run kinds that read this section
     # how h is made from the backbone's layer outputs (one class each: jaxdepth/models/fusions/)
     method: str = "dwatt"
     extra_layers: int = 1  # n of base+n

@@ -1,10 +1,9 @@
 """How a configuration field is declared and checked: the metadata helpers a section's fields
-are declared with (``resumable``, ``read_by``, ``for_archs``) and the checks every section
+are declared with (``resumable``, ``for_archs``) and the checks every section
 validates with (``require``, ``positive``, ``typed``), each error a ConfigError naming its
 field."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import field
 from typing import Any
@@ -44,13 +43,6 @@ def resumable(default: Any) -> Any:
     long or how visibly it trains, where it runs, how the same computation is laid out), as
     opposed to one that changes the model, the data or the optimizer."""
     return field(default=default, metadata={"resumable": True})
-
-
-def read_by(*kinds: str, default: Any = dataclasses.MISSING, may_resume: bool = False) -> Any:
-    """A field that only these run kinds (``kind_of``) read: given on the command line for
-    another kind it is refused (``refuse_unread``), not silently ignored. A section whose
-    every field is so declares ``KINDS`` instead. may_resume: also ``resumable``."""
-    return field(default=default, metadata={"kinds": kinds, "resumable": may_resume})
 
 
 def for_archs(*archs: str, default: Any, may_resume: bool = False) -> Any:

@@ -3,7 +3,7 @@
 A kind of run is what train.py does with a config: pretrain a decoder LM, fine-tune it as a
 prefix LM, pretrain an ACT/ALBERT/BERT encoder, probe one, pretrain a BERT encoder with MLM, or
 fuse a backbone's layers for NER or MLM. A class holds everything about its kind that the rest
-of the code asks: its name (messages and the ``read_by`` declarations of config.py), which
+of the code asks: its name (in messages), the settings only some kinds read (``READS``), which
 configs it runs (``claims``: by task.name and the kinds model.arch's class names, archs.py;
 the kinds' claims never overlap, so exactly one kind claims any valid config) and what it
 refuses among them (``check``, a ConfigError naming the field), the keyword options of its
@@ -28,7 +28,15 @@ from ..task_names import TASKS
 if TYPE_CHECKING:
     from ..config import Config
 
-_KINDS: Choices[type["RunKind"]] = Choices("run kind", "run kind")
+_KINDS: Choices[type["RunKind"]] = Choices("run kind", "run kind", order=lambda cls: cls.ORDER)
+
+# Settings that several kinds read (``RunKind.READS``): the training corpus (data.corpus or the
+# embedded grammar, and how validation is split off it), the grammar's own documents, and how
+# MLM examples are made.
+CORPUS = ("data.corpus", "data.valid", "data.valid_fraction", "data.valid_seed")
+GRAMMAR = ("data.grammar_docs", "data.grammar_seed")
+MLM_EXAMPLES = ("data.mask_rate", "data.max_predictions", "data.max_ngram")
+FROM_PRETRAINED = ("task.init_from", "task.init_step")  # starts from a pretrained run
 
 
 def moments(b1: float, b2: float, eps: float) -> dict[str, dict]:
@@ -40,7 +48,14 @@ def moments(b1: float, b2: float, eps: float) -> dict[str, dict]:
 
 
 class RunKind:
-    NAME: ClassVar[str]  # in messages and config.read_by declarations
+    NAME: ClassVar[str]  # in messages
+    ORDER: ClassVar[int] = 100  # place in messages and --help (then by name)
+    # The settings ("section.field", or a whole "section") that this kind reads and some other
+    # kind does not: given on the command line for a kind that does not declare it, a setting
+    # that some kind declares is refused (config.refuse_unread), and --help lists its readers.
+    # A setting no kind declares is read by every kind.
+    READS: ClassVar[tuple[str, ...]] = ()
+    DEFAULT: ClassVar[bool] = False  # the kind of the default config (one kind says so)
     # The Task that runs this kind (trainer/task.py): "module:Class" of jaxdepth.tasks
     TASK: ClassVar[str]
     # The optimizer settings a config leaves unset take these (config.RECIPE_FIELDS, with
@@ -89,6 +104,20 @@ def kind_of(cfg: "Config") -> type[RunKind]:
                                f"{cfg.model.arch!r}, task.name={cfg.task.name!r}")
     claimed[0].check(cfg)
     return claimed[0]
+
+
+def kinds_reading(setting: str) -> tuple[str, ...] | None:
+    """The kinds that read ``setting`` ("section.field"), in ORDER; None: no kind declares it
+    (``RunKind.READS``), so every kind reads it."""
+    section = setting.split(".")[0]
+    kinds = [_KINDS(n) for n in _KINDS.names()]
+    reading = tuple(k.NAME for k in kinds if setting in k.READS or section in k.READS)
+    return reading or None
+
+
+def default_recipe() -> dict:
+    """The recipe of an OptimConfig outside a Config: the default run's (``DEFAULT``)."""
+    return next(k for k in map(_KINDS, _KINDS.names()) if k.__dict__.get("DEFAULT")).RECIPE
 
 
 def run_kind(name: str) -> type[RunKind]:

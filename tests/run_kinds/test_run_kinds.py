@@ -98,8 +98,21 @@ def test_each_kind_names_a_task_class_that_runs_it():
         assert all(cls is not other for k, other in _task_classes() if k != kind), kind
 
 
+def test_the_settings_that_kinds_declare_exist():
+    """RunKind.READS names settings as "section.field" or "section": a misspelt one would
+    refuse nothing."""
+    import dataclasses
+
+    from jaxdepth.config import SECTIONS
+    from jaxdepth.run_kinds import run_kind
+    known = set(SECTIONS) | {f"{sec}.{f.name}" for sec, cls in SECTIONS.items()
+                             for f in dataclasses.fields(cls)}
+    for name in kind_names():
+        assert set(run_kind(name).READS) <= known, (name, set(run_kind(name).READS) - known)
+
+
 def test_the_kinds_that_fields_declare_exist():
-    """config.read_by names run kinds by their NAME: a misspelt one would never refuse."""
+    """config.kinds_reading names run kinds by their NAME."""
     import dataclasses
 
     from jaxdepth.config import SECTIONS, kinds_reading
