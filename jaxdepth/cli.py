@@ -97,6 +97,9 @@ def field_docs(cls) -> dict[str, str]:
             inline = [t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT]
             docs[m.group(1)] = " ".join(above + inline)
         above = []
+    # a field a choice declares (fields.Setting) is documented where it is declared
+    docs.update({f.name: f.metadata["setting"].doc for f in dataclasses.fields(cls)
+                 if "setting" in f.metadata})
     return docs
 
 
@@ -125,6 +128,8 @@ def help_text(prog: str = "train.py") -> str:
                 "choices: " + ", ".join(choices.names()) if choices else "",
                 "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
                 else "",
+                f"read by {f.metadata['choice']}: " + ", ".join(f.metadata["readers"])
+                if "readers" in f.metadata else "",
                 "run kinds: " + ", ".join(kinds) if kinds else "",
                 "model.arch: " + ", ".join(f.metadata["archs"]) if "archs" in f.metadata else "",
                 "may change when a run resumes" if f.metadata.get("resumable") else ""]))

@@ -19,7 +19,8 @@ from .act_presets import ACT_PRESETS
 from .archs import arch as arch_class, arch_names
 from .attentions import attention_names, attention_path  # also the models'
 from .errors import ConfigError
-from .fields import for_archs, positive, require, resumable, typed
+from .fields import (check_declared, declared_by_choices, for_archs, positive, require, resumable,
+                     typed)
 from .layouts import upgrade
 from . import run_kinds
 from .run_kinds import kind_of
@@ -217,6 +218,7 @@ def _read_by(f: str):
 
 
 @dataclass(frozen=True)
+@declared_by_choices("optim")  # and the fields an optimizer or schedule declares (fields.Setting)
 class OptimConfig:
     """The optimizer. Every field but accum_steps defaults to the run kind's recipe
     (RunKind.RECIPE; None here means "the recipe's"); a value given here is kept whatever the
@@ -266,6 +268,8 @@ class OptimConfig:
         sched.check(self)
         require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
         require(self.clip_norm >= 0.0, "optim.clip_norm", "must be >= 0")
+        # a choice left to the recipe may still become the run kind's (with_recipe)
+        check_declared(self, "optim", unset)
 
     def with_recipe(self, recipe: dict, kind: str,
                     per_trial: frozenset = frozenset()) -> "OptimConfig":
@@ -291,7 +295,9 @@ class OptimConfig:
         own = recipe["moments"].get(name, {})
         taken = {**{f: own.get(f, default) for f, default in reads.items()},
                  **{f: v for f, v in recipe.items() if f != "moments"}}
-        out = OptimConfig(**{**taken, **given, "accum_steps": self.accum_steps})
+        rest = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.init and f.name not in RECIPE_FIELDS}  # accum_steps, declared fields
+        out = OptimConfig(**{**taken, **given, **rest})
         object.__setattr__(out, "from_recipe", self.from_recipe)  # the kind may change again
         return out
 
