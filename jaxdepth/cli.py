@@ -20,6 +20,7 @@ import tokenize
 from pathlib import Path
 from typing import Sequence
 
+from .archs import archs_reading
 from .choices import Choices
 from .config import (RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides,
                      kinds_reading, recipe_lines, refuse_shadowed, refuse_unread)
@@ -122,6 +123,7 @@ def help_text(prog: str = "train.py") -> str:
             # A field whose values or readers are a registry's (jaxdepth/choices.py) lists
             # them as the registry holds them now, so a new choice needs no edit here.
             kinds = kinds_reading(sec, f.name)
+            archs = archs_reading(f"{sec}.{f.name}")
             choices = Choices.of_field(f"{sec}.{f.name}")
             doc = "; ".join(filter(None, [
                 docs.get(f.name, ""),
@@ -131,7 +133,7 @@ def help_text(prog: str = "train.py") -> str:
                 f"read by {f.metadata['choice']}: " + ", ".join(f.metadata["readers"])
                 if "readers" in f.metadata else "",
                 "run kinds: " + ", ".join(kinds) if kinds else "",
-                "model.arch: " + ", ".join(f.metadata["archs"]) if "archs" in f.metadata else "",
+                "model.arch: " + ", ".join(archs) if archs else "",
                 "may change when a run resumes" if f.metadata.get("resumable") else ""]))
             lines += textwrap.wrap(doc, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
         lines.append("")

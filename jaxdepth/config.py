@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .act_presets import ACT_PRESETS
-from .archs import arch as arch_class, arch_names
+from .archs import arch as arch_class, arch_names, archs_reading
 from .attentions import attention_names, attention_path  # also the models'
 from .errors import ConfigError
-from .fields import (check_declared, declared_by_choices, for_archs, positive, require, resumable,
-                     typed)
+from .fields import check_declared, declared_by_choices, positive, require, resumable, typed
 from .layouts import upgrade
 from . import run_kinds
 from .run_kinds import kind_of
@@ -94,25 +93,25 @@ class ModelConfig:
     n_layers: int = 4  # depth (a depth family trades it for d_ff at equal size: Eq. 1)
     d_ff: int = 512  # hidden width of each gated-GELU feed-forward block
     n_heads: int = 0  # 0 -> d_model // 64 (at least 1); d_attn = d_model either way
-    rel_buckets: int = for_archs("decoder", default=32)  # T5 relative-position buckets (all layers)
+    rel_buckets: int = 32  # T5 relative-position buckets (all layers)
     # distance beyond which relative positions share a bucket
-    rel_max_distance: int = for_archs("decoder", default=128)
+    rel_max_distance: int = 128
     dropout: float = 0.0  # dropout rate in every layer (decoder / encoder); 0 off
     # weight of the z-loss log(Z)^2 on the output logits; 0 off
     z_loss: float = 0.0
     # parameters stay float32; "bfloat16" computes in bf16
-    compute_dtype: str = for_archs("decoder", default="float32")
+    compute_dtype: str = "float32"
     remat: str = resumable("none")  # none | full | dots (save matmul outputs, recompute the rest)
     scan_layers: bool = resumable(True)  # False runs a Python loop over layers (tests, debugging)
     # layers per scan iteration; 0: all of them up to 2 layers, else 1
-    scan_unroll: int = for_archs("decoder", default=0, may_resume=True)
+    scan_unroll: int = resumable(0)
     # tokens per chunk of the fused output-projection + loss; 0: unfused
     xent_chunk: int = resumable(2048)
     # The decoder's training/eval attention (one class each in jaxdepth/attentions.py): einsum
     # (our own, the reference) | dot_product (jax.nn.dot_product_attention,
     # implementation=None: XLA's path in jax 0.10) | cudnn (the same call forcing cuDNN's
     # fused flash kernel: GPU only, bf16 compute).
-    attention: str = for_archs("decoder", default="einsum", may_resume=True)
+    attention: str = resumable("einsum")
     # decoder | act (ACT encoder) | albert (weight-tied, fixed M) | bert (untied, ALBERT
     # embeddings) | encoder (BERT/RoBERTa of models/encoder.py: MLM pretraining, fusion
     # backbone); one class each in jaxdepth/archs.py
@@ -522,13 +521,11 @@ class Config:
                     else f"{other}.{name} is read for model.arch {users} only")
             raise ConfigError(f"{other}.{name}: model.arch={self.model.arch!r} is described "
                               f"by the {mine} section; {hint}", field=f"{other}.{name}")
-        read_for = {f.name: f.metadata["archs"] for f in dataclasses.fields(ModelConfig)
-                    if "archs" in f.metadata}
-        for name in self.changed("model"):
-            if name in read_for and self.model.arch not in read_for[name]:
-                raise ConfigError(f"model.{name}: model.arch={self.model.arch!r} does not read "
-                                  f"it (read for model.arch {', '.join(read_for[name])})",
-                                  field=f"model.{name}")
+        for name in self.changed("model"):  # the architectures declare what they read
+            archs = archs_reading(f"model.{name}")
+            require(archs is None or self.model.arch in archs, f"model.{name}",
+                    f"model.arch={self.model.arch!r} does not read it (read for model.arch "
+                    f"{', '.join(archs or ())})")
         # Which sections must agree for a given model.arch and task.name is decided by
         # run_kinds.kind_of, the one place that dispatches on them.
         require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",

@@ -1,5 +1,5 @@
 """How a configuration field is declared and checked: the metadata helpers a section's fields
-are declared with (``resumable``, ``for_archs``), the settings a choice declares in its own
+are declared with (``resumable``), the settings a choice declares in its own
 module (``Setting``, a choice class's ``FIELDS``, added to its section by ``declared_by_choices``
 and checked by ``check_declared``), and the checks every section validates with (``require``,
 ``positive``, ``typed``), each error a ConfigError naming its field."""
@@ -46,13 +46,6 @@ def resumable(default: Any) -> Any:
     long or how visibly it trains, where it runs, how the same computation is laid out), as
     opposed to one that changes the model, the data or the optimizer."""
     return field(default=default, metadata={"resumable": True})
-
-
-def for_archs(*archs: str, default: Any, may_resume: bool = False) -> Any:
-    """A model-section field that only these model.arch values read (the decoder's relative
-    positions, say): set for another architecture it is refused (``Config``), not ignored.
-    may_resume: also ``resumable``."""
-    return field(default=default, metadata={"archs": archs, "resumable": may_resume})
 
 
 

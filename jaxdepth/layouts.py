@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .archs import arch as arch_class, arch_names
+from .archs import arch as arch_class, arch_names, archs_reading
 from .fields import require
 from .optimizers import OWN_FIELDS, optimizer, optimizer_names
 from .task_names import FUSION_TASKS
@@ -13,7 +13,7 @@ from .task_names import FUSION_TASKS
 
 def upgrade(d: dict, model_cls: type) -> dict:
     """A config dict of an older layout in today's (version 4); others unchanged. model_cls:
-    config.ModelConfig (its defaults and the model.arch values each field is read for).
+    config.ModelConfig (its fields and default model.arch).
 
     Version 1 described act/albert/bert models in the act section but took their vocabulary
     from model.vocab_size, and wrote every section whatever the architecture: the section
@@ -43,7 +43,7 @@ def _drop_unread_model_fields(d: dict, model_cls: type) -> dict:
     if task.get("init_from") and task.get("name") in FUSION_TASKS:
         return {**d, "model": {k: v for k, v in model.items() if k == "arch"}, "act": {}}
     unread = {f.name for f in dataclasses.fields(model_cls)
-              if arch not in f.metadata.get("archs", (arch,))}
+              if arch not in (archs_reading(f"model.{f.name}") or (arch,))}
     return {**d, "model": {k: v for k, v in model.items() if k not in unread}}
 
 

@@ -409,7 +409,7 @@ def test_version_2_configs_drop_the_moments_their_optimizer_does_not_read():
 
 
 def test_the_decoder_s_own_model_fields_are_refused_for_another_architecture():
-    """model.rel_buckets and the other decoder-only fields (declared ``for_archs``) are
+    """model.rel_buckets and the other decoder-only fields (declared in ``archs.Decoder.READS``) are
     refused for the BERT encoder, naming the field and who reads it; the act/albert/bert
     encoders are described by the act section, so any model field is refused there."""
     from jaxdepth.cli import parse_args

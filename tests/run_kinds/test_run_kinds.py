@@ -5,6 +5,7 @@ import pytest
 
 from jaxdepth.config import ARCHS, FUSION_TASKS, PROBE_TASKS, TASKS, Config, ConfigError, \
     apply_overrides
+from jaxdepth.archs import arch as arch_class
 from jaxdepth.run_kinds import kind_names, kind_of, run_kind
 from jaxdepth.tasks import registry
 from jaxdepth.tasks.task_base import TaskBase
@@ -109,6 +110,9 @@ def test_the_settings_that_kinds_declare_exist():
                              for f in dataclasses.fields(cls)}
     for name in kind_names():
         assert set(run_kind(name).READS) <= known, (name, set(run_kind(name).READS) - known)
+    for name in ARCHS:  # and the architectures', in the section they describe
+        reads = set(arch_class(name).READS)
+        assert reads <= known and all(r.startswith(arch_class(name).SECTION + ".") for r in reads), name
 
 
 def test_the_kinds_that_fields_declare_exist():
