@@ -9,13 +9,11 @@ halting.py, so that config.py and run_kinds/ can ask it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from .choices import Choices
 from .halting import FixedDepth
 
-if TYPE_CHECKING:
-    from .config import Config
 
 _ARCHS: Choices[type["Arch"]] = Choices("architecture", "model.arch",
                                         order=lambda cls: cls.ORDER)
@@ -67,7 +65,7 @@ class ALBERTFamily(Arch):
     ADAPTIVE: ClassVar[bool] = False  # its tokens halt on their own (evaluated with a while loop)
 
     @classmethod
-    def halting(cls, cfg: "Config") -> str:
+    def halting(cls, cfg) -> str:
         """The act.halting its encoder runs with."""
         return cfg.act.halting
 

@@ -14,19 +14,17 @@ Nothing outside these modules compares a kind's name.
 
 Every module of this package is imported here, so a new kind is a new module here and its
 Task under jaxdepth/tasks/: defining a subclass with a ``NAME`` registers it. This package
-imports nothing of jaxdepth but errors.py, choices.py, task_names.py and fusion_modes.py
-(and config.py's Config, whose ``arch`` is archs.py's class, for type checking only).
+imports nothing of jaxdepth but errors.py, choices.py, task_names.py and fusion_modes.py, not
+even config.py for type checking: a ``cfg`` here is a config.Config.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from ..choices import Choices, import_all
 from ..errors import ConfigError
 from ..task_names import TASKS
 
-if TYPE_CHECKING:
-    from ..config import Config
 
 _KINDS: Choices[type["RunKind"]] = Choices("run kind", "run kind", order=lambda cls: cls.ORDER)
 
@@ -73,26 +71,26 @@ class RunKind:
             _KINDS.add(cls)
 
     @classmethod
-    def claims(cls, cfg: "Config") -> bool:
+    def claims(cls, cfg) -> bool:
         """Whether cfg is a run of this kind (no other kind claims it)."""
         return False
 
     @classmethod
-    def check(cls, cfg: "Config") -> None:
+    def check(cls, cfg) -> None:
         """A ConfigError naming the field, for a config this kind claims but cannot run."""
 
     @classmethod
-    def options(cls, cfg: "Config") -> dict:
+    def options(cls, cfg) -> dict:
         """Keyword options of the Task's constructor."""
         return {}
 
     @classmethod
-    def recipe(cls, cfg: "Config") -> dict:
+    def recipe(cls, cfg) -> dict:
         """The optimizer recipe of this kind for cfg."""
         return cls.RECIPE
 
 
-def kind_of(cfg: "Config") -> type[RunKind]:
+def kind_of(cfg) -> type[RunKind]:
     """The kind of run cfg describes, or a ConfigError (naming the field) for a config no kind
     runs. The one place that looks at model.arch and task.name together."""
     if cfg.task.pack and cfg.task.name not in TASKS:  # a preset may set it before task.name
