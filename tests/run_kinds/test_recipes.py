@@ -161,3 +161,26 @@ def test_experiments_pin_their_whole_recipe():
     assert fields <= set(ff.PRESETS["miniature"]["finetune"])
     assert fields <= set(ff.PRESETS["miniature"]["pretrain"])
     assert fields - {"optim.b1", "optim.b2", "optim.eps"} <= set({**PAPER_FINETUNE, **MINIATURE.finetune})
+
+
+def test_the_design_s_recipe_table_is_the_kinds_recipes():
+    """docs/design.md §6 describes each kind's recipe in words: its optimizer, learning rate,
+    schedule and clipping are those of RunKind.RECIPE, where the recipe is written."""
+    import re
+    from pathlib import Path
+
+    from jaxdepth.run_kinds import kind_names
+    text = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"^\| (`[a-z_]+`(?:, `[a-z_]+`)*)(?: \(fusion\))? \| (.*?) \|", line)
+        if m:
+            for kind in re.findall(r"`([a-z_]+)`", m.group(1)):
+                rows[kind] = m.group(2)
+    assert set(rows) == set(kind_names())
+    for kind, row in rows.items():
+        recipe = run_kind(kind).RECIPE
+        opt, lr = re.match(r"(\w+) ([0-9.e-]+)", row).groups()
+        assert opt.lower() == recipe["name"] and float(lr) == recipe["lr"], (kind, row)
+        assert recipe["schedule"] in row, (kind, row)
+        assert ("no clipping" in row) == (recipe["clip_norm"] == 0.0), (kind, row)
