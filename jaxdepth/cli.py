@@ -22,16 +22,64 @@ from typing import Sequence
 
 from .archs import archs_reading
 from .choices import Choices
-from .config import (RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides,
-                     kinds_reading, recipe_lines, refuse_shadowed, refuse_unread)
+from . import run_kinds
+from .config import RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides
 # fusion.method's registry: its classes are models, which config.py (imported by every model)
 # cannot import, so the command line checks the field (check_choices)
 from .models import fusions  # noqa: F401
 from .presets import from_preset, presets
-from .trial_grid import TRIAL_FIELDS, TrialsConfig
+from .trial_grid import TRIAL_FIELDS, TrialsConfig, optim_per_trial, per_trial
 from .run_kinds import kind_of
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def kinds_reading(section: str, name: str) -> tuple[str, ...] | None:
+    """The run kinds that read ``section.name`` (each declares it, RunKind.READS); None: every
+    kind that has the section."""
+    return run_kinds.kinds_reading(f"{section}.{name}")
+
+
+def refuse_unread(cfg: Config, given) -> None:
+    """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
+    explicitly, trial lists as the field they vary) that cfg's run kind does not read."""
+    kind = kind_of(cfg).NAME
+    for section, name in given:
+        given_as = what = f"{section}.{name}"
+        if section == "trials" and name in TRIAL_FIELDS:  # the field it varies
+            what += f" (varies {TRIAL_FIELDS[name][0]})"
+            section, name = TRIAL_FIELDS[name][0].split(".")
+        kinds = kinds_reading(section, name)
+        if kinds is not None and kind not in kinds:
+            raise ConfigError(f"{what}: a run of kind {kind} does not read it (read by: "
+                              f"{', '.join(kinds)})", field=given_as)
+
+
+def refuse_shadowed(cfg: Config, given) -> None:
+    """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
+    explicitly) that a list of cfg's trials sets in every trial (``per_trial``), where the
+    value given would go unused. The list may come from a config file: the field given is
+    dropped all the same; a field a config file or preset sets is not checked, since those
+    hold every field."""
+    lists = per_trial(cfg)
+    for section, name in given:
+        setting = f"{section}.{name}"
+        if setting in lists:
+            raise ConfigError(f"{setting}: given with {lists[setting]}, which sets it for every "
+                              f"trial; give one of them", field=setting)
+
+
+def recipe_lines(cfg: Config) -> list[str]:
+    """What the run kind's recipe set (printed at start-up): nothing when the config set every
+    optimizer field itself."""
+    # Not the recipe's: None (a field its optimizer does not read), or a field a trials list
+    # sets, which every trial runs at a value of its own.
+    taken = [f for f in RECIPE_FIELDS if f in cfg.optim.from_recipe
+             and getattr(cfg.optim, f) is not None and f not in optim_per_trial(cfg)]
+    if not taken:
+        return []
+    values = ", ".join(f"{f}={getattr(cfg.optim, f)}" for f in taken)
+    return [f"recipe of run kind {kind_of(cfg).NAME}: optim: {values}"]
 
 
 def _parse_value(section: str, name: str, raw: str):

@@ -2,7 +2,8 @@
 kinds and their recipes are jaxdepth/run_kinds/). Elsewhere: the trials section and its grid
 (trial_grid.py), the settings a trial step traces (trial_tracing.py), the layouts of saved
 configs (layouts.py), the specs the tasks derive from the sections (model_specs.py), the token
-ids (token_ids.py), how fields are declared and checked (fields.py), Eq. 1's depth families
+ids (token_ids.py), how fields are declared and checked (fields.py), the optim and act
+sections (optim_config.py, act_config.py), Eq. 1's depth families
 (depth_family.py) and the named presets (presets.py, act_presets.py).
 
 Every field is overridable from the command line as ``--section.field value`` (see cli.py).
@@ -15,56 +16,18 @@ import json
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .act_presets import ACT_PRESETS
+from .act_config import ACTConfig
 from .archs import arch as arch_class, arch_names, archs_reading
 from .attentions import attention_names, attention_path  # also the models'
 from .errors import ConfigError
-from .fields import check_declared, declared_by_choices, positive, require, resumable, typed
-from .layouts import upgrade
-from . import run_kinds
-from .run_kinds import kind_of
-from .optimizers import OWN_FIELDS, optimizer, readers
+from .fields import positive, require, resumable, typed
 from .fusion_modes import fusion_mode  # also the models' (they import only this module)
-from .halting import halting as halting_class  # also the models'
-from .schedules import schedule_class
-from .trial_grid import TRIAL_FIELDS, TrialsConfig, optim_per_trial, parse_list, per_trial
+from .halting import halting as halting_class  # noqa: F401  (the models')
+from .layouts import upgrade
+from .optim_config import RECIPE_FIELDS, OptimConfig
+from .run_kinds import kind_of
+from .trial_grid import TRIAL_FIELDS, TrialsConfig, optim_per_trial, parse_list
 from .task_names import FUSION_TASKS, GRAMMAR_TASKS, PROBE_TASKS, TASKS  # noqa: F401  (re-exported)
-
-
-
-def kinds_reading(section: str, name: str) -> tuple[str, ...] | None:
-    """The run kinds that read ``section.name`` (each declares it, RunKind.READS); None: every
-    kind that has the section."""
-    return run_kinds.kinds_reading(f"{section}.{name}")
-
-
-def refuse_unread(cfg: "Config", given) -> None:
-    """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
-    explicitly, trial lists as the field they vary) that cfg's run kind does not read."""
-    kind = kind_of(cfg).NAME
-    for section, name in given:
-        given_as = what = f"{section}.{name}"
-        if section == "trials" and name in TRIAL_FIELDS:  # the field it varies
-            what += f" (varies {TRIAL_FIELDS[name][0]})"
-            section, name = TRIAL_FIELDS[name][0].split(".")
-        kinds = kinds_reading(section, name)
-        if kinds is not None and kind not in kinds:
-            raise ConfigError(f"{what}: a run of kind {kind} does not read it (read by: "
-                              f"{', '.join(kinds)})", field=given_as)
-
-
-def refuse_shadowed(cfg: "Config", given) -> None:
-    """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
-    explicitly) that a list of cfg's trials sets in every trial (``per_trial``), where the
-    value given would go unused. The list may come from a config file: the field given is
-    dropped all the same; a field a config file or preset sets is not checked, since those
-    hold every field."""
-    lists = per_trial(cfg)
-    for section, name in given:
-        setting = f"{section}.{name}"
-        if setting in lists:
-            raise ConfigError(f"{setting}: given with {lists[setting]}, which sets it for every "
-                              f"trial; give one of them", field=setting)
 
 
 def resumable_fields() -> frozenset[str]:
@@ -201,106 +164,6 @@ class DataConfig:
                      f"{self.streams} streams do not divide data.batch_size={self.batch_size}")
 
 
-# The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/run_kinds/). Left
-# unset (None) in a config, they take the recipe of the run's kind, so a default tuned for
-# one kind of run never changes another's; a standalone OptimConfig takes the LM pretraining
-# recipe. Of these, OWN_FIELDS are read by some optimizers only (each optimizer's class says
-# which, jaxdepth/optimizers/): a recipe gives them per optimizer (its "moments"), the
-# optimizer's own DEFAULTS fill those it does not give, and a field the optimizer does not
-# read stays None (set, it is refused).
-RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay",
-                 "b1", "b2", "eps", "clip_norm")
-
-
-def _read_by(f: str):
-    return lambda: readers(f)
-
-
-@dataclass(frozen=True)
-@declared_by_choices("optim")  # and the fields an optimizer or schedule declares (fields.Setting)
-class OptimConfig:
-    """The optimizer. Every field but accum_steps defaults to the run kind's recipe
-    (RunKind.RECIPE; None here means "the recipe's"); a value given here is kept whatever the
-    kind."""
-    # one class each: jaxdepth/optimizers/
-    name: str = None
-    lr: float = None  # adafactor: relative to each parameter's RMS
-    # warmup, then the schedule's decay to lr * min_lr_ratio (one class each: jaxdepth/schedules/)
-    schedule: str = None
-    warmup_steps: int = None  # steps of linear warmup from 0 to lr
-    min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr
-    weight_decay: float = None  # decoupled (AdamW/LAMB), never on norm scales and biases
-    b1: float = field(default=None, metadata={"read_by": _read_by("b1")})  # first-moment decay
-    b2: float = field(default=None, metadata={"read_by": _read_by("b2")})  # second-moment decay
-    # added to the root of the second moment
-    eps: float = field(default=None, metadata={"read_by": _read_by("eps")})
-    clip_norm: float = None  # 0 disables global-norm clipping
-    accum_steps: int = 1  # micro-batches per optimizer step
-    # The RECIPE_FIELDS that were left unset, filled from a recipe (Config refills them from
-    # its run kind's). Not a setting: never saved, not compared.
-    from_recipe: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        unset = frozenset(f for f in RECIPE_FIELDS if getattr(self, f) is None)
-        recipe = run_kinds.default_recipe()  # a standalone OptimConfig: the default run's
-        for f in unset - set(OWN_FIELDS):
-            object.__setattr__(self, f, recipe[f])
-        opt = optimizer(self.name)  # a ConfigError naming optim.name
-        unread = frozenset(OWN_FIELDS) - set(opt.DEFAULTS)
-        # A field the optimizer does not read stays None, taken from no recipe; while the
-        # optimizer is the recipe's, the run kind's may still change it (with_recipe).
-        object.__setattr__(self, "from_recipe", unset if "name" in unset else unset - unread)
-        for f in OWN_FIELDS:
-            if f in opt.DEFAULTS:
-                if f in unset:
-                    own = recipe["moments"].get(self.name, {})
-                    object.__setattr__(self, f, own.get(f, opt.DEFAULTS[f]))
-                continue
-            # An optimizer left to the recipe may still become the run kind's (with_recipe),
-            # which may read f: only a named optimizer refuses it.
-            require(getattr(self, f) is None or "name" in unset, f"optim.{f}",
-                     f"optim.name {self.name} does not read it (read by: "
-                     f"{', '.join(readers(f)) or 'none'})")
-        sched = schedule_class(self.schedule)  # a ConfigError naming optim.schedule
-        positive(self, "optim", "lr", "accum_steps")
-        require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
-        sched.check(self)
-        require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
-        require(self.clip_norm >= 0.0, "optim.clip_norm", "must be >= 0")
-        # a choice left to the recipe may still become the run kind's (with_recipe)
-        check_declared(self, "optim", unset)
-
-    def with_recipe(self, recipe: dict, kind: str,
-                    per_trial: frozenset = frozenset()) -> "OptimConfig":
-        """These settings, with the fields left unset taken from `recipe` (run kind `kind`'s).
-        A recipe's learning rate belongs to its optimizer: naming another optimizer without a
-        learning rate is refused rather than run at a rate meant for a different update rule,
-        unless every trial gives its own (per_trial: the fields a trials list sets)."""
-        if not self.from_recipe:
-            return self
-        if "lr" in self.from_recipe and "lr" not in per_trial and "name" not in self.from_recipe \
-                and self.name != recipe["name"]:
-            raise ConfigError(f"optim.lr: the {kind} recipe's learning rate {recipe['lr']} is "
-                              f"for {recipe['name']}; with optim.name {self.name} give "
-                              f"--optim.lr too", field="optim.lr")
-        given = {f: getattr(self, f) for f in RECIPE_FIELDS if f not in self.from_recipe}
-        name = given.get("name", recipe["name"])
-        reads = optimizer(name).DEFAULTS
-        unread = [f for f in OWN_FIELDS if f in given and f not in reads]
-        if unread and "name" not in given:  # the user set a moment, not this optimizer
-            raise ConfigError(f"optim.{unread[0]}: the {kind} recipe's optimizer {name} does not "
-                              f"read it (read by: {', '.join(readers(unread[0])) or 'none'}); "
-                              f"name one that does with --optim.name", field=f"optim.{unread[0]}")
-        own = recipe["moments"].get(name, {})
-        taken = {**{f: own.get(f, default) for f, default in reads.items()},
-                 **{f: v for f, v in recipe.items() if f != "moments"}}
-        rest = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.init and f.name not in RECIPE_FIELDS}  # accum_steps, declared fields
-        out = OptimConfig(**{**taken, **given, **rest})
-        object.__setattr__(out, "from_recipe", self.from_recipe)  # the kind may change again
-        return out
-
-
 @dataclass(frozen=True)
 class MeshConfig:
     data: int = resumable(-1)  # -1: every device not used by the model axis
@@ -348,63 +211,6 @@ class RunConfig:
         require(self.samples >= 0, "run.samples", "must be >= 0")
         require(self.grammar_samples >= 0, "run.grammar_samples", "must be >= 0")
         require(self.stop_after >= 0, "run.stop_after", "must be >= 0")
-
-
-
-
-
-@dataclass(frozen=True)
-class ACTConfig:
-    """The ALBERT-family encoder of model.arch act (adaptive depth, docs/design.md §3),
-    albert (the shared layer M times) and bert (M untied layers): its whole description,
-    vocabulary included."""
-    SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "embed_dim", "d_model", "n_heads", "d_ff",
-                                        "max_len", "n_segments")
-    vocab_size: int = 512  # tokenizer pieces = embedding rows
-    embed_dim: int = 128  # E, ALBERT's factorised embedding size
-    d_model: int = 128  # width of the (shared) layer
-    n_heads: int = 2  # attention heads of the layer
-    d_ff: int = 0  # 0 -> 4 * d_model
-    max_len: int = 128  # positions of the learned position embedding
-    n_segments: int = 2  # segment (token type) embeddings: sentences A and B
-    max_iters: int = 6  # M: the cap on iterations (ACT), or the depth (fixed, untied)
-    tau: float = 1e-3  # ponder-cost weight
-    eps: float = 0.01  # a token halts once its cumulative halting probability passes 1 - eps
-    dropout: float = 0.0  # dropout rate in the layer and embeddings; 0 off
-    # act | fixed: exactly M iterations, no halting (weight-tied ALBERT); one class each in
-    # jaxdepth/halting.py
-    halting: str = "act"
-    # b_h at init: < 0 starts every token at M (act-cpu); tests and benchmarks also move it
-    # to force depths
-    halting_bias_init: float = 0.0
-    remat: bool = False  # recompute the shared layer on the backward pass instead of storing it
-
-    def __post_init__(self):
-        for name in ("vocab_size", "embed_dim", "d_model", "n_heads", "max_len", "n_segments",
-                     "max_iters"):
-            v = getattr(self, name)
-            require(isinstance(v, int) and v > 0, f"act.{name}", f"must be a positive integer, got {v!r}")
-        require(self.d_ff >= 0, "act.d_ff", f"must be >= 0 (0 means 4 * d_model), got {self.d_ff}")
-        require(self.d_model % self.n_heads == 0, "act.n_heads",
-                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        require(self.tau >= 0.0, "act.tau", f"must be >= 0, got {self.tau}")
-        require(0.0 < self.eps < 1.0, "act.eps", f"must be in (0, 1), got {self.eps}")
-        require(0.0 <= self.dropout < 1.0, "act.dropout", f"must be in [0, 1), got {self.dropout}")
-        halting_class(self.halting)  # a ConfigError naming act.halting
-
-    @property
-    def ff(self) -> int:
-        return self.d_ff or 4 * self.d_model
-
-    def shape(self) -> dict[str, int]:
-        """The SHAPE fields as the model uses them (d_ff=0 is 4 * d_model)."""
-        return {f: self.ff if f == "d_ff" else getattr(self, f) for f in self.SHAPE}
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> "ACTConfig":
-        require(name in ACT_PRESETS, "act.preset", f"unknown preset {name!r}; known: {sorted(ACT_PRESETS)}")
-        return cls(**{**ACT_PRESETS[name], **overrides})
-
 
 
 @dataclass(frozen=True)
@@ -633,24 +439,9 @@ class Config:
         return cls(**kw)
 
 
-
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
             "mesh": MeshConfig, "run": RunConfig, "task": TaskConfig, "act": ACTConfig,
             "fusion": FusionConfig, "trials": TrialsConfig}
-
-
-def recipe_lines(cfg: Config) -> list[str]:
-    """What the run kind's recipe set (printed at start-up): nothing when the config set every
-    optimizer field itself."""
-    # Not the recipe's: None (a field its optimizer does not read), or a field a trials list
-    # sets, which every trial runs at a value of its own.
-    taken = [f for f in RECIPE_FIELDS if f in cfg.optim.from_recipe
-             and getattr(cfg.optim, f) is not None and f not in optim_per_trial(cfg)]
-    if not taken:
-        return []
-    values = ", ".join(f"{f}={getattr(cfg.optim, f)}" for f in taken)
-    return [f"recipe of run kind {kind_of(cfg).NAME}: optim: {values}"]
-
 
 
 def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:

@@ -50,13 +50,13 @@ class RunKind:
     ORDER: ClassVar[int] = 100  # place in messages and --help (then by name)
     # The settings ("section.field", or a whole "section") that this kind reads and some other
     # kind does not: given on the command line for a kind that does not declare it, a setting
-    # that some kind declares is refused (config.refuse_unread), and --help lists its readers.
+    # that some kind declares is refused (cli.refuse_unread), and --help lists its readers.
     # A setting no kind declares is read by every kind.
     READS: ClassVar[tuple[str, ...]] = ()
     DEFAULT: ClassVar[bool] = False  # the kind of the default config (one kind says so)
     # The Task that runs this kind (trainer/task.py): "module:Class" of jaxdepth.tasks
     TASK: ClassVar[str]
-    # The optimizer settings a config leaves unset take these (config.RECIPE_FIELDS, with
+    # The optimizer settings a config leaves unset take these (optim_config.RECIPE_FIELDS, with
     # "moments" per optimizer): the kind's paper's recipe (docs/design.md §6).
     RECIPE: ClassVar[dict]
 

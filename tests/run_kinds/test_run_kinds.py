@@ -116,10 +116,11 @@ def test_the_settings_that_kinds_declare_exist():
 
 
 def test_the_kinds_that_fields_declare_exist():
-    """config.kinds_reading names run kinds by their NAME."""
+    """cli.kinds_reading names run kinds by their NAME."""
     import dataclasses
 
-    from jaxdepth.config import SECTIONS, kinds_reading
+    from jaxdepth.cli import kinds_reading
+    from jaxdepth.config import SECTIONS
     named = {k for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)
              for k in (kinds_reading(sec, f.name) or ())}
     assert named and named <= set(kind_names()), named - set(kind_names())
