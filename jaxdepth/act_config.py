@@ -42,7 +42,7 @@ class ACTConfig:
             require(isinstance(v, int) and v > 0, f"act.{name}", f"must be a positive integer, got {v!r}")
         require(self.d_ff >= 0, "act.d_ff", f"must be >= 0 (0 means 4 * d_model), got {self.d_ff}")
         require(self.d_model % self.n_heads == 0, "act.n_heads",
-                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         require(self.tau >= 0.0, "act.tau", f"must be >= 0, got {self.tau}")
         require(0.0 < self.eps < 1.0, "act.eps", f"must be in (0, 1), got {self.eps}")
         require(0.0 <= self.dropout < 1.0, "act.dropout", f"must be in [0, 1), got {self.dropout}")

@@ -82,16 +82,16 @@ class ModelConfig:
 
     def __post_init__(self):
         positive(self, "model", "vocab_size", "d_model", "n_layers", "d_ff",
-                  "rel_buckets", "rel_max_distance")
+                 "rel_buckets", "rel_max_distance")
         require(self.n_heads >= 0, "model.n_heads", f"must be >= 0, got {self.n_heads}")
         require(self.d_model % self.heads == 0, "model.n_heads",
-                 f"d_model={self.d_model} is not divisible by n_heads={self.heads}")
+                f"d_model={self.d_model} is not divisible by n_heads={self.heads}")
         require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
         require(self.z_loss >= 0.0, "model.z_loss", f"must be >= 0, got {self.z_loss}")
         require(self.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
-                 f"must be float32 or bfloat16, got {self.compute_dtype!r}")
+                f"must be float32 or bfloat16, got {self.compute_dtype!r}")
         require(self.remat in ("none", "full", "dots"), "model.remat",
-                 f"must be none, full or dots, got {self.remat!r}")
+                f"must be none, full or dots, got {self.remat!r}")
         require(self.scan_unroll >= 0, "model.scan_unroll", "must be >= 0")
         require(self.xent_chunk >= 0, "model.xent_chunk", "must be >= 0")
         attention_path(self.attention).check(self)  # ConfigErrors naming model.attention
@@ -150,18 +150,18 @@ class DataConfig:
 
     def __post_init__(self):
         positive(self, "data", "seq_len", "batch_size", "grammar_docs", "max_predictions",
-                  "max_ngram")
+                 "max_ngram")
         require(0.0 < self.mask_rate <= 1.0, "data.mask_rate", f"must be in (0, 1], got {self.mask_rate}")
         require(0.0 <= self.valid_fraction < 1.0, "data.valid_fraction",
-                 f"must be in [0, 1), got {self.valid_fraction}")
+                f"must be in [0, 1), got {self.valid_fraction}")
         require(bool(self.corpus.strip()), "data.corpus", "must be 'grammar' or file paths")
         positive(self, "data", "streams", "tokenizer_sample")
         require(self.tokenizer_type in ("unigram", "bpe"), "data.tokenizer_type",
-                 f"must be unigram or bpe, got {self.tokenizer_type!r}")
+                f"must be unigram or bpe, got {self.tokenizer_type!r}")
         require(self.workers >= 0, "data.workers", f"must be >= 0, got {self.workers}")
         if self.streaming:  # the corpus itself is checked where it is read (tasks/lm.py)
             require(self.batch_size % self.streams == 0, "data.streams",
-                     f"{self.streams} streams do not divide data.batch_size={self.batch_size}")
+                    f"{self.streams} streams do not divide data.batch_size={self.batch_size}")
 
 
 @dataclass(frozen=True)
@@ -177,9 +177,9 @@ class MeshConfig:
         require(self.data == -1 or self.data > 0, "mesh.data", "must be -1 or positive")
         positive(self, "mesh", "model", "num_processes")
         require(0 <= self.process_id < self.num_processes, "mesh.process_id",
-                 f"must be in [0, {self.num_processes})")
+                f"must be in [0, {self.num_processes})")
         require(self.num_processes == 1 or bool(self.coordinator), "mesh.coordinator",
-                 "is required when num_processes > 1")
+                "is required when num_processes > 1")
 
 
 @dataclass(frozen=True)
@@ -253,12 +253,12 @@ class TaskConfig:
     def __post_init__(self):
         names = TASKS + PROBE_TASKS + FUSION_TASKS
         require(self.name in ("",) + names, "task.name",
-                 f"must be empty (pretraining) or one of {', '.join(names)}; got {self.name!r}")
+                f"must be empty (pretraining) or one of {', '.join(names)}; got {self.name!r}")
         require(self.n_shot >= 0, "task.n_shot", f"must be >= 0, got {self.n_shot}")
         require(not self.name or bool(self.dir) or self.name in GRAMMAR_TASKS + PROBE_TASKS + ("mlm",),
-                 "task.dir",
-                 f"task {self.name!r} is read from its published files: set task.dir (the "
-                 f"embedded grammar provides only {', '.join(GRAMMAR_TASKS)})")
+                "task.dir",
+                f"task {self.name!r} is read from its published files: set task.dir (the "
+                f"embedded grammar provides only {', '.join(GRAMMAR_TASKS)})")
         require(self.init_step >= 0, "task.init_step", "must be >= 0")
         positive(self, "task", "n_train", "n_eval")
         require(0.0 < self.dev_fraction < 1.0, "task.dev_fraction", "must be in (0, 1)")
@@ -335,14 +335,14 @@ class Config:
         # Which sections must agree for a given model.arch and task.name is decided by
         # run_kinds.kind_of, the one place that dispatches on them.
         require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",
-                 f"must divide data.batch_size={self.data.batch_size}")
+                f"must divide data.batch_size={self.data.batch_size}")
         # Each architecture names the setting its model reads per trial as its dropout rate
         # (Arch.TRIAL_DROPOUT; an encoder's comes from its checkpoint as often as not).
         varied, own = TRIAL_FIELDS["dropout"][0], self.arch.TRIAL_DROPOUT
         other = [f"trials.{n} varies {s}" for n, (s, _) in TRIAL_FIELDS.items() if s == own]
         require(not self.trials.dropout or own == varied, "trials.dropout",
-                 f"varies the decoder's {varied}; model.arch={self.model.arch!r} does not "
-                 f"read it per trial" + "".join(f" ({o})" for o in other))
+                f"varies the decoder's {varied}; model.arch={self.model.arch!r} does not "
+                f"read it per trial" + "".join(f" ({o})" for o in other))
         if self.optim.from_recipe:
             try:
                 kind = kind_of(self)
@@ -414,7 +414,7 @@ class Config:
     def from_dict(cls, d: dict) -> "Config":
         """A Config from nested dicts (a JSON config file), every value type-checked."""
         require(isinstance(d, dict), "config",
-                 f"must be a JSON object of sections, got {json.dumps(d)}")
+                f"must be a JSON object of sections, got {json.dumps(d)}")
         d = upgrade(d, ModelConfig)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         require(not unknown, "config", f"unknown sections {sorted(unknown)}")
@@ -427,7 +427,7 @@ class Config:
                 continue
             sec_cls, values = SECTIONS[f.name], d[f.name]
             require(isinstance(values, dict), f.name,
-                     f"must be a JSON object of fields, got {json.dumps(values)}")
+                    f"must be a JSON object of fields, got {json.dumps(values)}")
             types = {g.name: g.type if isinstance(g.type, str) else g.type.__name__
                      for g in dataclasses.fields(sec_cls) if g.init}
             bad = set(values) - set(types)

@@ -71,8 +71,8 @@ class OptimConfig:
             # An optimizer left to the recipe may still become the run kind's (with_recipe),
             # which may read f: only a named optimizer refuses it.
             require(getattr(self, f) is None or "name" in unset, f"optim.{f}",
-                     f"optim.name {self.name} does not read it (read by: "
-                     f"{', '.join(readers(f)) or 'none'})")
+                    f"optim.name {self.name} does not read it (read by: "
+                    f"{', '.join(readers(f)) or 'none'})")
         sched = schedule_class(self.schedule)  # a ConfigError naming optim.schedule
         positive(self, "optim", "lr", "accum_steps")
         require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")

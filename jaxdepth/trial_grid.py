@@ -52,7 +52,7 @@ class TrialsConfig:
 
     def __post_init__(self):
         require(self.evaluation in TRIAL_EVALUATIONS, "trials.evaluation",
-                 f"must be one of {', '.join(TRIAL_EVALUATIONS)}, got {self.evaluation!r}")
+                f"must be one of {', '.join(TRIAL_EVALUATIONS)}, got {self.evaluation!r}")
         for name, (_, kind) in TRIAL_FIELDS.items():
             if name == "task_seed" and self.task_seed == FOLLOWS_SEED:
                 continue
