@@ -27,7 +27,8 @@ from .layouts import upgrade
 from .optim_config import RECIPE_FIELDS, OptimConfig
 from .run_kinds import kind_of
 from .trial_grid import TRIAL_FIELDS, TrialsConfig, optim_per_trial, parse_list
-from .task_names import FUSION_TASKS, GRAMMAR_TASKS, PROBE_TASKS, TASKS  # noqa: F401  (re-exported)
+from .task_names import (FUSION_TASKS, GRAMMAR_TASKS, NO_DIR_TASKS, PROBE_TASKS,  # noqa: F401
+                         TASKS)  # (re-exported)
 
 
 def resumable_fields() -> frozenset[str]:
@@ -255,7 +256,7 @@ class TaskConfig:
         require(self.name in ("",) + names, "task.name",
                 f"must be empty (pretraining) or one of {', '.join(names)}; got {self.name!r}")
         require(self.n_shot >= 0, "task.n_shot", f"must be >= 0, got {self.n_shot}")
-        require(not self.name or bool(self.dir) or self.name in GRAMMAR_TASKS + PROBE_TASKS + ("mlm",),
+        require(not self.name or bool(self.dir) or self.name in NO_DIR_TASKS,
                 "task.dir",
                 f"task {self.name!r} is read from its published files: set task.dir (the "
                 f"embedded grammar provides only {', '.join(GRAMMAR_TASKS)})")
