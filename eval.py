@@ -70,7 +70,8 @@ def evaluate(run, step: int | None = None, data: str = "", batch: int = 0, split
 def _evaluate(run: Path, request, trial: int | None) -> dict:
     import dataclasses
 
-    from jaxdepth.config import Config, ConfigError, trial_configs
+    from jaxdepth.config import Config, ConfigError
+    from jaxdepth.trial_grid import trial_configs
     from jaxdepth.run_kinds import kind_of
     from jaxdepth.tasks import task_for
     from jaxdepth.tasks.open_run import saved_config

@@ -89,7 +89,8 @@ import jax
 import numpy as np
 
 from jaxdepth.cli import parse_args
-from jaxdepth.config import Config, trial_configs
+from jaxdepth.config import Config
+from jaxdepth.trial_grid import trial_configs
 from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import trials as tr

@@ -9,13 +9,11 @@ halting.py, so that config.py and run_kinds/ can ask it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from .choices import Choices
 from .halting import FixedDepth
 
-if TYPE_CHECKING:
-    from .config import Config
 
 _ARCHS: Choices[type["Arch"]] = Choices("architecture", "model.arch",
                                         order=lambda cls: cls.ORDER)
@@ -29,9 +27,14 @@ class Arch:
     SECTION: ClassVar[str]
     PRETRAINING: ClassVar[str]  # the run kind of a config with no task.name
     FINETUNING: ClassVar[str | None] = None  # the run kind of a task that is not fusion's
-    # The setting (config.setting) a trial varies as the model's dropout rate; None: its rate
+    # The setting (trial_tracing.setting) a trial varies as the model's dropout rate; None: its rate
     # is not a trial setting (a BERT encoder's comes from its checkpoint as often as not).
     TRIAL_DROPOUT: ClassVar[str | None] = None
+    # The fields of its section that this architecture reads and some other does not
+    # ("model.rel_buckets"): set for an architecture that does not declare it, such a field is
+    # refused (config.Config) and dropped from a saved config of an older layout (layouts.py).
+    # A field no architecture declares is read by every architecture of its section.
+    READS: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -43,6 +46,8 @@ class Decoder(Arch):
     """The T5.1.1 decoder-only LM (models/decoder.py)."""
     NAME, ORDER, SECTION = "decoder", 0, "model"
     PRETRAINING, FINETUNING, TRIAL_DROPOUT = "lm", "prefix_lm", "model.dropout"
+    READS = ("model.rel_buckets", "model.rel_max_distance", "model.compute_dtype",
+             "model.scan_unroll", "model.attention")
 
 
 class Encoder(Arch):
@@ -60,7 +65,7 @@ class ALBERTFamily(Arch):
     ADAPTIVE: ClassVar[bool] = False  # its tokens halt on their own (evaluated with a while loop)
 
     @classmethod
-    def halting(cls, cfg: "Config") -> str:
+    def halting(cls, cfg) -> str:
         """The act.halting its encoder runs with."""
         return cfg.act.halting
 
@@ -87,6 +92,12 @@ class UntiedBERT(ALBERTFamily):
 def arch(name: str) -> type[Arch]:
     """The architecture called ``name``; a ConfigError naming model.arch for any other."""
     return _ARCHS(name)
+
+
+def archs_reading(setting: str) -> tuple[str, ...] | None:
+    """The architectures that read ``setting`` ("section.field"), in ORDER; None: no
+    architecture declares it (``Arch.READS``), so every one of its section reads it."""
+    return tuple(n for n in _ARCHS.names() if setting in _ARCHS(n).READS) or None
 
 
 def arch_names() -> tuple[str, ...]:

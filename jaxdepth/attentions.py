@@ -11,13 +11,11 @@ import only config).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from .choices import Choices
 from .errors import ConfigError
 
-if TYPE_CHECKING:
-    from .config import ModelConfig
 
 _ATTENTIONS: Choices[type["AttentionPath"]] = Choices("attention", "model.attention",
                                                       order=lambda cls: cls.ORDER)
@@ -38,7 +36,7 @@ class AttentionPath:
             _ATTENTIONS.add(cls)
 
     @classmethod
-    def check(cls, model: "ModelConfig") -> None:
+    def check(cls, model) -> None:
         """Refuse (ConfigError naming the field) a model this path cannot run."""
 
 

@@ -29,6 +29,11 @@ class Choices(Generic[C]):
         """The registry of config field ``field`` ("section.name"), if one is imported."""
         return cls._of_field.get(field)
 
+    @classmethod
+    def registries(cls) -> list[tuple[str, "Choices"]]:
+        """(field, registry) for every registry imported so far."""
+        return list(cls._of_field.items())
+
     def add(self, cls: C) -> None:
         if cls.NAME in self._by_name:
             raise TypeError(f"{self.what} {cls.NAME!r} is defined twice: "

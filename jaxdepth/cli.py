@@ -20,17 +20,66 @@ import tokenize
 from pathlib import Path
 from typing import Sequence
 
+from .archs import archs_reading
 from .choices import Choices
-from .config import (RECIPE_FIELDS, SECTIONS, TRIAL_FIELDS, Config, ConfigError, TrialsConfig,
-                     apply_overrides, kinds_reading, recipe_lines, refuse_shadowed,
-                     refuse_unread)
+from . import run_kinds
+from .config import RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides
 # fusion.method's registry: its classes are models, which config.py (imported by every model)
 # cannot import, so the command line checks the field (check_choices)
 from .models import fusions  # noqa: F401
 from .presets import from_preset, presets
+from .trial_grid import TRIAL_FIELDS, TrialsConfig, optim_per_trial, per_trial
 from .run_kinds import kind_of
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def kinds_reading(section: str, name: str) -> tuple[str, ...] | None:
+    """The run kinds that read ``section.name`` (each declares it, RunKind.READS); None: every
+    kind that has the section."""
+    return run_kinds.kinds_reading(f"{section}.{name}")
+
+
+def refuse_unread(cfg: Config, given) -> None:
+    """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
+    explicitly, trial lists as the field they vary) that cfg's run kind does not read."""
+    kind = kind_of(cfg).NAME
+    for section, name in given:
+        given_as = what = f"{section}.{name}"
+        if section == "trials" and name in TRIAL_FIELDS:  # the field it varies
+            what += f" (varies {TRIAL_FIELDS[name][0]})"
+            section, name = TRIAL_FIELDS[name][0].split(".")
+        kinds = kinds_reading(section, name)
+        if kinds is not None and kind not in kinds:
+            raise ConfigError(f"{what}: a run of kind {kind} does not read it (read by: "
+                              f"{', '.join(kinds)})", field=given_as)
+
+
+def refuse_shadowed(cfg: Config, given) -> None:
+    """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
+    explicitly) that a list of cfg's trials sets in every trial (``per_trial``), where the
+    value given would go unused. The list may come from a config file: the field given is
+    dropped all the same; a field a config file or preset sets is not checked, since those
+    hold every field."""
+    lists = per_trial(cfg)
+    for section, name in given:
+        setting = f"{section}.{name}"
+        if setting in lists:
+            raise ConfigError(f"{setting}: given with {lists[setting]}, which sets it for every "
+                              f"trial; give one of them", field=setting)
+
+
+def recipe_lines(cfg: Config) -> list[str]:
+    """What the run kind's recipe set (printed at start-up): nothing when the config set every
+    optimizer field itself."""
+    # Not the recipe's: None (a field its optimizer does not read), or a field a trials list
+    # sets, which every trial runs at a value of its own.
+    taken = [f for f in RECIPE_FIELDS if f in cfg.optim.from_recipe
+             and getattr(cfg.optim, f) is not None and f not in optim_per_trial(cfg)]
+    if not taken:
+        return []
+    values = ", ".join(f"{f}={getattr(cfg.optim, f)}" for f in taken)
+    return [f"recipe of run kind {kind_of(cfg).NAME}: optim: {values}"]
 
 
 def _parse_value(section: str, name: str, raw: str):
@@ -44,7 +93,8 @@ def _parse_value(section: str, name: str, raw: str):
         if ftype == "float":
             return float(raw)
     except (KeyError, ValueError):
-        raise ConfigError(f"{section}.{name}: cannot parse {raw!r} as {ftype}") from None
+        raise ConfigError(f"{section}.{name}: cannot parse {raw!r} as {ftype}",
+                          field=f"{section}.{name}") from None
     return raw
 
 
@@ -52,16 +102,16 @@ def read_config_file(path: Path) -> Config:
     """The Config a JSON file holds; any problem is a ConfigError naming the file, and the
     line of the offending field where the file has one."""
     if not path.is_file():
-        raise ConfigError(f"config: file not found: {path}")
+        raise ConfigError(f"config: file not found: {path}", field="config")
     try:
         text = path.read_text(encoding="utf-8")
         saved = json.loads(text)
     except UnicodeDecodeError as e:
-        raise ConfigError(f"config: {path} is not UTF-8 text ({e.reason} at byte {e.start})"
-                          ) from None
+        raise ConfigError(f"config: {path} is not UTF-8 text ({e.reason} at byte {e.start})",
+                          field="config") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})"
-                          ) from None
+        raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})",
+                          field="config") from None
     try:
         return check_choices(Config.from_dict(saved))
     except ConfigError as e:
@@ -96,6 +146,9 @@ def field_docs(cls) -> dict[str, str]:
             inline = [t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT]
             docs[m.group(1)] = " ".join(above + inline)
         above = []
+    # a field a choice declares (fields.Setting) is documented where it is declared
+    docs.update({f.name: f.metadata["setting"].doc for f in dataclasses.fields(cls)
+                 if "setting" in f.metadata})
     return docs
 
 
@@ -118,14 +171,17 @@ def help_text(prog: str = "train.py") -> str:
             # A field whose values or readers are a registry's (jaxdepth/choices.py) lists
             # them as the registry holds them now, so a new choice needs no edit here.
             kinds = kinds_reading(sec, f.name)
+            archs = archs_reading(f"{sec}.{f.name}")
             choices = Choices.of_field(f"{sec}.{f.name}")
             doc = "; ".join(filter(None, [
                 docs.get(f.name, ""),
                 "choices: " + ", ".join(choices.names()) if choices else "",
                 "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
                 else "",
+                f"read by {f.metadata['choice']}: " + ", ".join(f.metadata["readers"])
+                if "readers" in f.metadata else "",
                 "run kinds: " + ", ".join(kinds) if kinds else "",
-                "model.arch: " + ", ".join(f.metadata["archs"]) if "archs" in f.metadata else "",
+                "model.arch: " + ", ".join(archs) if archs else "",
                 "may change when a run resumes" if f.metadata.get("resumable") else ""]))
             lines += textwrap.wrap(doc, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
         lines.append("")
@@ -162,7 +218,7 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
             key, val = a[2:].split("=", 1)
         else:
             if i + 1 >= len(args):
-                raise ConfigError(f"{a[2:]}: missing value")
+                raise ConfigError(f"{a[2:]}: missing value", field=a[2:])
             key, val = a[2:], args[i + 1]
             i += 1
         pairs.append((key, val))
@@ -186,7 +242,7 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
                               f"shape, so only run.seeds, {can} can vary between them",
                               field=k)
         if sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
-            raise ConfigError(f"{k}: unknown field (see --help)")
+            raise ConfigError(f"{k}: unknown field (see --help)", field=k)
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
     cfg = check_choices(apply_overrides(cfg, overrides) if overrides else cfg)
     kind_of(cfg)  # refuse a model.arch / task.name combination no task runs, before any work

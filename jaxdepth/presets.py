@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import ACT_PRESETS, Config, ConfigError, apply_overrides
+from .act_presets import ACT_PRESETS
+from .config import Config, ConfigError, apply_overrides
 from .depth_family import SIZE_CLASSES, depth_family
+from .run_kinds.encoder_pretraining import EncoderPretraining
+from .run_kinds.prefix_lm_finetuning import PrefixLMFinetuning
+
+
+def _recipe(kind, *fields: str) -> dict:
+    """These fields of a run kind's recipe (RunKind.RECIPE, where each is written once)."""
+    return {f: kind.RECIPE[f] for f in fields}
 
 
 _PAPER_TRAINING = {  # Petty et al. pretraining (t5x): Adafactor, 1/sqrt(max(step, 10k)), C4
@@ -26,19 +34,20 @@ _PAPER_TRAINING = {  # Petty et al. pretraining (t5x): Adafactor, 1/sqrt(max(ste
 PAPER_FINETUNING = {
     "model": {"dropout": 0.1},
     "data": {"batch_size": 128},
-    "optim": {"name": "adafactor", "lr": 1e-3, "schedule": "constant", "warmup_steps": 0,
-              "weight_decay": 0.0, "clip_norm": 0.0},
+    # the prefix_lm kind's recipe (t5x fine-tuning), pinned over a pretraining preset's
+    "optim": _recipe(PrefixLMFinetuning, "name", "lr", "schedule", "warmup_steps",
+                     "weight_decay", "clip_norm"),
     "run": {"steps": 10_000, "eval_every": 250, "save_every": 1000},
 }
 
 
-# Simoulin & Crabbe's pretraining recipe (ALBERT's): LAMB, warmup then linear decay to 0,
-# weight decay 0.01 off norms and biases, clipping 1.0. The CPU-scale presets warm up for 100
-# steps instead of 3125.
-# Its moments (b1 0.9, b2 0.999, eps 1e-6) are the encoder_pretrain recipe's, left to it so
-# that naming another optimizer over a preset does not inherit LAMB's.
-ACT_PRETRAINING = {"name": "lamb", "lr": 1.76e-3, "schedule": "linear", "min_lr_ratio": 0.0,
-                   "weight_decay": 0.01, "clip_norm": 1.0}
+# Simoulin & Crabbe's pretraining recipe (ALBERT's), the encoder_pretrain kind's: LAMB, warmup
+# then linear decay to 0, weight decay 0.01 off norms and biases, clipping 1.0. The CPU-scale
+# presets warm up for 100 steps instead of 3125.
+# Its moments (b1 0.9, b2 0.999, eps 1e-6) are left to the recipe, so that naming another
+# optimizer over a preset does not inherit LAMB's.
+ACT_PRETRAINING = _recipe(EncoderPretraining, "name", "lr", "schedule", "min_lr_ratio",
+                          "weight_decay", "clip_norm")
 
 
 def cogs_cpu() -> dict[str, dict]:

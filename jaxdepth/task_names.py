@@ -10,3 +10,5 @@ GRAMMAR_TASKS = ("semantic_parsing", "passivization")
 PROBE_TASKS = ("tense", "subj_number", "obj_number", "roles")
 # Layer fusion over any backbone (docs/design.md §4): NER from task.dir, MLM on data.corpus.
 FUSION_TASKS = ("ner", "mlm")
+# The tasks that need no task.dir: the embedded grammar's, and fusion MLM (on data.corpus).
+NO_DIR_TASKS = GRAMMAR_TASKS + PROBE_TASKS + ("mlm",)

@@ -409,7 +409,7 @@ def test_version_2_configs_drop_the_moments_their_optimizer_does_not_read():
 
 
 def test_the_decoder_s_own_model_fields_are_refused_for_another_architecture():
-    """model.rel_buckets and the other decoder-only fields (declared ``for_archs``) are
+    """model.rel_buckets and the other decoder-only fields (declared in ``archs.Decoder.READS``) are
     refused for the BERT encoder, naming the field and who reads it; the act/albert/bert
     encoders are described by the act section, so any model field is refused there."""
     from jaxdepth.cli import parse_args
@@ -587,14 +587,14 @@ def test_a_field_given_with_the_list_that_sets_it_per_trial_is_refused(argv, giv
 
 
 def test_every_trials_list_is_checked_against_the_field_it_sets():
-    from jaxdepth.config import TRIAL_FIELDS
+    from jaxdepth.trial_grid import TRIAL_FIELDS
     assert {g for _, g, _ in _SHADOWED} == {f for f, _ in TRIAL_FIELDS.values()} | {"run.seed"}
 
 
 def test_a_trials_list_conflicts_only_with_a_field_the_user_gave(tmp_path):
     """A config file or a preset holds every field, so what it sets does not conflict with a
     trials list; a field given on the command line does, wherever the list comes from."""
-    from jaxdepth.config import trial_configs
+    from jaxdepth.trial_grid import trial_configs
     path = tmp_path / "c.json"
     path.write_text(Config().to_json())  # optim.lr and run.seed among every field
     cfg = parse_args(["--config", str(path), "--trials.lr", "1e-3,2e-3", "--run.seeds", "0,1"])

@@ -3,9 +3,11 @@ is imported or run):
 
 (a) no import cycle between jaxdepth modules, nor between its packages;
 (b) ``jaxdepth/models/`` imports only ``jaxdepth.config``, ``jaxdepth.models.*``, the two
-    leaf modules config is built on (``jaxdepth.errors``, ``jaxdepth.choices``) and Eq. 1
-    (``jaxdepth.depth_family``, which imports only config) (and third-party modules): no
-    trainer, task, data, analysis or experiment code;
+    leaf modules config is built on (``jaxdepth.errors``, ``jaxdepth.choices``), Eq. 1
+    (``jaxdepth.depth_family``, which imports only config), the model specs
+    (``jaxdepth.model_specs``), the per-trial tracing (``jaxdepth.trial_tracing``) and the ACT
+    sizes (``jaxdepth.act_presets``) (and third-party modules): no trainer, task, data,
+    analysis or experiment code;
 (c) ``jaxdepth/trainer/`` imports neither ``jaxdepth.tasks`` nor ``jaxdepth.models``: the
     trainer knows no task and no model class (skipped while ``jaxdepth/trainer`` is absent);
 (d) no source file names the old design file or a path outside the repository;
@@ -28,9 +30,10 @@ What does not:
 - the parent packages Python initialises on the way (``import jaxdepth.models.act`` runs
   jaxdepth/models/__init__.py first): counting them would make every package whose
   ``__init__`` re-exports a submodule look cyclic;
-- for the cycle check only, imports under ``if TYPE_CHECKING:``, which never run. The layering
-  rules (b) and (c) do count them: a type-only import of the trainer from a model is still the
-  dependency those rules forbid.
+
+Imports under ``if TYPE_CHECKING:``, which never run, count all the same, for the cycle checks
+as for the layering rules (b) and (c): a type-only import is still the dependency, and a
+type-only circle still a circle between the modules.
 
 Imports inside ``try`` blocks that catch ImportError (or Exception, or everything: optional
 imports, fallbacks) are edges like any other when they resolve; only the resolution check lets
@@ -73,7 +76,8 @@ _TRY = (ast.Try, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Try,)
 SHARED_DATA_LOCATOR = REPO / "tests" / "conftest.py"  # exempt from the path rule only
 
 MODELS_MAY_IMPORT = ("jaxdepth.config", "jaxdepth.models", "jaxdepth.errors",
-                     "jaxdepth.choices", "jaxdepth.depth_family")
+                     "jaxdepth.choices", "jaxdepth.depth_family", "jaxdepth.model_specs",
+                     "jaxdepth.trial_tracing", "jaxdepth.act_presets")
 TRAINER_MAY_NOT_IMPORT = ("jaxdepth.tasks", "jaxdepth.models")
 # Packages whose subpackages are units of the package-cycle check on their own.
 GROUPED = ("jaxdepth.data",)
@@ -226,11 +230,11 @@ def _within(name: str, prefix: str) -> bool:
 
 
 def import_graph(imports: list[Import], known: set[str]) -> dict[str, set[str]]:
-    """module -> modules it imports at run time (TYPE_CHECKING imports left out; imports of a
-    module that does not exist are the resolution check's business)."""
+    """module -> modules it imports (TYPE_CHECKING imports included; imports of a module that
+    does not exist are the resolution check's business)."""
     graph: dict[str, set[str]] = {m: set() for m in known}
     for i in imports:
-        if not i.type_only and i.target in known:
+        if i.target in known:
             graph[i.source].add(i.target)
     return graph
 
@@ -322,7 +326,8 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def _describe_cycle(cycle: list[str], imports: list[Import]) -> str:
     lines = [" -> ".join(cycle)]
     for a, b in zip(cycle, cycle[1:]):
-        where = [i.where() for i in imports if i.source == a and i.target == b and not i.type_only]
+        where = [i.where() + (" (under TYPE_CHECKING)" if i.type_only else "")
+                 for i in imports if i.source == a and i.target == b]
         lines.append(f"    {a} -> {b}: {', '.join(where)}")
     return "\n".join(lines)
 
@@ -383,7 +388,7 @@ def test_import_resolution_on_a_synthetic_package(tmp_path):
         ("pkg.sub.c", "pkg.gone", ("x",), 7, "", False, True),
     }
     graph = import_graph(found, set(mods))
-    assert graph["pkg.b"] == {"pkg.a", "pkg.sub", "pkg.sub.c"}  # TYPE_CHECKING: no edge
+    assert graph["pkg.b"] == {"pkg.a", "pkg.sub", "pkg.sub.c"}  # TYPE_CHECKING's counts too
     assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"], ["pkg.a", "pkg.sub.c", "pkg.a"]]
     assert _unresolved(found, mods) == []  # the guarded import of pkg.gone may fail
     (tmp_path / "pkg/d.py").write_text("from pkg.a import A, B\nfrom .sub import helper, nope\n"
@@ -405,7 +410,7 @@ def package_graph(imports: list[Import], modules: set[str]) -> dict[str, set[str
     """The import graph between jaxdepth's packages (``jaxdepth.tasks``), the groups of its
     data package (``jaxdepth.data.corpus``: each a concern of its own, ``GROUPED``) and its
     top-level modules (``jaxdepth.config``): an edge wherever one of A's modules imports one of
-    B's, imports under TYPE_CHECKING excepted."""
+    B's, imports under TYPE_CHECKING included."""
     def unit(m: str) -> str:
         parts = m.split(".")
         grouped = ".".join(parts[:2]) in GROUPED and len(parts) > 3
@@ -414,7 +419,7 @@ def package_graph(imports: list[Import], modules: set[str]) -> dict[str, set[str
     out: dict[str, set[str]] = {}
     for i in imports:
         a, b = unit(i.source), unit(i.target)
-        if not i.type_only and a != b and b in units:
+        if a != b and b in units:
             out.setdefault(a, set()).add(b)
     return out
 

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from .plan_file import PlannedExperiment
 from ..errors import RunFailed, run_main
-from ..config import SEED_FIELD, TASKS, Config, ConfigError, apply_overrides
+from ..config import TASKS, Config, ConfigError, apply_overrides
+from ..trial_grid import SEED_FIELD
 from ..depth_family import SIZE_CLASSES
 from ..presets import PAPER_FINETUNING, from_preset
 
@@ -183,7 +184,7 @@ class Sweep(PlannedExperiment):
     @staticmethod
     def _per_seed(path: str, seed: int) -> str:
         """A path of seed `seed`'s pretraining run (its last component ends -s<seed>), with
-        that seed as config.SEED_FIELD: each trial reads its own."""
+        that seed as trial_grid.SEED_FIELD: each trial reads its own."""
         if not path:
             return path
         p = Path(path)

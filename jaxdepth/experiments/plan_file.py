@@ -50,7 +50,8 @@ class PlannedExperiment:
         import dataclasses
         import time
 
-        from ..config import ConfigError, trial_configs
+        from ..config import ConfigError
+        from ..trial_grid import trial_configs
         from ..errors import RunFailed
         from ..tasks import task_for
         from ..trainer.loop import train

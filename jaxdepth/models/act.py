@@ -28,8 +28,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
-from ..config import ACTConfig, halting_class, setting
+from ..act_presets import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
+from ..config import ACTConfig, halting_class
+from ..trial_tracing import setting
 from .backbone import Backbone
 from .encoder import Encoder, default_inputs
 from .heads import MLMHead, gather_positions

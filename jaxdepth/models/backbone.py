@@ -19,7 +19,8 @@ from typing import Any
 import equinox as eqx
 from jaxtyping import Array
 
-from ..config import ConfigError, setting
+from ..config import ConfigError
+from ..trial_tracing import setting
 from .declared import Declared
 from .layers import PostLNLayer
 
@@ -31,7 +32,7 @@ class Backbone(Declared):
 
     cfg: eqx.AbstractVar[Any]
     # The setting whose per-trial value replaces cfg.dropout inside a trial step
-    # (config.setting); None where the rate is not a trial setting (a BERT's config is its
+    # (trial_tracing.setting); None where the rate is not a trial setting (a BERT's config is its
     # checkpoint's as often as the model section's).
     dropout_setting = None
 

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import ModelConfig, may_drop
+from ..config import ModelConfig
+from ..trial_tracing import may_drop
 from .backbone import Backbone
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
 from .options import with_options

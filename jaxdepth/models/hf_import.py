@@ -38,7 +38,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from ..config import EncoderConfig
+from ..model_specs import EncoderConfig
 from .encoder import Encoder
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from ..config import ACTIVATIONS, Keep, ModelConfig, attention_path, may_drop
+from ..config import ModelConfig, attention_path
+from ..model_specs import ACTIVATIONS
+from ..trial_tracing import Keep, may_drop
 
 _NEG_INF = float(np.finfo(np.float32).min)
 kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
@@ -22,7 +24,7 @@ kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
 def dropout(x: Array, rate: float | Keep, key: Array | None) -> Array:
     """Inverted dropout; identity when key is None (inference) or rate is 0. `rate` may be a
-    trial's traced rate (config.setting)."""
+    trial's traced rate (trial_tracing.setting)."""
     if key is None or not may_drop(rate):
         return x
     p = rate.p if isinstance(rate, Keep) else 1.0 - rate

@@ -3,7 +3,7 @@ package each.
 
 A class holds everything about its optimizer: its name, which of the settings that only some
 optimizers read (``OWN_FIELDS``: optim.b1, b2, eps) it reads and its defaults for them
-(``DEFAULTS``; config.OptimConfig refuses the others when they are set), and how it is built
+(``DEFAULTS``; optim_config.OptimConfig refuses the others when they are set), and how it is built
 from optax (``OPTAX``, called with those settings, or ``build``). Nothing outside these modules
 compares an optimizer's name.
 
@@ -13,14 +13,12 @@ and choices.py, so that config.py can validate against it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import optax
 
 from ..choices import Choices, import_all
 
-if TYPE_CHECKING:
-    from ..config import OptimConfig
 
 # The settings only some optimizers read: an optimizer's DEFAULTS names those it reads.
 OWN_FIELDS = ("b1", "b2", "eps")
@@ -48,7 +46,7 @@ class Optimizer:
             _OPTIMIZERS.add(cls)
 
     @classmethod
-    def build(cls, cfg: "OptimConfig", rate: optax.Schedule, weight_decay: Any,
+    def build(cls, cfg, rate: optax.Schedule, weight_decay: Any,
               mask) -> optax.GradientTransformation:
         """The optax transformation. rate: the learning-rate schedule; weight_decay: a trial's
         decay (a traced array) or None for cfg's; mask: which leaves decay."""

@@ -3,7 +3,7 @@
 A kind of run is what train.py does with a config: pretrain a decoder LM, fine-tune it as a
 prefix LM, pretrain an ACT/ALBERT/BERT encoder, probe one, pretrain a BERT encoder with MLM, or
 fuse a backbone's layers for NER or MLM. A class holds everything about its kind that the rest
-of the code asks: its name (messages and the ``read_by`` declarations of config.py), which
+of the code asks: its name (in messages), the settings only some kinds read (``READS``), which
 configs it runs (``claims``: by task.name and the kinds model.arch's class names, archs.py;
 the kinds' claims never overlap, so exactly one kind claims any valid config) and what it
 refuses among them (``check``, a ConfigError naming the field), the keyword options of its
@@ -14,21 +14,27 @@ Nothing outside these modules compares a kind's name.
 
 Every module of this package is imported here, so a new kind is a new module here and its
 Task under jaxdepth/tasks/: defining a subclass with a ``NAME`` registers it. This package
-imports nothing of jaxdepth but errors.py, choices.py, task_names.py and fusion_modes.py
-(and config.py's Config, whose ``arch`` is archs.py's class, for type checking only).
+imports nothing of jaxdepth but errors.py, choices.py, task_names.py and fusion_modes.py, not
+even config.py for type checking: a ``cfg`` here is a config.Config.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from ..choices import Choices, import_all
 from ..errors import ConfigError
 from ..task_names import TASKS
 
-if TYPE_CHECKING:
-    from ..config import Config
 
-_KINDS: Choices[type["RunKind"]] = Choices("run kind", "run kind")
+_KINDS: Choices[type["RunKind"]] = Choices("run kind", "run kind", order=lambda cls: cls.ORDER)
+
+# Settings that several kinds read (``RunKind.READS``): the training corpus (data.corpus or the
+# embedded grammar, and how validation is split off it), the grammar's own documents, and how
+# MLM examples are made.
+CORPUS = ("data.corpus", "data.valid", "data.valid_fraction", "data.valid_seed")
+GRAMMAR = ("data.grammar_docs", "data.grammar_seed")
+MLM_EXAMPLES = ("data.mask_rate", "data.max_predictions", "data.max_ngram")
+FROM_PRETRAINED = ("task.init_from", "task.init_step")  # starts from a pretrained run
 
 
 def moments(b1: float, b2: float, eps: float) -> dict[str, dict]:
@@ -40,10 +46,17 @@ def moments(b1: float, b2: float, eps: float) -> dict[str, dict]:
 
 
 class RunKind:
-    NAME: ClassVar[str]  # in messages and config.read_by declarations
+    NAME: ClassVar[str]  # in messages
+    ORDER: ClassVar[int] = 100  # place in messages and --help (then by name)
+    # The settings ("section.field", or a whole "section") that this kind reads and some other
+    # kind does not: given on the command line for a kind that does not declare it, a setting
+    # that some kind declares is refused (cli.refuse_unread), and --help lists its readers.
+    # A setting no kind declares is read by every kind.
+    READS: ClassVar[tuple[str, ...]] = ()
+    DEFAULT: ClassVar[bool] = False  # the kind of the default config (one kind says so)
     # The Task that runs this kind (trainer/task.py): "module:Class" of jaxdepth.tasks
     TASK: ClassVar[str]
-    # The optimizer settings a config leaves unset take these (config.RECIPE_FIELDS, with
+    # The optimizer settings a config leaves unset take these (optim_config.RECIPE_FIELDS, with
     # "moments" per optimizer): the kind's paper's recipe (docs/design.md §6).
     RECIPE: ClassVar[dict]
 
@@ -58,37 +71,51 @@ class RunKind:
             _KINDS.add(cls)
 
     @classmethod
-    def claims(cls, cfg: "Config") -> bool:
+    def claims(cls, cfg) -> bool:
         """Whether cfg is a run of this kind (no other kind claims it)."""
         return False
 
     @classmethod
-    def check(cls, cfg: "Config") -> None:
+    def check(cls, cfg) -> None:
         """A ConfigError naming the field, for a config this kind claims but cannot run."""
 
     @classmethod
-    def options(cls, cfg: "Config") -> dict:
+    def options(cls, cfg) -> dict:
         """Keyword options of the Task's constructor."""
         return {}
 
     @classmethod
-    def recipe(cls, cfg: "Config") -> dict:
+    def recipe(cls, cfg) -> dict:
         """The optimizer recipe of this kind for cfg."""
         return cls.RECIPE
 
 
-def kind_of(cfg: "Config") -> type[RunKind]:
+def kind_of(cfg) -> type[RunKind]:
     """The kind of run cfg describes, or a ConfigError (naming the field) for a config no kind
     runs. The one place that looks at model.arch and task.name together."""
     if cfg.task.pack and cfg.task.name not in TASKS:  # a preset may set it before task.name
         raise ConfigError(f"task.pack: packs the examples of prefix-LM fine-tuning (task.name "
                           f"one of {', '.join(TASKS)}); task.name={cfg.task.name!r} has none "
-                          f"to pack")
+                          f"to pack", field="task.pack")
     claimed = [k for k in map(_KINDS, _KINDS.names()) if k.claims(cfg)]
     assert len(claimed) == 1, (f"run kinds {[k.NAME for k in claimed]} claim model.arch="
                                f"{cfg.model.arch!r}, task.name={cfg.task.name!r}")
     claimed[0].check(cfg)
     return claimed[0]
+
+
+def kinds_reading(setting: str) -> tuple[str, ...] | None:
+    """The kinds that read ``setting`` ("section.field"), in ORDER; None: no kind declares it
+    (``RunKind.READS``), so every kind reads it."""
+    section = setting.split(".")[0]
+    kinds = [_KINDS(n) for n in _KINDS.names()]
+    reading = tuple(k.NAME for k in kinds if setting in k.READS or section in k.READS)
+    return reading or None
+
+
+def default_recipe() -> dict:
+    """The recipe of an OptimConfig outside a Config: the default run's (``DEFAULT``)."""
+    return next(k for k in map(_KINDS, _KINDS.names()) if k.__dict__.get("DEFAULT")).RECIPE
 
 
 def run_kind(name: str) -> type[RunKind]:

@@ -2,11 +2,12 @@
 layer fusion is studied over."""
 from ..errors import ConfigError
 from ..task_names import FUSION_TASKS
-from . import RunKind, moments
+from . import CORPUS, GRAMMAR, MLM_EXAMPLES, RunKind, moments
 
 
 class BertMLMPretraining(RunKind):
-    NAME, TASK = "encoder_mlm", "mlm:EncoderMLMTask"
+    NAME, TASK, ORDER = "encoder_mlm", "mlm:EncoderMLMTask", 4
+    READS = (*CORPUS, *GRAMMAR, *MLM_EXAMPLES)
     # BERT's MLM pretraining: AdamW 1e-4, warmup then linear decay to 0, weight decay 0.01.
     RECIPE = dict(name="adamw", lr=1e-4, schedule="linear", warmup_steps=100,
                   min_lr_ratio=0.0, weight_decay=0.01, clip_norm=1.0,
@@ -22,4 +23,4 @@ class BertMLMPretraining(RunKind):
         if cfg.task.name:
             raise ConfigError(f"task.name: model.arch='encoder' pretrains with MLM (empty "
                               f"task.name) or is the backbone of {', '.join(FUSION_TASKS)}; "
-                              f"got {cfg.task.name!r}")
+                              f"got {cfg.task.name!r}", field="task.name")

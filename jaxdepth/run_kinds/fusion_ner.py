@@ -2,11 +2,13 @@
 from task.init_from or the config."""
 from ..errors import ConfigError
 from ..fusion_modes import fusion_mode
-from . import RunKind, moments
+from . import FROM_PRETRAINED, RunKind, moments
 
 
 class FusionNER(RunKind):
-    NAME, TASK = "ner", "ner:NERTask"
+    NAME, TASK, ORDER = "ner", "ner:NERTask", 5
+    READS = ("task.dir", *FROM_PRETRAINED, "task.seed", "task.eval_max", "task.eval_batch",
+             "task.n_shot", "fusion")
     # The DWAtt paper's fine-tuning: AdamW 5e-5, no warmup, linear decay to 0, weight decay
     # 0.01.
     RECIPE = dict(name="adamw", lr=5e-5, schedule="linear", warmup_steps=0, min_lr_ratio=0.0,

@@ -2,12 +2,15 @@
 (task.name one of task_names.PROBE_TASKS)."""
 from ..errors import ConfigError
 from ..task_names import FUSION_TASKS, PROBE_TASKS
+from . import FROM_PRETRAINED, GRAMMAR
 from . import encoder_pretraining as pretraining
 
 
 class ProbeFinetuning(pretraining.EncoderPretraining):
     # The paper fine-tunes with its pretraining's recipe (inherited), on the same encoder.
-    NAME, TASK = "probe", "probe:ProbeTask"
+    NAME, TASK, ORDER = "probe", "probe:ProbeTask", 2
+    READS = (*GRAMMAR, *FROM_PRETRAINED, "task.n_train", "task.n_eval", "task.seed",
+             "task.eval_batch")
 
     @classmethod
     def claims(cls, cfg) -> bool:  # an ALBERT-family encoder given a task that is not fusion's
@@ -20,7 +23,7 @@ class ProbeFinetuning(pretraining.EncoderPretraining):
         if cfg.task.name not in PROBE_TASKS:
             raise ConfigError(f"task.name: {cfg.task.name!r} is a decoder task; encoders "
                               f"(model.arch={cfg.model.arch!r}) fine-tune on "
-                              f"{', '.join(PROBE_TASKS)}")
+                              f"{', '.join(PROBE_TASKS)}", field="task.name")
 
     @classmethod
     def options(cls, cfg) -> dict:

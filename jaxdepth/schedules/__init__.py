@@ -10,15 +10,13 @@ jaxdepth but errors.py and choices.py, so that config.py can validate against it
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
 import optax
 
 from ..choices import Choices, import_all
 
-if TYPE_CHECKING:
-    from ..config import OptimConfig
 
 _SCHEDULES: Choices[type["Schedule"]] = Choices("schedule", "optim.schedule")
 
@@ -36,7 +34,7 @@ class Schedule:
             _SCHEDULES.add(cls)
 
     @classmethod
-    def build(cls, cfg: "OptimConfig", total_steps: int, rate: Any) -> optax.Schedule:
+    def build(cls, cfg, total_steps: int, rate: Any) -> optax.Schedule:
         """The learning rate at each step; rate: cfg.lr or a trial's (a traced array)."""
         after = cls.after_warmup(cfg, rate, rate * cfg.min_lr_ratio,
                                  max(total_steps - cfg.warmup_steps, 1))
@@ -48,7 +46,7 @@ class Schedule:
         return lambda step: after(jnp.asarray(step, jnp.float32))
 
     @classmethod
-    def check(cls, cfg: "OptimConfig") -> None:
+    def check(cls, cfg) -> None:
         """Refuse (ConfigError naming the field) settings this schedule cannot run with."""
 
 

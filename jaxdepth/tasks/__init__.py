@@ -10,7 +10,8 @@ kinds and names their Task); ``task_for(config)`` (registry.py) builds it.
 """
 from __future__ import annotations
 
-from ..config import Config, trial_configs
+from ..config import Config
+from ..trial_grid import trial_configs
 from ..run_kinds import kind_of
 from .registry import load_model, task_for
 

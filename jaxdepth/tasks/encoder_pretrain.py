@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from ..analysis.act_stats import evaluate_act, evaluate_act_each, plot_cosine, write_cosine_table, write_table1
-from ..config import ACTConfig, Config, ConfigError, MLMConfig
+from ..config import ACTConfig, Config, ConfigError
+from ..model_specs import MLMConfig
 from ..data.embedded import grammar
 from ..data.corpus.mlm_sop import (eval_mlm_batches, grammar_documents, mlm_dataset,
                                    text_documents, tokenize_mlm_documents)

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 
-from ..config import Config, EncoderConfig
+from ..config import Config
+from ..model_specs import EncoderConfig
 from ..data.corpus.prepare import tokenizer_source
 from ..data.corpus.subwords import HFWords
 from ..models.encoder import Encoder

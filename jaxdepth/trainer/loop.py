@@ -19,7 +19,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from ..config import Config, ConfigError, trial_configs
+from ..config import Config, ConfigError
+from ..trial_grid import trial_configs
 from ..errors import Interrupted, warn
 from ..files import write_whole
 from . import checkpoint as ckpt
@@ -90,7 +91,7 @@ def _restore(trials: Trials, mngr, abstract, shardings):
 
 def train(cfg: Config, task: Task | list[Task]) -> dict:
     """Run (or resume) the training cfg describes, of the model and data `task` gives;
-    returns the summary it writes. A run with trials (config.trial_configs gives several)
+    returns the summary it writes. A run with trials (trial_grid.trial_configs gives several)
     takes one task per trial, built from its trial's config, in that order. The run directory
     is locked for the duration (process 0 holds the lock for every process of a
     multi-process run).

@@ -23,7 +23,7 @@ from .trials import (TrialIterator, aggregate, batch_sharding, data_dir, label,
 
 
 class Trials:
-    """A run's K >= 1 trials (config.trial_configs), each with its own task, as the one path
+    """A run's K >= 1 trials (trial_grid.trial_configs), each with its own task, as the one path
     every run takes: a run without trials is K = 1. What the loop asks of the state (its
     shardings, initialisation, restore, step, data, models and freezing) is asked here.
 

@@ -19,7 +19,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..config import Config, ConfigError, MeshConfig, trial_configs
+from ..config import Config, ConfigError, MeshConfig
+from ..trial_grid import trial_configs
 from ..errors import warn
 from ..files import write_whole
 from . import checkpoint as ckpt

@@ -1,13 +1,13 @@
 """Trials: K runs that share every array shape, trained side by side as one compiled program.
 
-A run with ``run.seeds`` or a ``trials`` list (config.trial_grid) has K trials, each exactly
-the solo run its own config describes (config.trial_configs). Their train states are stacked on
+A run with ``run.seeds`` or a ``trials`` list (trial_grid.trial_grid) has K trials, each exactly
+the solo run its own config describes (trial_grid.trial_configs). Their train states are stacked on
 a leading trial axis (``TrialState``), each initialised by one init program that takes the seed
 as an argument, and the solo step's update (step.make_update) is vmapped over that axis and
 jitted once. What varies between trials goes in as arrays: the seed (the key of the init and of
 dropout), the settings that vary (``hparams``: the learning-rate schedule and weight decay are
 built inside the vmapped step from them; dropout rates and ACT's ponder weight reach the model
-through config.setting), and each trial's batches (each trial has its own Task and so its own
+through trial_tracing.setting), and each trial's batches (each trial has its own Task and so its own
 data iterator: ``TrialIterator``). A trial whose loss, gradient or updated parameters turn
 non-finite is frozen: its update is masked from then on and the others go on. The arrays
 every trial holds alike and never trains (Task.trial_shared: a frozen pretrained backbone) are
@@ -31,8 +31,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
-from ..config import (DROPOUT_SETTINGS, SCALAR_SETTINGS, TRIAL_FIELDS, Config, Keep,
-                      trial_values)
+from ..config import Config
+from ..trial_grid import TRIAL_FIELDS
+from ..trial_tracing import DROPOUT_SETTINGS, SCALAR_SETTINGS, Keep, trial_values
 from . import checkpoint as ckpt
 from . import sharding as shd
 from .optim import make_optimizer

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import pytest
 
 from jaxdepth.cli import parse_args
-from jaxdepth.config import EncoderConfig, MeshConfig
+from jaxdepth.config import MeshConfig
+from jaxdepth.model_specs import EncoderConfig
 from jaxdepth.models.declared import Declared, decay_mask, logical_axes
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.fused import FusedModel

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.config import EncoderConfig
+from jaxdepth.model_specs import EncoderConfig
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.hf_import import (
     config_from_hf,

@@ -49,3 +49,27 @@ def test_the_command_line_and_help_know_it():
     assert cfg.optim.schedule == "wsd"
     line = next(i for i, l in enumerate(help_text().splitlines()) if "--optim.schedule" in l)
     assert "wsd" in " ".join(help_text().splitlines()[line:line + 4])
+
+
+def test_its_decay_fraction_is_a_setting_it_declares():
+    """optim.decay_fraction comes from WSD.FIELDS (fields.Setting): it sets the cooldown, is
+    checked and documented from the declaration, and is refused for another schedule."""
+    import pytest
+
+    from jaxdepth.config import ConfigError
+    # half of 100 steps cooling down from 1.0 to 0: step 75 is halfway
+    cfg = OptimConfig(schedule="wsd", lr=1.0, warmup_steps=0, min_lr_ratio=0.0,
+                      decay_fraction=0.5)
+    np.testing.assert_allclose(lr_at(cfg, 100, [0, 50, 75, 100]), [1.0, 1.0, 0.5, 0.0],
+                               rtol=1e-6, atol=1e-9)
+    assert parse_args(["--optim.schedule", "wsd", "--optim.decay_fraction", "0.5"]
+                      ).optim.decay_fraction == 0.5
+    with pytest.raises(ConfigError, match=r"^optim\.decay_fraction: must be in \(0, 1\], got 1\.5"):
+        parse_args(["--optim.schedule", "wsd", "--optim.decay_fraction", "1.5"])
+    with pytest.raises(ConfigError, match=r"^optim\.decay_fraction: optim\.schedule cosine does "
+                                          r"not read it \(read by: wsd\)"):
+        parse_args(["--optim.schedule", "cosine", "--optim.decay_fraction", "0.5"])
+    with pytest.raises(ConfigError, match=r"optim\.schedule cosine does not read it"):
+        parse_args(["--optim.decay_fraction", "0.5"])  # the lm recipe's schedule
+    text = help_text()
+    assert "--optim.decay_fraction" in text and "read by optim.schedule: wsd" in text

@@ -10,6 +10,7 @@ from jaxdepth import config as C
 from jaxdepth.cli import parse_args, preset_lines
 from jaxdepth.config import Config, ConfigError, OptimConfig, TaskConfig, apply_overrides
 from jaxdepth.run_kinds import run_kind
+from jaxdepth.trial_grid import trial_configs
 
 NER = ["--task.name", "ner", "--task.dir", "wikiann"]
 
@@ -101,18 +102,18 @@ def test_a_learning_rate_given_per_trial_satisfies_another_optimizer(tmp_path):
     the recipe's needs no --optim.lr: each trial trains that optimizer at its own rate."""
     from jaxdepth.trainer.trials import hparams
     cfg = parse_args(["--optim.name", "adamw", "--trials.lr", "1e-3,2e-3"])
-    trials = C.trial_configs(cfg)
+    trials = trial_configs(cfg)
     assert [(c.optim.name, c.optim.lr, c.optim.b2) for c in trials] == \
         [("adamw", 1e-3, 0.99), ("adamw", 2e-3, 0.99)]
     assert hparams(trials)["lr"].tolist() == pytest.approx([1e-3, 2e-3])  # what the step reads
     # start-up does not claim the recipe's rate, which no trial runs at
     assert "lr=" not in " ".join(preset_lines(cfg))
     # a one-trial list, another kind, and a config file alike
-    one = C.trial_configs(parse_args(NER + ["--optim.name", "adafactor", "--trials.lr", "1e-2"]))
+    one = trial_configs(parse_args(NER + ["--optim.name", "adafactor", "--trials.lr", "1e-2"]))
     assert [(c.optim.name, c.optim.lr) for c in one] == [("adafactor", 1e-2)]
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"optim": {"name": "lion"}, "trials": {"lr": "1e-4,3e-4"}}))
-    assert [c.optim.lr for c in C.trial_configs(parse_args(["--config", str(path)]))] == \
+    assert [c.optim.lr for c in trial_configs(parse_args(["--config", str(path)]))] == \
         [1e-4, 3e-4]
     # a list that varies another field leaves the learning rate to be given
     with pytest.raises(ConfigError, match=r"^optim\.lr: the lm recipe's learning rate 0\.06"):
@@ -160,3 +161,26 @@ def test_experiments_pin_their_whole_recipe():
     assert fields <= set(ff.PRESETS["miniature"]["finetune"])
     assert fields <= set(ff.PRESETS["miniature"]["pretrain"])
     assert fields - {"optim.b1", "optim.b2", "optim.eps"} <= set({**PAPER_FINETUNE, **MINIATURE.finetune})
+
+
+def test_the_design_s_recipe_table_is_the_kinds_recipes():
+    """docs/design.md §6 describes each kind's recipe in words: its optimizer, learning rate,
+    schedule and clipping are those of RunKind.RECIPE, where the recipe is written."""
+    import re
+    from pathlib import Path
+
+    from jaxdepth.run_kinds import kind_names
+    text = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"^\| (`[a-z_]+`(?:, `[a-z_]+`)*)(?: \(fusion\))? \| (.*?) \|", line)
+        if m:
+            for kind in re.findall(r"`([a-z_]+)`", m.group(1)):
+                rows[kind] = m.group(2)
+    assert set(rows) == set(kind_names())
+    for kind, row in rows.items():
+        recipe = run_kind(kind).RECIPE
+        opt, lr = re.match(r"(\w+) ([0-9.e-]+)", row).groups()
+        assert opt.lower() == recipe["name"] and float(lr) == recipe["lr"], (kind, row)
+        assert recipe["schedule"] in row, (kind, row)
+        assert ("no clipping" in row) == (recipe["clip_norm"] == 0.0), (kind, row)

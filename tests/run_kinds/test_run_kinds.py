@@ -5,6 +5,7 @@ import pytest
 
 from jaxdepth.config import ARCHS, FUSION_TASKS, PROBE_TASKS, TASKS, Config, ConfigError, \
     apply_overrides
+from jaxdepth.archs import arch as arch_class
 from jaxdepth.run_kinds import kind_names, kind_of, run_kind
 from jaxdepth.tasks import registry
 from jaxdepth.tasks.task_base import TaskBase
@@ -98,11 +99,28 @@ def test_each_kind_names_a_task_class_that_runs_it():
         assert all(cls is not other for k, other in _task_classes() if k != kind), kind
 
 
-def test_the_kinds_that_fields_declare_exist():
-    """config.read_by names run kinds by their NAME: a misspelt one would never refuse."""
+def test_the_settings_that_kinds_declare_exist():
+    """RunKind.READS names settings as "section.field" or "section": a misspelt one would
+    refuse nothing."""
     import dataclasses
 
-    from jaxdepth.config import SECTIONS, kinds_reading
+    from jaxdepth.config import SECTIONS
+    from jaxdepth.run_kinds import run_kind
+    known = set(SECTIONS) | {f"{sec}.{f.name}" for sec, cls in SECTIONS.items()
+                             for f in dataclasses.fields(cls)}
+    for name in kind_names():
+        assert set(run_kind(name).READS) <= known, (name, set(run_kind(name).READS) - known)
+    for name in ARCHS:  # and the architectures', in the section they describe
+        reads = set(arch_class(name).READS)
+        assert reads <= known and all(r.startswith(arch_class(name).SECTION + ".") for r in reads), name
+
+
+def test_the_kinds_that_fields_declare_exist():
+    """cli.kinds_reading names run kinds by their NAME."""
+    import dataclasses
+
+    from jaxdepth.cli import kinds_reading
+    from jaxdepth.config import SECTIONS
     named = {k for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)
              for k in (kinds_reading(sec, f.name) or ())}
     assert named and named <= set(kind_names()), named - set(kind_names())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import Config, MeshConfig
-from jaxdepth.config import MLMConfig
+from jaxdepth.model_specs import MLMConfig
 from jaxdepth.data.corpus.mlm_sop import grammar_documents, mlm_dataset, tokenize_mlm_documents
 from jaxdepth.data.corpus.tokenizer import train_tokenizer
 from jaxdepth.data.embedded import grammar

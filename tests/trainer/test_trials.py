@@ -26,7 +26,8 @@ import pytest
 
 from _train_helpers import base_args, read_metrics, saved_partition_specs
 from jaxdepth.cli import parse_args
-from jaxdepth.config import ConfigError, MeshConfig, trial_configs, trial_grid
+from jaxdepth.config import ConfigError, MeshConfig
+from jaxdepth.trial_grid import trial_configs, trial_grid
 
 STEPS = 8  # evaluations at 4 and 8, checkpoints at 4 and 8
 LR_B = 0.03  # the lm recipe's lr is 0.06 (warm-up over 50 steps: every step here is in it)
@@ -216,7 +217,7 @@ def test_lr_trials_equal_the_solo_runs_of_each_lr(lm):
 
 
 def test_dropout_trials_equal_the_solo_runs_of_each_rate(lm):
-    """trials.dropout 0,0.1 (model.dropout as a traced per-trial rate, config.setting):
+    """trials.dropout 0,0.1 (model.dropout as a traced per-trial rate, trial_tracing.setting):
     the trial at 0.1 draws its solo run's masks, and the one at 0, which now runs through the
     dropout code with a key, keeps every unit as its solo run does without one."""
     trials = lm("drop", **{"trials.dropout": "0.0,0.1"})

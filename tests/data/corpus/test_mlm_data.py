@@ -3,7 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxdepth.config import N_SPECIAL, MLMConfig
+from jaxdepth.model_specs import MLMConfig
+from jaxdepth.token_ids import N_SPECIAL
 from jaxdepth.data.embedded import grammar
 from jaxdepth.data.corpus.mlm_sop import (
     KIND_MASK,

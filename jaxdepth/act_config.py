@@ -1,0 +1,62 @@
+"""The act section: the ALBERT-family encoder of model.arch act, albert and bert."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .act_presets import ACT_PRESETS
+from .fields import require
+from .halting import halting as halting_class
+
+
+@dataclass(frozen=True)
+class ACTConfig:
+    """The ALBERT-family encoder of model.arch act (adaptive depth, docs/design.md §3),
+    albert (the shared layer M times) and bert (M untied layers): its whole description,
+    vocabulary included."""
+    SHAPE: ClassVar[tuple[str, ...]] = ("vocab_size", "embed_dim", "d_model", "n_heads", "d_ff",
+                                        "max_len", "n_segments")
+    vocab_size: int = 512  # tokenizer pieces = embedding rows
+    embed_dim: int = 128  # E, ALBERT's factorised embedding size
+    d_model: int = 128  # width of the (shared) layer
+    n_heads: int = 2  # attention heads of the layer
+    d_ff: int = 0  # 0 -> 4 * d_model
+    max_len: int = 128  # positions of the learned position embedding
+    n_segments: int = 2  # segment (token type) embeddings: sentences A and B
+    max_iters: int = 6  # M: the cap on iterations (ACT), or the depth (fixed, untied)
+    tau: float = 1e-3  # ponder-cost weight
+    eps: float = 0.01  # a token halts once its cumulative halting probability passes 1 - eps
+    dropout: float = 0.0  # dropout rate in the layer and embeddings; 0 off
+    # act | fixed: exactly M iterations, no halting (weight-tied ALBERT); one class each in
+    # jaxdepth/halting.py
+    halting: str = "act"
+    # b_h at init: < 0 starts every token at M (act-cpu); tests and benchmarks also move it
+    # to force depths
+    halting_bias_init: float = 0.0
+    remat: bool = False  # recompute the shared layer on the backward pass instead of storing it
+
+    def __post_init__(self):
+        for name in ("vocab_size", "embed_dim", "d_model", "n_heads", "max_len", "n_segments",
+                     "max_iters"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and v > 0, f"act.{name}", f"must be a positive integer, got {v!r}")
+        require(self.d_ff >= 0, "act.d_ff", f"must be >= 0 (0 means 4 * d_model), got {self.d_ff}")
+        require(self.d_model % self.n_heads == 0, "act.n_heads",
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        require(self.tau >= 0.0, "act.tau", f"must be >= 0, got {self.tau}")
+        require(0.0 < self.eps < 1.0, "act.eps", f"must be in (0, 1), got {self.eps}")
+        require(0.0 <= self.dropout < 1.0, "act.dropout", f"must be in [0, 1), got {self.dropout}")
+        halting_class(self.halting)  # a ConfigError naming act.halting
+
+    @property
+    def ff(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+    def shape(self) -> dict[str, int]:
+        """The SHAPE fields as the model uses them (d_ff=0 is 4 * d_model)."""
+        return {f: self.ff if f == "d_ff" else getattr(self, f) for f in self.SHAPE}
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "ACTConfig":
+        require(name in ACT_PRESETS, "act.preset", f"unknown preset {name!r}; known: {sorted(ACT_PRESETS)}")
+        return cls(**{**ACT_PRESETS[name], **overrides})

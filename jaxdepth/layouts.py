@@ -1,0 +1,61 @@
+"""The layouts of a saved config.json: older ones (versions 1-3) upgraded to today's on reading
+(``upgrade``, called by config.Config.from_dict)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from .archs import arch as arch_class, arch_names, archs_reading
+from .fields import require
+from .optimizers import OWN_FIELDS, optimizer, optimizer_names
+from .task_names import FUSION_TASKS
+
+
+def upgrade(d: dict, model_cls: type) -> dict:
+    """A config dict of an older layout in today's (version 4); others unchanged. model_cls:
+    config.ModelConfig (its fields and default model.arch).
+
+    Version 1 described act/albert/bert models in the act section but took their vocabulary
+    from model.vocab_size, and wrote every section whatever the architecture: the section
+    that did not describe the model held values the run never read, and they are dropped.
+    Versions 1 and 2 saved optim.b1, b2 and eps whatever the optimizer; those its optimizer
+    does not read (which today's config refuses) are dropped. Versions 1-3 accepted the
+    decoder's own model fields for model.arch encoder, and model/act fields for a fusion run
+    over task.init_from (whose backbone is the source's); never read, they are dropped."""
+    version = d.get("version", 1)
+    require(version in (1, 2, 3, 4), "version",
+            f"must be 1, 2, 3 or 4, got {json.dumps(version)}")
+    if version == 4:
+        return d
+    d = _upgrade_model_sections(d, model_cls) if version == 1 else d
+    optim = d.get("optim")
+    if version < 3 and isinstance(optim, dict) and optim.get("name") in optimizer_names():
+        reads = optimizer(optim["name"]).DEFAULTS
+        d = {**d, "optim": {k: v for k, v in optim.items() if k in reads or k not in OWN_FIELDS}}
+    return {**_drop_unread_model_fields(d, model_cls), "version": 4}
+
+
+def _drop_unread_model_fields(d: dict, model_cls: type) -> dict:
+    model, task = d.get("model"), d.get("task", {})
+    if not isinstance(model, dict) or not isinstance(task, dict):
+        return d  # from_dict names whatever is malformed
+    arch = model.get("arch", model_cls.arch)
+    if task.get("init_from") and task.get("name") in FUSION_TASKS:
+        return {**d, "model": {k: v for k, v in model.items() if k == "arch"}, "act": {}}
+    unread = {f.name for f in dataclasses.fields(model_cls)
+              if arch not in (archs_reading(f"model.{f.name}") or (arch,))}
+    return {**d, "model": {k: v for k, v in model.items() if k not in unread}}
+
+
+def _upgrade_model_sections(d: dict, model_cls: type) -> dict:
+    model = d.get("model")
+    if not isinstance(model, dict) or not isinstance(d.get("act", {}), dict):
+        return d  # from_dict names whatever is malformed
+    arch = model.get("arch", model_cls.arch)
+    if arch in arch_names() and arch_class(arch).SECTION == "act":
+        act = {**d.get("act", {})}
+        if "vocab_size" in model:
+            act["vocab_size"] = model["vocab_size"]
+        return {**d, "model": {"arch": arch}, "act": act}
+    return {**d, "act": {}}
+

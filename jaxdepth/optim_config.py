@@ -1,0 +1,113 @@
+"""The optim section: the optimizer, its fields left to the run kind's recipe
+(``RECIPE_FIELDS``), and the fields an optimizer or schedule declares in its own module
+(fields.Setting)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from . import run_kinds
+from .errors import ConfigError
+from .fields import check_declared, declared_by_choices, positive, require
+from .optimizers import OWN_FIELDS, optimizer, readers
+from .schedules import schedule_class
+
+
+# The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/run_kinds/). Left
+# unset (None) in a config, they take the recipe of the run's kind, so a default tuned for
+# one kind of run never changes another's; a standalone OptimConfig takes the LM pretraining
+# recipe. Of these, OWN_FIELDS are read by some optimizers only (each optimizer's class says
+# which, jaxdepth/optimizers/): a recipe gives them per optimizer (its "moments"), the
+# optimizer's own DEFAULTS fill those it does not give, and a field the optimizer does not
+# read stays None (set, it is refused).
+RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay",
+                 "b1", "b2", "eps", "clip_norm")
+
+
+def _read_by(f: str):
+    return lambda: readers(f)
+
+
+@dataclass(frozen=True)
+@declared_by_choices("optim")  # and the fields an optimizer or schedule declares (fields.Setting)
+class OptimConfig:
+    """The optimizer. Every field but accum_steps defaults to the run kind's recipe
+    (RunKind.RECIPE; None here means "the recipe's"); a value given here is kept whatever the
+    kind."""
+    # one class each: jaxdepth/optimizers/
+    name: str = None
+    lr: float = None  # adafactor: relative to each parameter's RMS
+    # warmup, then the schedule's decay to lr * min_lr_ratio (one class each: jaxdepth/schedules/)
+    schedule: str = None
+    warmup_steps: int = None  # steps of linear warmup from 0 to lr
+    min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr
+    weight_decay: float = None  # decoupled (AdamW/LAMB), never on norm scales and biases
+    b1: float = field(default=None, metadata={"read_by": _read_by("b1")})  # first-moment decay
+    b2: float = field(default=None, metadata={"read_by": _read_by("b2")})  # second-moment decay
+    # added to the root of the second moment
+    eps: float = field(default=None, metadata={"read_by": _read_by("eps")})
+    clip_norm: float = None  # 0 disables global-norm clipping
+    accum_steps: int = 1  # micro-batches per optimizer step
+    # The RECIPE_FIELDS that were left unset, filled from a recipe (Config refills them from
+    # its run kind's). Not a setting: never saved, not compared.
+    from_recipe: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        unset = frozenset(f for f in RECIPE_FIELDS if getattr(self, f) is None)
+        recipe = run_kinds.default_recipe()  # a standalone OptimConfig: the default run's
+        for f in unset - set(OWN_FIELDS):
+            object.__setattr__(self, f, recipe[f])
+        opt = optimizer(self.name)  # a ConfigError naming optim.name
+        unread = frozenset(OWN_FIELDS) - set(opt.DEFAULTS)
+        # A field the optimizer does not read stays None, taken from no recipe; while the
+        # optimizer is the recipe's, the run kind's may still change it (with_recipe).
+        object.__setattr__(self, "from_recipe", unset if "name" in unset else unset - unread)
+        for f in OWN_FIELDS:
+            if f in opt.DEFAULTS:
+                if f in unset:
+                    own = recipe["moments"].get(self.name, {})
+                    object.__setattr__(self, f, own.get(f, opt.DEFAULTS[f]))
+                continue
+            # An optimizer left to the recipe may still become the run kind's (with_recipe),
+            # which may read f: only a named optimizer refuses it.
+            require(getattr(self, f) is None or "name" in unset, f"optim.{f}",
+                    f"optim.name {self.name} does not read it (read by: "
+                    f"{', '.join(readers(f)) or 'none'})")
+        sched = schedule_class(self.schedule)  # a ConfigError naming optim.schedule
+        positive(self, "optim", "lr", "accum_steps")
+        require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+        sched.check(self)
+        require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
+        require(self.clip_norm >= 0.0, "optim.clip_norm", "must be >= 0")
+        # a choice left to the recipe may still become the run kind's (with_recipe)
+        check_declared(self, "optim", unset)
+
+    def with_recipe(self, recipe: dict, kind: str,
+                    per_trial: frozenset = frozenset()) -> "OptimConfig":
+        """These settings, with the fields left unset taken from `recipe` (run kind `kind`'s).
+        A recipe's learning rate belongs to its optimizer: naming another optimizer without a
+        learning rate is refused rather than run at a rate meant for a different update rule,
+        unless every trial gives its own (per_trial: the fields a trials list sets)."""
+        if not self.from_recipe:
+            return self
+        if "lr" in self.from_recipe and "lr" not in per_trial and "name" not in self.from_recipe \
+                and self.name != recipe["name"]:
+            raise ConfigError(f"optim.lr: the {kind} recipe's learning rate {recipe['lr']} is "
+                              f"for {recipe['name']}; with optim.name {self.name} give "
+                              f"--optim.lr too", field="optim.lr")
+        given = {f: getattr(self, f) for f in RECIPE_FIELDS if f not in self.from_recipe}
+        name = given.get("name", recipe["name"])
+        reads = optimizer(name).DEFAULTS
+        unread = [f for f in OWN_FIELDS if f in given and f not in reads]
+        if unread and "name" not in given:  # the user set a moment, not this optimizer
+            raise ConfigError(f"optim.{unread[0]}: the {kind} recipe's optimizer {name} does not "
+                              f"read it (read by: {', '.join(readers(unread[0])) or 'none'}); "
+                              f"name one that does with --optim.name", field=f"optim.{unread[0]}")
+        own = recipe["moments"].get(name, {})
+        taken = {**{f: own.get(f, default) for f, default in reads.items()},
+                 **{f: v for f, v in recipe.items() if f != "moments"}}
+        rest = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.init and f.name not in RECIPE_FIELDS}  # accum_steps, declared fields
+        out = OptimConfig(**{**taken, **given, **rest})
+        object.__setattr__(out, "from_recipe", self.from_recipe)  # the kind may change again
+        return out
