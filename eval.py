@@ -36,20 +36,15 @@ from pathlib import Path
 
 
 def parse(argv):
+    from jaxdepth.checkpoint_eval import add_flags
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run directory written by train.py")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--trial", type=int, default=None,
                    help="a run with trials (required there, refused elsewhere): evaluate this "
                         "trial (exported first to <run>/trials/<k>, a single-trial run that the "
                         "results go to)")
-    p.add_argument("--data", default="", help="comma-separated text/JSONL files (default: the run's validation set)")
-    p.add_argument("--batch", type=int, default=0, help="sequences per batch (default: the run's batch size)")
-    p.add_argument("--out", default="", help="LM: JSON output path (default: <run>/eval_step<N>.json); "
-                   "task: output directory (default: <run>/eval/step<N>)")
-    p.add_argument("--splits", default="", help="task runs: comma-separated splits (default: the run's)")
-    p.add_argument("--task-dir", default="", help="task runs: read the task from here instead")
-    p.add_argument("--max", type=int, default=0, help="task runs: at most this many examples per split")
+    add_flags(p)  # what a checkpoint's evaluation reads (checkpoint_eval.EvalRequest)
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
@@ -60,7 +55,7 @@ def evaluate(run, step: int | None = None, data: str = "", batch: int = 0, split
              trial: int | None = None) -> dict:
     """What eval.py prints for a checkpoint of `run`, whatever kind of run it is (the files it
     writes are named in the result)."""
-    from jaxdepth.trainer.task import EvalRequest
+    from jaxdepth.checkpoint_eval import EvalRequest
 
     request = EvalRequest(step=step, data=data, batch=batch, out=out, splits=splits,
                           task_dir=task_dir, max_examples=max_examples)
@@ -112,6 +107,7 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
 
 def main(argv) -> int:
     args = parse(argv)
+    from jaxdepth.checkpoint_eval import request_of
     from jaxdepth.runtime import tune_malloc
 
     tune_malloc()
@@ -119,8 +115,7 @@ def main(argv) -> int:
 
     def body() -> int:
         try:
-            result = evaluate(args.run, args.step, args.data, args.batch, args.splits,
-                              args.task_dir, args.max, args.out, args.trial)
+            result = _evaluate(Path(args.run), request_of(args), args.trial)
         except ResultNotWritten as e:  # the result first, then the one line saying why
             print(json.dumps(e.result, indent=2), flush=True)
             raise

@@ -321,7 +321,7 @@ def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
     models = [tasks[0].build_model(key=jax.random.key(i)) for i in range(k)]
     stacked = jax.tree.map(lambda *xs: jax.numpy.stack(xs) if eqx.is_array(xs[0]) else xs[0],
                            *models)
-    assert tasks[0].vmaps_evaluation(tasks), "the trials do not evaluate alike"
+    assert tasks[0].evaluates_alike(tasks), "the trials do not evaluate alike"
     sh = batch_sharding(make_mesh(tasks[0].cfg.mesh))  # as the training loop evaluates
     stacked = Models(stacked, k)
     calls = {"vmapped": lambda: tasks[0].evaluate(stacked, tasks, 0, sh, False),

@@ -220,6 +220,15 @@ class _Pretrainable(Backbone):
         """Same weights, other run-time options (dropout, tau, eps, halting, max_iters, remat)."""
         return with_options(self, self._extra_shape_fields, **changes)
 
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token (PaLM convention, as the decoder): 6 x matmul parameters
+        each iteration + 12 x T x d attention, times the M iterations the training scan always
+        runs, plus the embedding projection; the MLM head (on <= max_predictions tokens) is
+        left out."""
+        a = self.cfg
+        per_iter = 6 * (4 * a.d_model * a.d_model + 2 * a.d_model * a.ff) + 12 * seq_len * a.d_model
+        return a.max_iters * per_iter + 6 * a.embed_dim * a.d_model
+
     @property
     def n_layer_states(self) -> int:
         """M: the states after each iteration (ACT: a halted token's state stays as it was)."""

@@ -52,6 +52,11 @@ class Backbone(Declared):
         fresh layers train with too."""
         return setting(self.dropout_setting, self.cfg.dropout)
 
+    @property
+    def uses_dropout(self) -> bool:
+        """Whether its training draws dropout keys: a rate above 0."""
+        return self.cfg.dropout > 0
+
     @abc.abstractmethod
     def layer_states(self, tokens_BT: Array, segments_BT: Array | None = None,
                      mask_BT: Array | None = None, *, key: Array | None = None) -> Array:

@@ -25,6 +25,13 @@ class EncoderClassifier(Declared):
     def cfg(self):
         return self.encoder.cfg
 
+    @property
+    def uses_dropout(self) -> bool:
+        return self.encoder.uses_dropout
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return self.encoder.flops_per_token(seq_len)  # the head is left out
+
     def __call__(self, tokens_BT: Array, segments_BT: Array, mask_BT: Array, *,
                  key: Array | None = None, inference: bool = False):
         """(float32 logits [B, labels] or [B, T, labels], the encoder's ACTOutput).

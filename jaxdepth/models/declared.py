@@ -17,6 +17,8 @@ import equinox as eqx
 import jax
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
+from .fusion import fusion_trainable
+
 
 def _owner(root: Any, path: tuple) -> tuple[Any, str]:
     """The module holding the leaf at ``path`` and the leaf's field name."""
@@ -68,11 +70,28 @@ def decay_mask(tree: Any) -> Any:
 
 class Declared(eqx.Module):
     """A whole model (what a task trains): the trainer asks it for its parameters' logical
-    axes and weight-decay mask. Works on the model's filtered, partitioned or abstract trees
-    too, which keep its classes."""
+    axes and weight-decay mask, and what only the model knows of its training: which arrays
+    train, whether it has dropout, its parameter count and its FLOPs per token (a model class
+    answers where these defaults do not hold). Works on the model's filtered, partitioned or
+    abstract trees too, which keep its classes."""
 
     AXES: ClassVar[dict[str, tuple[str, ...]]] = {}
     NO_DECAY: ClassVar[frozenset[str]] = frozenset()
+    # whether a training step draws dropout keys for it (a Backbone: its rate above 0)
+    uses_dropout: ClassVar[bool] = False
+
+    def trainable_spec(self) -> Any:
+        """Filter spec of the arrays the optimiser updates: every float array but the
+        ``Frozen`` ones (a model that freezes more says so, e.g. a FE backbone)."""
+        return fusion_trainable(self)
+
+    def param_count(self) -> int:
+        """Its parameter count (summary.json, MFU): the elements of its arrays."""
+        return sum(int(x.size) for x in jax.tree.leaves(eqx.filter(self, eqx.is_array)))
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token of a step over sequences of seq_len (models/flops.py)."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its FLOPs")
 
     def logical_axes(self) -> Any:
         return logical_axes(self)

@@ -11,8 +11,10 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..config import ModelConfig
+from ..depth_family import param_count
 from ..trial_tracing import may_drop
 from .backbone import Backbone
+from .flops import train_flops_per_token
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
 from .options import with_options
 from .stack import init_stack, run_stack
@@ -56,6 +58,13 @@ class DecoderLM(Backbone):
         """Same weights, other run-time options (scan_layers, remat, compute_dtype, attention,
         dropout...)."""
         return with_options(self, **changes)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return train_flops_per_token(self.cfg, seq_len)
+
+    def param_count(self) -> int:
+        """Counted from its config (depth_family.py), as the depth-family tables count it."""
+        return param_count(self.cfg)
 
     @property
     def compute_dtype(self):

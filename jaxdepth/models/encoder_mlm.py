@@ -12,6 +12,7 @@ from jaxtyping import Array
 from ..model_specs import EncoderConfig
 from .declared import Declared
 from .encoder import Encoder, norm_and_activation
+from .flops import module_flops
 from .heads import MLMHead, gather_positions
 
 
@@ -33,6 +34,13 @@ class EncoderMLM(Declared):
     @property
     def cfg(self):
         return self.encoder.cfg
+
+    @property
+    def uses_dropout(self) -> bool:
+        return self.encoder.uses_dropout
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return module_flops(self, seq_len)
 
     def masked_logits(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
                       positions_BP: Array, *, key: Array | None = None) -> Array:

@@ -48,3 +48,13 @@ def module_flops_per_token(model, trainable_spec, seq_len: int, attn_layers: int
     backbone_trained = any(jax.tree.leaves(getattr(trainable_spec, "backbone", trainable_spec)))
     return (6 * matrix_entries(trained) + 2 * matrix_entries(frozen)
             + (12 if backbone_trained else 4) * seq_len * d_model * attn_layers)
+
+
+def module_flops(model, seq_len: int) -> int:
+    """Training FLOPs per token of a fusion model or the BERT encoder (what trains from its
+    ``trainable_spec``; its depth and width from its backbone's)."""
+    from .backbone import depth_and_width, strip_to_backbone
+    L, d = depth_and_width(strip_to_backbone(model))
+    fusion = getattr(model, "fusion", None)  # the BERT encoder has none
+    extra = 0 if fusion is None else fusion.attention_layers
+    return module_flops_per_token(model, model.trainable_spec(), seq_len, L + extra, d)

@@ -33,6 +33,7 @@ from .backbone import Backbone
 from .declared import Declared
 from .encoder import BertEmbeddings
 from .encoder_mlm import bert_mlm_head
+from .flops import module_flops, module_flops_per_token
 from .fusion import fusion_trainable
 from .fusions import FusionMethod, fusion_method
 from .heads import MLMHead
@@ -64,6 +65,18 @@ class FusedModel(Declared):
         else:
             self.head = Dense(backbone.width, n_labels, key=kh)
         self.mode, self.rate = mode, rate
+
+    # the head's dropout, and a fine-tuned backbone's own
+    uses_dropout = True
+
+    def flops_per_token(self, seq_len: int, cached_backbone: bool = False) -> int:
+        """cached_backbone: a step reads the frozen backbone's cached states (tasks/ner.py) and
+        never runs it: the fusion module and head only (and Base+n's attention)."""
+        if not cached_backbone:
+            return module_flops(self, seq_len)
+        spec = self.trainable_spec()
+        return module_flops_per_token((self.fusion, self.head), (spec.fusion, spec.head),
+                                      seq_len, self.fusion.attention_layers, self.backbone.width)
 
     @property
     def method(self) -> str:

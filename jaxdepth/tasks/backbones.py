@@ -22,12 +22,11 @@ from ..data.corpus.readers import read_json_file
 from ..errors import DataError, one_line, warn
 from ..data.corpus.prepare import run_tokenizer, tokenizer_source
 from ..data.corpus.subwords import HFWords, SentencePieceWords
-from ..models.backbone import depth_and_width, strip_to_backbone
+from ..models.backbone import strip_to_backbone
 from ..models.encoder import Encoder
 from ..models.fused import FusedModel
 from ..models.fusions import fusion_method
 from ..models.hf_import import CONFIG_FILE, config_from_hf, load_hf_encoder
-from ..models.flops import module_flops_per_token
 from .task_base import TaskBase
 from .registry import load_model, task_for
 
@@ -116,7 +115,6 @@ def check_positions(cfg: Config) -> None:
 class FusionTask(TaskBase):
     """A backbone + fusion module + head (docs/design.md §4): NER or MLM."""
 
-    uses_dropout = True  # the head's dropout, and a fine-tuned backbone's own
     n_labels = 0  # NER: its label count; MLM: the head is the vocabulary
 
     def __init__(self, cfg: Config):
@@ -131,9 +129,6 @@ class FusionTask(TaskBase):
         return FusedModel(build_backbone(cfg, key=k_bb), method=f.method, mode=f.mode,
                           n_labels=self.n_labels, mlm=not self.n_labels,
                           n_extra=f.extra_layers, rate=f.dropout, key=k_top)
-
-    def flops_per_token(self, model) -> int:
-        return module_flops(model, self.trainable(model), self.cfg.data.seq_len)
 
     def trial_shared(self, model):
         # task.init_from's backbone, when it stays frozen (fusion.mode fe): the same arrays in
@@ -169,14 +164,6 @@ class FusionTask(TaskBase):
 def _shaped(x) -> bool:
     """An array leaf, concrete or abstract (initial_model sees the abstract fresh model)."""
     return isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
-
-
-def module_flops(model, trainable_spec, seq_len: int) -> int:
-    """Training FLOPs per token of a fusion model or the BERT encoder."""
-    L, d = depth_and_width(strip_to_backbone(model))
-    fusion = getattr(model, "fusion", None)  # the BERT encoder has none
-    extra = 0 if fusion is None else fusion.attention_layers
-    return module_flops_per_token(model, trainable_spec, seq_len, L + extra, d)
 
 
 def backbone_words(cfg: Config, run_dir: Path, primary: bool, barrier, texts):

@@ -32,7 +32,7 @@ from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
 from ..trainer.losses import softmax_xent as _xent
-from ..trainer.task import EvalRequest
+from ..checkpoint_eval import EvalRequest
 from ..trial_axis import Models
 from .task_base import TaskBase, same_arrays
 
@@ -146,15 +146,8 @@ class EncoderTask(TaskBase):
         self.arch, self.untied, self.adaptive = arch, untied, adaptive
         self.encoder_cfg = encoder_config(cfg, halting)
 
-    @property
-    def uses_dropout(self) -> bool:
-        return self.cfg.act.dropout > 0
-
     def build_encoder(self, *, key):
         return (UntiedEncoder if self.untied else ACTEncoder)(self.encoder_cfg, key=key)
-
-    def flops_per_token(self, model) -> int:
-        return encoder_flops_per_token(self.cfg)
 
 
 class EncoderPretrainTask(EncoderTask, MLMCorpus):
@@ -222,11 +215,3 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
 def _finite(xs) -> list:
     return [None if (x is None or (isinstance(x, float) and math.isnan(x))) else float(x) for x in xs]
 
-
-def encoder_flops_per_token(cfg: Config) -> int:
-    """Training FLOPs per token (PaLM convention, as the decoder): 6 x matmul parameters each
-    iteration + 12 x T x d attention, times the M iterations the training scan always runs,
-    plus the embedding projection; the MLM head (on <= max_predictions tokens) is left out."""
-    a, T = cfg.act, cfg.data.seq_len
-    per_iter = 6 * (4 * a.d_model * a.d_model + 2 * a.d_model * a.ff) + 12 * T * a.d_model
-    return a.max_iters * per_iter + 6 * a.embed_dim * a.d_model

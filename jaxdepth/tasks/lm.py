@@ -15,17 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import Config, ConfigError
-from ..depth_family import param_count
 from ..data.corpus.pipeline import eval_batches, lm_dataset, window_batches
 from ..data.corpus.prepare import (LMData, StreamData, corpus_name, prepare_lm_data,
                                    prepare_streaming)
 from ..data.corpus.tokenizer import EOS_ID
 from ..data.corpus.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, generate
-from ..models.flops import train_flops_per_token
 from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
-from ..trainer.task import EvalRequest
+from ..checkpoint_eval import EvalRequest
 from ..trial_axis import Models
 from .task_base import TaskBase, same_arrays
 
@@ -80,25 +78,15 @@ def valid_metrics(loss: float, n: float) -> dict:
 
 
 class DecoderTask(TaskBase):
-    """What the decoder's tasks share: the model, its objective, FLOPs and parameter count."""
+    """What the decoder's tasks share: the model and its objective."""
 
     reports_perplexity = True
-
-    @property
-    def uses_dropout(self) -> bool:
-        return self.cfg.model.dropout > 0
 
     def build_model(self, *, key):
         return DecoderLM(self.cfg.model, key=key)
 
     def objective(self):
         return lm_objective(self.cfg)
-
-    def flops_per_token(self, model) -> int:
-        return train_flops_per_token(self.cfg.model, self.cfg.data.seq_len)
-
-    def param_count(self, model) -> int:
-        return param_count(self.cfg.model)
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from ..data.corpus.subwords import HFWords
 from ..models.encoder import Encoder
 from ..models.encoder_mlm import EncoderMLM
 from ..trainer.losses import softmax_xent as _xent
-from ..trainer.task import EvalRequest
-from .backbones import FusionTask, backbone_vocab, is_hf_dir, module_flops
+from ..checkpoint_eval import EvalRequest
+from .backbones import FusionTask, backbone_vocab, is_hf_dir
 from .open_run import load_checkpoint, scored_on
 from .encoder_pretrain import MLMCorpus, MLMPrepared, mlm_config, read_mlm_corpus
 from .lm import write_json
@@ -100,16 +100,9 @@ class MLMTask(MLMCorpus):
 class EncoderMLMTask(MLMTask):
     """MLM pretraining of the BERT encoder (model.arch=encoder): a fusion backbone."""
 
-    @property
-    def uses_dropout(self) -> bool:
-        return self.cfg.model.dropout > 0
-
     def build_model(self, *, key):
         k_enc, k_head = jax.random.split(key)
         return EncoderMLM(Encoder(bert_config(self.cfg), key=k_enc), key=k_head)
-
-    def flops_per_token(self, model) -> int:
-        return module_flops(model, self.trainable(model), self.cfg.data.seq_len)
 
     def summary(self, model) -> dict:
         return {"task": "", "arch": self.cfg.model.arch}

@@ -12,7 +12,6 @@ backbone runs once per sentence and training and evaluation read its states from
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from functools import partial
@@ -32,10 +31,9 @@ from ..data.finetune import ner_sentences
 from ..data.corpus.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
 from ..fusion_modes import fusion_mode
-from ..models.flops import module_flops_per_token
 from ..models.fusions import FusionMethod, Sentence, Words
 from ..trainer.losses import softmax_xent as _xent
-from ..trainer.task import EvalRequest
+from ..checkpoint_eval import EvalRequest
 from ..trial_axis import Models
 from . import state_cache
 from .backbones import FusionTask, backbone_words
@@ -123,14 +121,16 @@ class NERBatches:
     holds. A batch stays a dict of arrays (what the trainer splits into micro-batches, shards
     and stacks over trials); its format says which arrays it holds and how the model reads
     them. A split's arrays (``encode_sentences``'s) are shared by every format; a format that
-    reads a frozen backbone's cached states adds their cache under ``CACHE``."""
+    reads a frozen backbone's cached states reads their cache under ``CACHE`` besides them
+    (the task's, which model_ready fills: NERTask.split)."""
 
-    CACHE: ClassVar[str | None] = None  # the key of a split's state cache; model_ready fills it
+    CACHE: ClassVar[str | None] = None  # the key of a split's state cache
     KEYS: ClassVar[tuple[str, ...]]  # what a training batch takes of the split's arrays
 
     @classmethod
-    def attach(cls, arrays: dict) -> None:
-        """Add the split's (empty) state cache to its arrays."""
+    def new_cache(cls, arrays: dict):
+        """An empty state cache of the split's sentences (None: a format without one)."""
+        return None
 
     @staticmethod
     def logits(model, mb: dict, key, n_active: int):
@@ -179,8 +179,8 @@ class SentenceStateBatches(NERBatches):
     KEYS = ("states", "mask", "positions", "labels")
 
     @classmethod
-    def attach(cls, arrays):
-        arrays[cls.CACHE] = state_cache.StateCache(len(arrays["tokens"]))
+    def new_cache(cls, arrays):
+        return state_cache.StateCache(len(arrays["tokens"]))
 
     @staticmethod
     def logits(model, mb, key, n_active):
@@ -202,8 +202,8 @@ class WordStateBatches(NERBatches):
     KEYS = ("mask", "positions", "labels")
 
     @classmethod
-    def attach(cls, arrays):
-        arrays[cls.CACHE] = state_cache.WordCache(arrays["positions"])
+    def new_cache(cls, arrays):
+        return state_cache.WordCache(arrays["positions"])
 
     @staticmethod
     def logits(model, mb, key, n_active):
@@ -311,9 +311,10 @@ def _max_words(splits, seq_len: int) -> int:
 class NERPrepared:
     """What an NER run reads before training: the sentences of each split (the few-shot sample
     for train), the backbone's word pieces, each split's arrays ([N, T] pieces, [N, P] word
-    slots; in fe mode with their state cache, filled by model_ready), the words per split that
-    did not fit data.seq_len, and the compiled sizes: word slots in use per training
-    micro-batch (all of the batch's rows, and a process's), evaluation batch and slots."""
+    slots), the words per split that did not fit data.seq_len, and the compiled sizes: word
+    slots in use per training micro-batch (all of the batch's rows, and a process's; a run's
+    trials may raise them, NERTask.share_shapes), evaluation batch and slots. Never changed
+    once read: the fe state caches are the task's (model_ready computes them)."""
 
     sentences: dict[str, list]
     words: Any
@@ -336,6 +337,8 @@ class NERTask(FusionTask):
         self.n_labels = len(self.labels)
         frozen = fusion_mode(cfg.fusion.mode).FROZEN_BACKBONE  # its states never change
         self.batches = batch_format(self.fusion_method, frozen and cfg.fusion.cache)
+        # with the cache a step never runs the backbone (its FLOPs, models/fused.py)
+        self.cached_backbone = self.batches.CACHE is not None
 
     def read_data(self, run_dir: Path, primary: bool, barrier) -> NERPrepared:
         cfg, t = self.cfg, self.cfg.task
@@ -370,8 +373,6 @@ class NERTask(FusionTask):
         whole, part = drawn or (train_active_bound(used, rows, cfg.data.batch_size),
                                 train_active_bound(used, local, cfg.data.batch_size))
         eval_batch = cfg.task.eval_batch or cfg.data.batch_size
-        for a in arrays.values():  # a cache is filled by model_ready, before the first batch
-            self.batches.attach(a)
         return NERPrepared(
             sentences=sentences, words=words, arrays=arrays, dropped=dropped,
             train_active=compile_size(whole, rows * P),
@@ -380,22 +381,33 @@ class NERTask(FusionTask):
 
     def prepare(self, run_dir: Path, primary: bool, barrier) -> NERPrepared:
         prepared = super().prepare(run_dir, primary, barrier)
+        # fe with fusion.cache: each split's state cache, filled by model_ready before the
+        # first batch; the bounds on the word slots in use, which a run's trials share
+        self.caches = {split: self.batches.new_cache(arrays)
+                       for split, arrays in prepared.arrays.items()}
+        self.train_active, self.words_per_micro = prepared.train_active, prepared.words_per_micro
         # Every process keeps the curve itself: only process 0 writes evals.jsonl, so another
         # process (another host) reading it at the end could see nothing or half of it. What
         # earlier invocations of a resumed run wrote is complete by now.
         self._read_curve()
         return prepared
 
-    def share_shapes(self, tasks: list) -> None:
+    @staticmethod
+    def share_shapes(tasks: list) -> None:
         """Trials (trainer/trials.py) stack their batches and run one compiled step: every
         trial takes the largest of their bounds on the word slots a micro-batch uses (its
         seed's batches and its sample set its own). A larger bound still bounds its own
         batches, and padding slots are dropped, so its numbers stay its solo run's."""
-        active = max(t.prepared.train_active for t in tasks)
-        per_micro = max(t.prepared.words_per_micro for t in tasks)
+        active = max(t.train_active for t in tasks)
+        per_micro = max(t.words_per_micro for t in tasks)
         for t in tasks:
-            t.prepared = dataclasses.replace(t.prepared, train_active=active,
-                                             words_per_micro=per_micro)
+            t.train_active, t.words_per_micro = active, per_micro
+
+    def split(self, name: str) -> dict:
+        """A split's arrays as its batch format reads them: with its state cache, if any."""
+        arrays = self.prepared.arrays[name]
+        return arrays if self.batches.CACHE is None else \
+            {**arrays, self.batches.CACHE: self.caches[name]}
 
     def _read_curve(self) -> None:
         evals = self.run_dir / "evals.jsonl"
@@ -410,7 +422,7 @@ class NERTask(FusionTask):
         if self.batches.CACHE is None:
             return
         spec = state_cache.row_spec(model, self.prepared.arrays["train"])
-        size = sum(a[self.batches.CACHE].nbytes(spec) for a in self.prepared.arrays.values())
+        size = sum(c.nbytes(spec) for c in self.caches.values())
         n = sum(len(a["tokens"]) for a in self.prepared.arrays.values())
         on_disk = size > self.cfg.fusion.cache_mib * 2**20  # cache_mib=0: always
         where = self.run_dir / "cache"
@@ -422,7 +434,7 @@ class NERTask(FusionTask):
         batch = self.cfg.task.eval_batch or self.cfg.data.batch_size
         reused, digest = [], state_cache.backbone_digest(model)
         for split, arrays in self.prepared.arrays.items():
-            cache = arrays[self.batches.CACHE]
+            cache = self.caches[split]
             # the training split at the width the uncached step feeds the backbone, so that
             # training is the same bit for bit; the others (scored only) by length
             by_length = split != "train"
@@ -437,45 +449,34 @@ class NERTask(FusionTask):
 
     def dataset(self) -> grain.MapDataset:
         return grain.MapDataset.source(self.batches.source(
-            self.prepared.arrays["train"], accum=self.cfg.optim.accum_steps,
-            per_micro=self.prepared.words_per_micro, global_batch=self.cfg.data.batch_size,
+            self.split("train"), accum=self.cfg.optim.accum_steps,
+            per_micro=self.words_per_micro, global_batch=self.cfg.data.batch_size,
             seed=self.cfg.run.seed, process_index=jax.process_index(),
             process_count=jax.process_count()))
 
     def objective(self):
         # not prepared (a benchmark feeding batches of its own): every word slot is in use
-        return ner_objective(self.prepared.train_active if self.prepared else 0, self.batches)
-
-    def flops_per_token(self, model) -> int:
-        """With the cache a step never runs the backbone: the fusion module and head only
-        (and Base+n's attention)."""
-        if self.batches.CACHE is None:
-            return super().flops_per_token(model)
-        spec = self.trainable(model)
-        return module_flops_per_token((model.fusion, model.head), (spec.fusion, spec.head),
-                                      self.cfg.data.seq_len, model.fusion.attention_layers,
-                                      model.backbone.width)
+        return ner_objective(self.train_active if self.prepared else 0, self.batches)
 
     def evaluates_alike(self, tasks) -> bool:
         """The same dev and test sentences, and any cached states the same arrays (an
         in-memory cache is shared by trials with the same frozen backbone)."""
-        cache = self.batches.CACHE
+        cached = self.batches.CACHE is not None
 
-        def alike(a: dict, b: dict) -> bool:
-            plain = lambda arrays: {k: v for k, v in arrays.items() if k != cache}  # noqa: E731
-            return same_arrays(plain(a), plain(b)) and (cache is None
-                                                        or a[cache].array is b[cache].array)
+        def alike(t, s: str) -> bool:
+            return same_arrays(t.prepared.arrays[s], self.prepared.arrays[s]) and (
+                not cached or t.caches[s].array is self.caches[s].array)
         p = self.prepared
         return all(t.batches is self.batches and t.prepared.eval_batch == p.eval_batch
                    and t.prepared.eval_active == p.eval_active
-                   and all(alike(t.prepared.arrays[s], p.arrays[s]) for s in SPLITS)
+                   and all(alike(t, s) for s in SPLITS)
                    for t in tasks)
 
     def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Dev and test F1 of each trial (tagged side by side, vmapped); each trial's task
         keeps its own curve and writes its own files."""
         p = self.prepared
-        preds = {split: predict_ids(models, p.arrays[split], p.eval_batch, p.eval_active,
+        preds = {split: predict_ids(models, self.split(split), p.eval_batch, p.eval_active,
                                     self.batches) for split in SPLITS}
         return [t.finish_evaluation({s: preds[s][k] for s in SPLITS}, step, final)
                 for k, t in enumerate(tasks)]
@@ -519,8 +520,7 @@ class NERTask(FusionTask):
         """seqeval micro F1 of the checkpoint on dev and test (or --splits), with the tagged
         sentences as JSONL."""
         cfg, model, step, _, _ = load_checkpoint(run, request.step, 0, tokenizer=False)
-        reader = NERTask(cfg)
-        reader.batches = TokenBatches  # one pass over each split: nothing to cache
+        reader = NERTask(cfg)  # its data alone: one pass over each split, nothing cached
         data = reader.read_data(run, primary=False, barrier=lambda: None)  # never writes
         directory = Path(request.out) if request.out else run / "eval" / f"step{step}"
         res, tagged = {"run": str(run), "step": step}, {}

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import jax
 
+from ..checkpoint_eval import EvalRequest
 from ..config import Config, MeshConfig
 from ..data.corpus.prepare import check_vocab
 from ..data.corpus.readers import read_json_file
 from ..data.corpus.tokenizer import Tokenizer
 from ..trainer.sharding import make_mesh
-from ..trainer.task import EvalRequest
 from .registry import load_model
 
 

@@ -17,7 +17,7 @@ from ..config import Config, ConfigError, ModelConfig
 from ..data.corpus.pipeline import ExampleBatchSource
 from ..data.finetune.finetune_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
-from ..trainer.task import EvalRequest
+from ..checkpoint_eval import EvalRequest
 from ..trial_axis import Models
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
 from .lm import DecoderTask, mean_losses

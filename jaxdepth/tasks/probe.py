@@ -26,7 +26,7 @@ from ..data.finetune.probing import ROLE_NAMES, label_names, make_probe_data
 from ..data.corpus.prepare import run_tokenizer, tokenizer_source
 from ..models.classifier import EncoderClassifier
 from ..trainer.losses import softmax_xent as _xent
-from ..trainer.task import EvalRequest
+from ..checkpoint_eval import EvalRequest
 from .encoder_pretrain import EncoderTask
 from .registry import load_model, task_for
 

@@ -8,21 +8,21 @@ import jax
 import numpy as np
 
 from ..config import Config
-from ..models.fusion import fusion_trainable
-from ..trainer.mfu import model_param_count
 from ..trial_axis import Models
 
 
 class TaskBase:
-    """Defaults: no pretrained weights, every float array trains (a model may narrow that with
-    ``trainable_spec``, e.g. a frozen FE backbone), parameters counted from the arrays.
+    """Defaults: no pretrained weights, nothing to do once the model is ready. What trains,
+    dropout, parameters and FLOPs are the model's own answers (models/declared.py).
 
     Each task also says what eval.py does with one of its checkpoints
-    (``evaluate_checkpoint(run, request)``, reading the request's ``EVAL_READS``); what
-    train.py prints of its summary is jaxdepth/summary_text.py's."""
+    (``evaluate_checkpoint(run, request)``, reading the request's ``EVAL_READS``:
+    checkpoint_eval.py's CheckpointEval) and where a trial writes its outputs
+    (``write_outputs_to``, trainer/trial_task.py); what train.py prints of its summary is
+    jaxdepth/summary_text.py's."""
 
-    uses_dropout = False
     reports_perplexity = False
+    cached_backbone = False  # a step reads the frozen backbone's cached states (tasks/ner.py)
     init_step: int | None = None  # task.init_from's checkpoint step, once initial_model read it
     prepared: Any = None  # what prepare returned; None before it
 
@@ -37,59 +37,32 @@ class TaskBase:
         self.prepared = self.read_data(run_dir, primary, barrier)
         return self.prepared
 
-    def trainable(self, model):
-        spec = getattr(model, "trainable_spec", None)
-        return spec() if spec is not None else fusion_trainable(model)
-
     def write_outputs_to(self, directory) -> None:
         """Write what this task outputs while training (evals.jsonl, analyses, predictions,
         a state cache) to `directory` instead of the run directory prepare was given."""
         self.run_dir = directory
 
-    def share_shapes(self, tasks) -> None:
-        pass  # its shapes follow from the config alone, the same for every trial
-
     def initial_model(self, mesh, fresh):
         return None
-
-    def trial_shared(self, model):
-        return None  # each trial holds all of its arrays
 
     def model_ready(self, model) -> None:
         pass
 
-    def param_count(self, model) -> int:
-        return model_param_count(model)
-
     # Evaluation. A kind that writes ``evaluate_all(models: Models, tasks, ...)`` (one list
-    # entry per trial) evaluates a solo run through it and, when ``evaluates_alike`` says
-    # its trials' evaluation inputs are the same, every trial in one vmapped pass; otherwise
-    # (or for a kind that only writes ``evaluate_one``) trial by trial, sharing its programs.
+    # entry per trial) evaluates through it: a solo run, or trials whose evaluation inputs are
+    # the same (``evaluates_alike``) in one vmapped pass, which the trial machinery decides
+    # (trainer/run_trials.py, trial_task.py); a kind that only writes ``evaluate_one``
+    # evaluates each model alone.
 
     def evaluate_one(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
         """(metrics, one-line message) of one model at an evaluation point."""
         return self.evaluate_all(Models(model), [self], step, sharding, final)[0]
 
-    def vmaps_evaluation(self, tasks) -> bool:
-        # Decided once per run: the trials' evaluation inputs are fixed after prepare and
-        # model_ready, and comparing them (whole validation sets) is not free.
-        key = tuple(map(id, tasks))
-        if getattr(self, "_vmaps", (None,))[0] != key:
-            how = self.cfg.trials.evaluation
-            vmaps = (how == "vmapped" or (how == "auto" and jax.default_backend() != "cpu")) \
-                and hasattr(self, "evaluate_all") and self.evaluates_alike(tasks)
-            self._vmaps = (key, vmaps)
-        return self._vmaps[1]
-
     def evaluate(self, models, tasks, step: int, sharding, final: bool) -> list:
-        if self.vmaps_evaluation(tasks):
+        if hasattr(self, "evaluate_all"):
             return self.evaluate_all(models, tasks, step, sharding, final)
         return [t.evaluate_one(models.one(k), step, sharding, final)
                 for k, t in enumerate(tasks)]
-
-    def evaluates_alike(self, tasks) -> bool:
-        """Whether every trial's task evaluates on the same inputs as this one."""
-        return False
 
 
 def same_arrays(a, b) -> bool:

@@ -259,7 +259,7 @@ class Checkpoints:
 
 
 class Evaluations:
-    """Each trial's evaluation by its own task (Task.evaluate: vmapped over the stacked
+    """Each trial's evaluation by its own task (Trials.evaluate: vmapped over the stacked
     model where the trials evaluate on the same inputs), every eval_every steps but the last
     (the final evaluation is the summary's), logged, and kept in each trial's results. Its
     time is not training time: the throughput clock stops."""
@@ -274,10 +274,8 @@ class Evaluations:
 
     def __call__(self, step: int, state, final: bool = False) -> None:
         jax.block_until_ready(state)  # the step in flight is training time: the clock runs
-        task, tasks = self.trials.tasks[0], self.trials.tasks
         with self.throughput.clock.paused():
-            results = task.evaluate(self.trials.models(state), tasks, step, self.sharding,
-                                    final)
+            results = self.trials.evaluate(state, step, self.sharding, final)
             for k, (ev, message) in enumerate(results):
                 self.records.history[k].update(ev)
                 self.writer.write(step, **self.trials.tag(k), **{

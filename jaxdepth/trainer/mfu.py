@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -35,8 +34,3 @@ def device_peak_flops(compute_dtype: str) -> tuple[float, str]:
                 return peak, f"{kind} dense bf16 datasheet"
     dtype = jnp.bfloat16 if compute_dtype == "bfloat16" else jnp.float32
     return measure_matmul_peak(dtype), f"measured {compute_dtype} 1024^3 matmul on {kind}"
-
-
-def model_param_count(model) -> int:
-    """Elements of every array in a model (trainable or not)."""
-    return sum(int(x.size) for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))

@@ -41,6 +41,7 @@ class Trials:
         self.stacked = self.k > 1
         self.fields = varying(cfgs)  # [] for one trial: nothing sets it apart
         self.names = [label(c, self.fields) for c in cfgs]  # "run.seed=1, optim.lr=0.003"
+        self._vmaps = None  # vmaps_evaluation, once decided
 
     # ------------------------------------------------------------------ what a trial is called
 
@@ -68,7 +69,9 @@ class Trials:
                 if primary:
                     out.mkdir(parents=True, exist_ok=True)
                 t.write_outputs_to(out)
-        self.tasks[0].share_shapes(self.tasks)
+        share = getattr(self.tasks[0], "share_shapes", None)  # trial_task.py: SharesShapes
+        if self.stacked and share is not None:
+            share(self.tasks)
 
     def iterator(self):
         """The training batches: each trial's from its own task, stacked when K > 1."""
@@ -115,6 +118,31 @@ class Trials:
         return make_train_step(self.cfgs[0], tx, self.mesh, shardings, self.tasks[0],
                                on_compile)
 
+    # ------------------------------------------------------------------ evaluation
+
+    def vmaps_evaluation(self) -> bool:
+        """Whether the K > 1 trials are evaluated in one pass vmapped over them (summary.json's
+        "evaluation"), rather than trial by trial: trials.evaluation says whether it may (auto:
+        off the CPU), the kind whether its trials evaluate alike (trial_task.py)."""
+        if self._vmaps is None:
+            # Decided once per run: the trials' evaluation inputs are fixed after prepare and
+            # model_ready, and comparing them (whole validation sets) is not free.
+            task, how = self.tasks[0], self.cfgs[0].trials.evaluation
+            self._vmaps = self.stacked \
+                and (how == "vmapped" or (how == "auto" and jax.default_backend() != "cpu")) \
+                and hasattr(task, "evaluate_all") and hasattr(task, "evaluates_alike") \
+                and task.evaluates_alike(self.tasks)
+        return self._vmaps
+
+    def evaluate(self, state, step: int, sharding, final: bool) -> list[tuple[dict, str]]:
+        """Each trial's (metrics, one-line message), by its own task: in one vmapped pass
+        where vmaps_evaluation says so, else each trial alone (a run of one: its task)."""
+        models = self.models(state)
+        if self.vmaps_evaluation() or not self.stacked:
+            return self.tasks[0].evaluate(models, self.tasks, step, sharding, final)
+        return [t.evaluate(Models(models.one(k)), [t], step, sharding, final)[0]
+                for k, t in enumerate(self.tasks)]
+
     def models(self, state) -> Models:
         """The trials' models, for an evaluation (Models: one call for every trial)."""
         return state.models() if self.stacked else Models(state.model)
@@ -153,6 +181,5 @@ class Trials:
         per_trial = [{"trial": k, "settings": self.settings(k), "frozen": bool(frozen[k]),
                       **results[k], **task_summaries[k]} for k in range(self.k)]
         run_level = {n: v for n, v in run_level.items() if n != "train_loss"}  # a trial's
-        task = self.tasks[0]
         return {**run_level, **facts, **aggregate(per_trial), "evaluation": (
-            "vmapped" if task.vmaps_evaluation(self.tasks) else "trial by trial")}
+            "vmapped" if self.vmaps_evaluation() else "trial by trial")}

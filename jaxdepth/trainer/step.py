@@ -30,7 +30,7 @@ def init_state(cfg: Config, tx: optax.GradientTransformation, task: Task,
     if given is not None:
         model = jax.tree.map(lambda g, f: f if g is None else g, given, model,
                              is_leaf=lambda x: x is None)
-    params = eqx.filter(model, task.trainable(model))
+    params = eqx.filter(model, model.trainable_spec())
     return TrainState(jnp.int32(0), model, tx.init(params),
                       jax.random.key_data(jax.random.fold_in(key, 1)))
 
@@ -39,7 +39,7 @@ def state_shardings(cfg: Config, tx: optax.GradientTransformation, mesh: Mesh, t
     """(abstract state, matching pytree of NamedShardings)."""
     abstract = eqx.filter_eval_shape(lambda: init_state(cfg, tx, task))
     p_sh = shd.param_shardings(abstract.model, mesh, cfg.mesh.fsdp)
-    spec = task.trainable(abstract.model)
+    spec = abstract.model.trainable_spec()
     o_sh = shd.opt_state_shardings(tx, abstract.opt_state, eqx.filter(abstract.model, spec),
                                    eqx.filter(p_sh, spec), mesh)
     rep = shd.replicated(mesh)
@@ -72,11 +72,9 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
     batch is split. If its totals have a "divisor", the objective returns sums instead and the
     summed gradient and metrics (except "tokens") are divided by it once. micro_sharding, if
     given, places the micro-batches. dropout: whether to draw dropout keys (default: whether
-    the task's model has dropout)."""
+    its model has dropout)."""
     accum = cfg.optim.accum_steps
     objective_fn, total_fn = task.objective()
-    trainable = task.trainable
-    use_dropout = task.uses_dropout if dropout is None else dropout
     # Differentiates its first argument only: the arrays left in `static` (a frozen backbone)
     # enter the objective as constants, so no gradient is computed for them at all.
     grad_fn = eqx.filter_value_and_grad(
@@ -90,7 +88,9 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
         key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
         totals = total_fn(batch)
         micro = jax.tree.map(split, batch)
-        params, static = eqx.partition(state.model, trainable(state.model))
+        params, static = eqx.partition(state.model, state.model.trainable_spec())
+        # the model's static config says it (under trace), unless the trials decided
+        use_dropout = state.model.uses_dropout if dropout is None else dropout
 
         def body(carry, xs):
             g_acc, m_acc = carry

@@ -10,9 +10,9 @@ built inside the vmapped step from them; dropout rates and ACT's ponder weight r
 through trial_tracing.setting), and each trial's batches (each trial has its own Task and so its own
 data iterator: ``TrialIterator``). A trial whose loss, gradient or updated parameters turn
 non-finite is frozen: its update is masked from then on and the others go on. The arrays
-every trial holds alike and never trains (Task.trial_shared: a frozen pretrained backbone) are
-kept once, outside the trial axis (``TrialState.shared``), and enter the vmapped step and
-evaluation unbatched.
+every trial holds alike and never trains (trial_task.py's trial_shared: a frozen pretrained
+backbone) are kept once, outside the trial axis (``TrialState.shared``), and enter the
+vmapped step and evaluation unbatched.
 
 With several devices the trial axis is sharded over the mesh's data axis when the trials
 divide over it (each device trains its own trials: no cross-device traffic); otherwise it is
@@ -165,11 +165,13 @@ def own_pretrained(cfgs: list[Config]) -> bool:
 
 
 def _shared_spec(cfgs: list[Config], task: Task, model) -> Any:
-    """Filter spec of the model's arrays that every trial shares (Task.trial_shared), or None:
-    never when the trials start from different pretrained runs."""
-    if own_pretrained(cfgs):
+    """Filter spec of the model's arrays that every trial shares (trial_task.py's
+    SharesArrays, of the kinds that have such arrays), or None: never when the trials start
+    from different pretrained runs."""
+    shared = getattr(task, "trial_shared", None)
+    if own_pretrained(cfgs) or shared is None:
         return None
-    spec = task.trial_shared(model)
+    spec = shared(model)
     return spec if spec is not None and any(jax.tree.leaves(spec)) else None
 
 
@@ -253,6 +255,12 @@ def trials_init(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) 
     return stack(states, hp)
 
 
+def _uses_dropout(task: Task) -> bool:
+    """Whether the trial's own model (its task's, built abstractly) has dropout: the stacked
+    step's model is trial 0's, whose static rate may be 0 where another trial's is not."""
+    return eqx.filter_eval_shape(task.build_model, key=jax.random.key(0)).uses_dropout
+
+
 def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task],
                      on_compile=None):
     """run(trial_state, stacked batch) -> (trial_state, metrics of [K] arrays, with "frozen").
@@ -266,7 +274,7 @@ def make_trials_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task
     axis = trial_axis(mesh, len(cfgs))
     # within a trial, its rows over the data axis unless the trials took it
     update = make_update(cfg, task, None if axis else NamedSharding(mesh, P(None, "data")),
-                         dropout=any(t.uses_dropout for t in tasks))
+                         dropout=any(map(_uses_dropout, tasks)))
 
     def one(state: TrainState, batch, hp: dict, frozen, shared):
         mine = state  # this trial's own arrays

@@ -138,8 +138,7 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
     # step's single micro-batch (fold_in(fold_in(key, step), 0)).
     fn, totals = ner_objective()
     key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.key), 0), 0)
-    trainable = task_for(cfg).trainable  # what the train step differentiates
-    params, static = eqx.partition(model0, trainable(model0))
+    params, static = eqx.partition(model0, model0.trainable_spec())  # what the train step differentiates
     g = eqx.filter_jit(eqx.filter_grad(
         lambda p: fn(eqx.combine(p, static), batch, key, totals(batch))[0]))(params)
     g_leaves = jax.tree.leaves(g)
@@ -147,14 +146,14 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
     assert want_norm > 0
 
     # Moments (Adam's mu and nu) exist for the trainable arrays only, not for the backbone.
-    n_trainable = len(jax.tree.leaves(eqx.filter(model0, trainable(model0))))
+    n_trainable = len(jax.tree.leaves(eqx.filter(model0, model0.trainable_spec())))
     n_fusion_head = len(jax.tree.leaves(eqx.filter(fusion_and_head(model0), eqx.is_inexact_array)))
     if method == "dwatt":
         n_fusion_head -= 1  # k_pos
     assert n_trainable == n_fusion_head
     moments = [x for x in jax.tree.leaves(state.opt_state) if eqx.is_inexact_array(x)]
     assert len(moments) == 2 * n_trainable
-    assert sum(int(x.size) for x in moments) == 2 * n_elements(eqx.filter(model0, trainable(model0)))
+    assert sum(int(x.size) for x in moments) == 2 * n_elements(eqx.filter(model0, model0.trainable_spec()))
 
     bb0 = arrays(backbone_of(model0))
     fh0 = arrays(fusion_and_head(model0))
@@ -186,7 +185,6 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
 def test_base_n_fe_spec_and_update(ner_dir):
     """Base+n in FE: its fresh layers are what trains (with the head); the backbone is not."""
     cfg = ner_cfg(ner_dir, "base+n", "fe")
-    trainable = task_for(cfg).trainable
     model0 = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps), task_for(cfg)).model
     assert isinstance(model0.fusion, BasePlusN) and model0.fusion.n == 1
     spec = model0.trainable_spec()
@@ -197,7 +195,7 @@ def test_base_n_fe_spec_and_update(ner_dir):
     # What the optimiser sees: exactly the extra layers and the head, element for element.
     n_bb, n_extra, n_head = (n_elements(model0.backbone), n_elements(model0.fusion),
                              n_elements(model0.head))
-    assert n_elements(eqx.filter(model0, trainable(model0))) == n_extra + n_head
+    assert n_elements(eqx.filter(model0, model0.trainable_spec())) == n_extra + n_head
     assert n_elements(model0) == n_bb + n_extra + n_head
     # (that the extra layers change under the train step: test_fe_trains_only_fusion_and_head)
 
@@ -236,7 +234,7 @@ def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
     state, step = state_and_step(cfg)
     model0 = state.model
     assert model0.mode == "ft"
-    spec = task_for(cfg).trainable(model0)
+    spec = model0.trainable_spec()
     assert all(jax.tree.leaves(eqx.filter(spec.backbone, lambda x: x is not None)))
     n_trainable = len(jax.tree.leaves(eqx.filter(model0, spec)))
     moments = [x for x in jax.tree.leaves(state.opt_state) if eqx.is_inexact_array(x)]
@@ -519,7 +517,7 @@ def test_pretrained_weights_enter_the_sharded_init(ner_dir, caplog):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert not np.allclose(arrays(backbone)[0], arrays(fresh.model.backbone)[0])
     want = eqx.tree_at(lambda m: m.backbone, fresh.model, backbone)
-    want_opt = tx.init(eqx.filter(want, task.trainable(want)))
+    want_opt = tx.init(eqx.filter(want, want.trainable_spec()))
     for got, w in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(want_opt)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(w), rtol=1e-6, atol=1e-7)
     # the step takes the state as its own outputs come: one compilation for two steps

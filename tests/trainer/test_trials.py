@@ -339,11 +339,13 @@ def test_trials_evaluation_is_per_trial_on_the_cpu_unless_asked(tmp_path, tokeni
     """trials.evaluation auto: trial by trial on the CPU (K independent programs overlap
     there, measured faster than one vmapped program); an unknown value is refused."""
     from jaxdepth.tasks import task_for
+    from jaxdepth.trainer.run_trials import Trials
 
     cfg = parse_args(lm_args(tmp_path / "r", tokenizer, **{"run.seeds": "0,1",
                                                            "trials.evaluation": "auto"}))
-    tasks = [task_for(c) for c in trial_configs(cfg)]
-    assert jax.default_backend() == "cpu" and not tasks[0].vmaps_evaluation(tasks)
+    cfgs = trial_configs(cfg)
+    trials = Trials(cfgs, [task_for(c) for c in cfgs], mesh=None)  # no mesh needed to decide
+    assert jax.default_backend() == "cpu" and not trials.vmaps_evaluation()
     with pytest.raises(ConfigError, match=r"^trials\.evaluation: must be one of auto, vmapped, "
                                           r"trial_by_trial, got 'fast'$"):
         parse_args(lm_args(tmp_path / "r", tokenizer, **{"trials.evaluation": "fast"}))
