@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .choices import Choices
+from .choices import Choices, Registered
 from .halting import FixedDepth
 
 
@@ -19,7 +19,7 @@ _ARCHS: Choices[type["Arch"]] = Choices("architecture", "model.arch",
                                         order=lambda cls: cls.ORDER)
 
 
-class Arch:
+class Arch(Registered):
     NAME: ClassVar[str]  # the value of model.arch
     ORDER: ClassVar[int]  # place in messages and --help
     # The one config section that describes the model: its shape, vocabulary and run-time
@@ -36,10 +36,7 @@ class Arch:
     # A field no architecture declares is read by every architecture of its section.
     READS: ClassVar[tuple[str, ...]] = ()
 
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        if "NAME" in cls.__dict__:
-            _ARCHS.add(cls)
+    REGISTRY = _ARCHS
 
 
 class Decoder(Arch):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .choices import Choices
+from .choices import Choices, Registered
 from .errors import ConfigError
 
 
@@ -21,7 +21,7 @@ _ATTENTIONS: Choices[type["AttentionPath"]] = Choices("attention", "model.attent
                                                       order=lambda cls: cls.ORDER)
 
 
-class AttentionPath:
+class AttentionPath(Registered):
     NAME: ClassVar[str]  # the value of model.attention
     ORDER: ClassVar[int]
     JAX: ClassVar[bool] = True  # through jax.nn.dot_product_attention (else our einsum attend)
@@ -30,10 +30,7 @@ class AttentionPath:
     # and ours).
     BIAS_IN_INPUT_DTYPE: ClassVar[bool] = False
 
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        if "NAME" in cls.__dict__:
-            _ATTENTIONS.add(cls)
+    REGISTRY = _ATTENTIONS
 
     @classmethod
     def check(cls, model) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Callable, ClassVar, Generic, Iterable, TypeVar
 
 from .errors import ConfigError
 
@@ -50,6 +50,18 @@ class Choices(Generic[C]):
     def names(self) -> tuple[str, ...]:
         """Every choice's name, ordered by ``order`` then name."""
         return tuple(sorted(self._by_name, key=lambda n: (self.order(self._by_name[n]), n)))
+
+
+class Registered:
+    """A base for a field's choice classes: a subclass that defines a ``NAME`` registers
+    itself in ``REGISTRY``, its field's Choices."""
+
+    REGISTRY: ClassVar[Choices]
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "NAME" in cls.__dict__:
+            cls.REGISTRY.add(cls)
 
 
 def import_all(package: str, path: Iterable[str]) -> None:

@@ -11,22 +11,19 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .choices import Choices
+from .choices import Choices, Registered
 
 _MODES: Choices[type["FusionMode"]] = Choices("fusion mode", "fusion.mode",
                                               order=lambda cls: cls.ORDER)
 
 
-class FusionMode:
+class FusionMode(Registered):
     NAME: ClassVar[str]  # the value of fusion.mode
     ORDER: ClassVar[int]  # place in the few-shot grid and its tables
     LABEL: ClassVar[str]  # as the tables and figures name it
     FROZEN_BACKBONE: ClassVar[bool]
 
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        if "NAME" in cls.__dict__:
-            _MODES.add(cls)
+    REGISTRY = _MODES
 
 
 class FeatureExtraction(FusionMode):

@@ -12,21 +12,18 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .choices import Choices
+from .choices import Choices, Registered
 
 _HALTINGS: Choices[type["Halting"]] = Choices("halting", "act.halting",
                                               order=lambda cls: cls.ORDER)
 
 
-class Halting:
+class Halting(Registered):
     NAME: ClassVar[str]  # the value of act.halting
     ORDER: ClassVar[int]
     ADAPTIVE: ClassVar[bool]
 
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        if "NAME" in cls.__dict__:
-            _HALTINGS.add(cls)
+    REGISTRY = _HALTINGS
 
 
 class Adaptive(Halting):

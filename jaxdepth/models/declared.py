@@ -71,9 +71,12 @@ def decay_mask(tree: Any) -> Any:
 class Declared(eqx.Module):
     """A whole model (what a task trains): the trainer asks it for its parameters' logical
     axes and weight-decay mask, and what only the model knows of its training: which arrays
-    train, whether it has dropout, its parameter count and its FLOPs per token (a model class
-    answers where these defaults do not hold). Works on the model's filtered, partitioned or
-    abstract trees too, which keep its classes."""
+    train, whether it has dropout and its parameter count (a model class answers where these
+    defaults do not hold), and its training FLOPs per token, which has no default: every
+    class a task trains states its own ``flops_per_token(seq_len)`` (formulas in
+    models/flops.py; a backbone only ever trained inside another model, the BERT Encoder,
+    has none). Works on the model's filtered, partitioned or abstract trees too, which keep
+    its classes."""
 
     AXES: ClassVar[dict[str, tuple[str, ...]]] = {}
     NO_DECAY: ClassVar[frozenset[str]] = frozenset()
@@ -88,10 +91,6 @@ class Declared(eqx.Module):
     def param_count(self) -> int:
         """Its parameter count (summary.json, MFU): the elements of its arrays."""
         return sum(int(x.size) for x in jax.tree.leaves(eqx.filter(self, eqx.is_array)))
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token of a step over sequences of seq_len (models/flops.py)."""
-        raise NotImplementedError(f"{type(self).__name__} does not count its FLOPs")
 
     def logical_axes(self) -> Any:
         return logical_axes(self)

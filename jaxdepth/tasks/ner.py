@@ -12,6 +12,7 @@ backbone runs once per sentence and training and evaluation read its states from
 """
 from __future__ import annotations
 
+import abc
 import json
 from dataclasses import dataclass
 from functools import partial
@@ -115,7 +116,7 @@ def _predict_packed(models: Models, cache: state_cache.WordCache) -> list[np.nda
 
 # ------------------------------------------------------------------------- batch formats
 
-class NERBatches:
+class NERBatches(abc.ABC):
     """How an NER run's sentences reach the model, in training and in evaluation: one class
     per format, chosen once when the task is built (``batch_format``), not by the keys a batch
     holds. A batch stays a dict of arrays (what the trainer splits into micro-batches, shards
@@ -133,16 +134,16 @@ class NERBatches:
         return None
 
     @staticmethod
+    @abc.abstractmethod
     def logits(model, mb: dict, key, n_active: int):
         """The model's logits [B, P, C] on a micro-batch of this format."""
-        raise NotImplementedError
 
     @classmethod
+    @abc.abstractmethod
     def predict(cls, models: Models, arrays: dict, batch: int,
                 n_active: int | None) -> list[np.ndarray]:
         """Greedy label ids [n, P] of every sentence of a split, per model; n_active: the
         slot bound for token batches (eval_active), by default the split's own."""
-        raise NotImplementedError
 
     @classmethod
     def source(cls, train: dict, *, accum: int, per_micro: int, **where):
