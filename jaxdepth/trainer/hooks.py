@@ -202,16 +202,15 @@ class Records:
         rows = self.trials.rows(metrics)
         for watch in self.watchers:
             watch(step, rows)
-        # (a run of one reports no "frozen": its step stops the run at a non-finite value)
-        live = [r for r in rows if not r.get("frozen")]
-        m = {n: float(np.mean([r[n] for r in live])) for n in rows[0]}
         for k, r in enumerate(rows):
             self.history[k].update(train_loss=r["loss"])
+            # (a run of one reports no "frozen": its step stops the run at a non-finite value)
             if self.stuck and not r.get("frozen"):
                 self.stuck[k](step, r)
         rates = self.throughput.rates(step)
-        if rates:
-            self.bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{rates['tokens_per_s']:,.0f}")
+        if rates:  # the bar shows the mean loss of the trials not frozen
+            loss = np.mean([r["loss"] for r in rows if not r.get("frozen")])
+            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rates['tokens_per_s']:,.0f}")
         if self.throughput.timed(step):
             for k, r in enumerate(rows):
                 self._write(step, k, r, rates)
