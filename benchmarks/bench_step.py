@@ -49,6 +49,7 @@ from jaxdepth.config import (
     ATTENTIONS, Config, DataConfig, MeshConfig, ModelConfig, OptimConfig, RunConfig,
 )
 from jaxdepth.depth_family import SIZE_CLASSES, depth_family, param_count
+from jaxdepth.models.decoder import padded_d_ff
 from jaxdepth.models.flops import train_flops_per_token
 from jaxdepth.trainer.mfu import device_peak_flops, measure_matmul_peak
 
@@ -110,6 +111,7 @@ def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 1
     tps = tokens / median
     return {
         "n_layers": model.n_layers, "d_model": model.d_model, "d_ff": model.d_ff,
+        "d_ff_multiple": model.d_ff_multiple, "d_ff_padded": padded_d_ff(model),
         "n_heads": model.heads, "vocab_size": model.vocab_size, "params": param_count(model),
         "compute_dtype": model.compute_dtype, "remat": model.remat, "attention": model.attention,
         "seq_len": seq_len, "batch": batch, "devices": mesh_.size, "steps": steps, "warmup": warmup,
@@ -126,14 +128,14 @@ def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 1
 
 
 def family_members(family: str, depths: str, dtype: str, remat: str,
-                   attention: str = "einsum") -> list[ModelConfig]:
+                   attention: str = "einsum", d_ff_multiple: int = -1) -> list[ModelConfig]:
     fam = depth_family(family)
     want = sorted(fam) if not depths else [int(d) for d in depths.split(",") if d.strip()]
     bad = [d for d in want if d not in fam]
     if bad:
         raise SystemExit(f"--depths: {bad} not in the {family} family; members: {sorted(fam)}")
-    return [dataclasses.replace(fam[d], compute_dtype=dtype, remat=remat, attention=attention)
-            for d in want]
+    return [dataclasses.replace(fam[d], compute_dtype=dtype, remat=remat, attention=attention,
+                                d_ff_multiple=d_ff_multiple) for d in want]
 
 
 def _run_isolated(args, n_layers: int, peak: float, source: str) -> dict:
@@ -141,7 +143,8 @@ def _run_isolated(args, n_layers: int, peak: float, source: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--family", args.family,
            "--depths", str(n_layers), "--seq-len", str(args.seq_len), "--batch", str(args.batch),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", args.dtype,
-           "--remat", args.remat, "--attention", args.attention, "--seed", str(args.seed),
+           "--remat", args.remat, "--attention", args.attention,
+           "--d-ff-multiple", str(args.d_ff_multiple), "--seed", str(args.seed),
            "--_child", repr(peak), source]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -207,13 +210,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--attention", default="einsum", choices=ATTENTIONS,
                    help="model.attention: einsum, dot_product (jax.nn.dot_product_attention) or "
                         "cudnn (its fused kernel; GPU, bfloat16)")
+    p.add_argument("--d-ff-multiple", type=int, default=-1,
+                   help="model.d_ff_multiple: the feed-forward blocks computed with d_ff padded up "
+                        "to a multiple of it; -1: 128 on a GPU/TPU, none on the CPU; 1: none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-isolate", action="store_true",
                    help="run every member in this process (memory becomes a running maximum)")
     p.add_argument("--out", default="bench_step.json")
     p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    members = family_members(args.family, args.depths, args.dtype, args.remat, args.attention)
+    members = family_members(args.family, args.depths, args.dtype, args.remat, args.attention,
+                             args.d_ff_multiple)
     kw = dict(seq_len=args.seq_len, batch=args.batch, steps=args.steps,
               warmup=max(args.warmup, 1), seed=args.seed)
 
@@ -225,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     peak, source, fp32 = stated_peak(args.dtype)
     print(f"{args.family} family, seq_len {args.seq_len}, batch {args.batch}, {args.dtype}, "
-          f"remat {args.remat}, attention {args.attention}, "
+          f"remat {args.remat}, attention {args.attention}, d_ff_multiple {args.d_ff_multiple}, "
           f"{jax.device_count()} x {jax.devices()[0].device_kind}; "
           f"MFU peak {peak / 1e9:,.1f} GFLOP/s/device ({source})", flush=True)
     rows = []
@@ -249,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict:
     out = {
         "benchmark": "bench_step", "family": args.family, "seq_len": args.seq_len,
         "batch": args.batch, "compute_dtype": args.dtype, "remat": args.remat,
-        "attention": args.attention, "isolated_processes": not args.no_isolate, **environment(),
+        "attention": args.attention, "d_ff_multiple": args.d_ff_multiple,
+        "isolated_processes": not args.no_isolate, **environment(),
         "peak_flops_per_device": peak, "peak_source": source, "measured_fp32_matmul_flops": fp32,
         "flops_convention": "train_flops_per_token: 6*N_matmul + 12*L*T*d_model (PaLM App. B)",
         "memory_convention": shallow["peak_memory_kind"],

@@ -44,7 +44,7 @@ class Decoder(Arch):
     NAME, ORDER, SECTION = "decoder", 0, "model"
     PRETRAINING, FINETUNING, TRIAL_DROPOUT = "lm", "prefix_lm", "model.dropout"
     READS = ("model.rel_buckets", "model.rel_max_distance", "model.compute_dtype",
-             "model.scan_unroll", "model.attention")
+             "model.scan_unroll", "model.attention", "model.d_ff_multiple")
 
 
 class Encoder(Arch):

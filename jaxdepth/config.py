@@ -56,6 +56,10 @@ class ModelConfig:
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # depth (a depth family trades it for d_ff at equal size: Eq. 1)
     d_ff: int = 512  # hidden width of each gated-GELU feed-forward block
+    # The decoder computes its feed-forward blocks with d_ff zero-padded up to a multiple of
+    # this (Eq. 1's odd widths are slow matmul shapes on a GPU); the weights keep d_ff and the
+    # padding is exact. -1: 128 on a GPU/TPU, 1 (no padding) on the CPU
+    d_ff_multiple: int = resumable(-1)
     n_heads: int = 0  # 0 -> d_model // 64 (at least 1); d_attn = d_model either way
     rel_buckets: int = 32  # T5 relative-position buckets (all layers)
     # distance beyond which relative positions share a bucket
@@ -94,6 +98,8 @@ class ModelConfig:
         require(self.remat in ("none", "full", "dots"), "model.remat",
                 f"must be none, full or dots, got {self.remat!r}")
         require(self.scan_unroll >= 0, "model.scan_unroll", "must be >= 0")
+        require(self.d_ff_multiple == -1 or self.d_ff_multiple > 0, "model.d_ff_multiple",
+                f"must be -1 or positive, got {self.d_ff_multiple}")
         require(self.xent_chunk >= 0, "model.xent_chunk", "must be >= 0")
         attention_path(self.attention).check(self)  # ConfigErrors naming model.attention
         arch_class(self.arch)  # a ConfigError naming model.arch

@@ -416,7 +416,7 @@ def test_the_decoder_s_own_model_fields_are_refused_for_another_architecture():
 
     for name, value in (("rel_buckets", "16"), ("rel_max_distance", "64"),
                         ("compute_dtype", "bfloat16"), ("attention", "dot_product"),
-                        ("scan_unroll", "2")):
+                        ("scan_unroll", "2"), ("d_ff_multiple", "128")):
         with pytest.raises(ConfigError, match=rf"^model.{name}: model.arch='encoder' does not "
                                               rf"read it \(read for model.arch decoder\)"):
             parse_args(["--model.arch", "encoder", f"--model.{name}", value])
@@ -481,7 +481,7 @@ def test_which_changes_a_resume_accepts_is_declared_with_each_field(tmp_path):
         *(f"mesh.{f}" for f in ("data", "model", "fsdp", "coordinator", "num_processes",
                                 "process_id")),
         *(f"model.{f}" for f in ("remat", "scan_layers", "scan_unroll", "xent_chunk",
-                                 "attention")),
+                                 "attention", "d_ff_multiple")),
         "task.eval_splits", "task.eval_max", "task.eval_batch", "data.restart_stream",
         "trials.evaluation"}
     saved = Config().to_dict()

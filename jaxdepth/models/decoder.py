@@ -25,6 +25,16 @@ def cast_floating(tree, dtype):
         lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
 
 
+def padded_d_ff(cfg: ModelConfig) -> int:
+    """The width the decoder computes its feed-forward blocks at: d_ff rounded up to a multiple
+    of model.d_ff_multiple, whose -1 is 128 on a GPU/TPU (where odd widths are slow matmul
+    shapes) and 1 on the CPU (where they cost nothing, and unpadded runs stay bit-identical)."""
+    multiple = cfg.d_ff_multiple
+    if multiple == -1:
+        multiple = 1 if jax.default_backend() == "cpu" else 128
+    return -(-cfg.d_ff // multiple) * multiple
+
+
 class KVCache(eqx.Module):
     k_LBSNH: Array
     v_LBSNH: Array
@@ -70,6 +80,13 @@ class DecoderLM(Backbone):
     def compute_dtype(self):
         return jnp.dtype(self.cfg.compute_dtype)
 
+    def compute_blocks(self) -> DecoderBlock:
+        """The blocks as the forward runs them: in the compute dtype, their MLPs padded to
+        ``padded_d_ff`` (the stored weights keep d_ff, so parameter counts, checkpoints and
+        the optimizer's statistics are the unpadded model's)."""
+        blocks = cast_floating(self.blocks, self.compute_dtype)
+        return eqx.tree_at(lambda b: b.mlp, blocks, blocks.mlp.padded(padded_d_ff(self.cfg)))
+
     # ------------------------------------------------------------------ as a Backbone
 
     def layer_states(self, tokens_BT: Array, segments_BT: Array | None = None,
@@ -95,7 +112,7 @@ class DecoderLM(Backbone):
         # A scan of one or two layers only adds loop overhead (stacked residuals, dynamic
         # slices); unrolling it keeps compile time flat where depth is what we vary.
         unroll = cfg.scan_unroll or (cfg.n_layers if cfg.n_layers <= 2 else 1)
-        return run_stack(cast_floating(self.blocks, self.compute_dtype), x_BTD,
+        return run_stack(self.compute_blocks(), x_BTD,
                          lambda block, x, k: block(x, bias_NTT, rate, k, cfg.attention,
                                                    segment_ids_BT),
                          keys=jax.random.split(key, cfg.n_layers) if train else None,
@@ -152,8 +169,7 @@ class DecoderLM(Backbone):
         tokens_BT = eqx.error_if(tokens_BT, jnp.any(cache.pos_B + T > cache.max_len),
                                  "KV cache overflow: position + new tokens exceeds max_len")
         x_BTD, bias_BNTS, mask_BNTS = self._decode_inputs(tokens_BT, cache.pos_B, cache.max_len)
-        blocks = cast_floating(self.blocks, self.compute_dtype)
-        params, static = eqx.partition(blocks, eqx.is_array)
+        params, static = eqx.partition(self.compute_blocks(), eqx.is_array)
 
         def body(x, layer):
             p, k_c, v_c = layer
@@ -177,7 +193,7 @@ class DecoderLM(Backbone):
     def layer_list(self) -> list[DecoderBlock]:
         """The stacked blocks as one module per layer, in the compute dtype as `extend` runs
         them (decoding runs them one by one)."""
-        params, static = eqx.partition(cast_floating(self.blocks, self.compute_dtype), eqx.is_array)
+        params, static = eqx.partition(self.compute_blocks(), eqx.is_array)
         return [eqx.combine(jax.tree.map(lambda a: a[i], params), static)
                 for i in range(self.cfg.n_layers)]
 
@@ -233,8 +249,8 @@ def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
     member's tokens are its own either way.
     """
     B, T = prompt_BT.shape
-    # Cast the layer weights to the compute dtype once, not on every decoded token.
-    model = eqx.tree_at(lambda m: m.blocks, model, cast_floating(model.blocks, model.compute_dtype))
+    # Cast (and pad) the layer weights once, not on every decoded token.
+    model = eqx.tree_at(lambda m: m.blocks, model, model.compute_blocks())
     cache = model.init_cache(B, T + max_new)
     logits_BV, cache = prefill(model, prompt_BT, lengths_B, cache)
     out = jnp.full((B, max_new), pad_id, jnp.int32)

@@ -222,16 +222,43 @@ class GatedMLP(eqx.Module):
     wi_0: Array  # [D, F]
     wi_1: Array  # [D, F]
     wo: Array  # [F, D]
+    d_ff: int = eqx.field(static=True)  # F of the model, which ``padded`` weights exceed
 
     def __init__(self, d_model: int, d_ff: int, *, key: Array):
         k0, k1, k2 = jax.random.split(key, 3)
         self.wi_0 = kernel_init(k0, (d_model, d_ff), jnp.float32)
         self.wi_1 = kernel_init(k1, (d_model, d_ff), jnp.float32)
         self.wo = kernel_init(k2, (d_ff, d_model), jnp.float32)
+        self.d_ff = d_ff
 
     def __call__(self, x_BTD: Array, rate: float = 0.0, key: Array | None = None) -> Array:
         h_BTF = jax.nn.gelu(x_BTD @ self.wi_0, approximate=True) * (x_BTD @ self.wi_1)
+        extra = h_BTF.shape[-1] - self.d_ff
+        if extra and key is not None and may_drop(rate):
+            # The unpadded model's mask (its shape fixes the random bits), so padded training
+            # drops the same units; the padded units are zeros either way.
+            kept = dropout(h_BTF[..., :self.d_ff], rate, key)
+            return jnp.pad(kept, [(0, 0)] * (kept.ndim - 1) + [(0, extra)]) @ self.wo
         return dropout(h_BTF, rate, key) @ self.wo
+
+    def padded(self, d_ff: int) -> "GatedMLP":
+        """The same function computed d_ff wide: zero columns appended to wi_0 and wi_1, zero
+        rows to wo (on stacked weights too: F is the last axis of wi, the second last of wo).
+
+        Exact: a padded unit is gelu(0) * 0 = 0 and meets a zero row of wo, so it adds exact
+        zeros, and dropout draws the unpadded mask (``__call__``). The gradient of the padding
+        is a slice, so the stored weights, their gradients and the optimizer never see it."""
+        extra = d_ff - self.wo.shape[-2]
+        if extra == 0:
+            return self
+
+        def pad(w: Array, axis: int) -> Array:
+            widths = [(0, 0)] * w.ndim
+            widths[axis] = (0, extra)
+            return jnp.pad(w, widths)
+
+        return eqx.tree_at(lambda m: (m.wi_0, m.wi_1, m.wo), self,
+                           (pad(self.wi_0, -1), pad(self.wi_1, -1), pad(self.wo, -2)))
 
 
 class DecoderBlock(eqx.Module):

@@ -28,7 +28,7 @@ def analytic_flops_per_token(m: ModelConfig, T: int) -> int:
 
 
 def test_bench_member_record():
-    m = depth_family("tiny")[2]
+    m = depth_family("tiny")[3]
     rec = bench_step.bench_member(m, seq_len=16, batch=4, steps=2, warmup=1,
                                   mesh=MeshConfig(data=1), peak_flops=1e9, peak_source="test")
     json.dumps(rec)  # JSON-able
@@ -39,6 +39,8 @@ def test_bench_member_record():
     assert len(rec["step_s_all"]) == 2 and all(t > 0 for t in rec["step_s_all"])
     assert rec["compile_s"] > 0 and rec["first_call_s"] >= rec["compile_s"]
     assert rec["flops_per_token"] == analytic_flops_per_token(m, 16)
+    # model.d_ff_multiple -1 pads only off the CPU; the FLOPs above are d_ff's either way
+    assert (rec["d_ff"], rec["d_ff_multiple"], rec["d_ff_padded"]) == (142, -1, 142)
     assert rec["tokens_per_s"] == pytest.approx(4 * 16 / rec["step_s_median"])
     assert rec["mfu"] == pytest.approx(rec["tokens_per_s"] * rec["flops_per_token"] / 1e9)
     assert rec["peak_memory_bytes"] > 0
