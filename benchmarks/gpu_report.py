@@ -2,18 +2,23 @@
 
 Reads OUT/step/*.json (bench_step.py, one member each), OUT/bench_act.json,
 OUT/bench_fusion.json and OUT/status.tsv (each job's exit status); whatever is missing is
-reported as missing, so a partial run still gets a report. Writes OUT/gpu_results.json and
-OUT/gpu_results.md. Needs no device: it only reads files.
+reported as missing, so a partial run still gets a report; and OUT/sweep45/ (the 45-seed
+sweep's plan, results and wall time). Writes OUT/gpu_results.json, OUT/gpu_results.md and
+OUT/gpu.json (the compact record committed as benchmarks/results/gpu.json). Needs no device:
+it only reads files.
 
     python benchmarks/gpu_report.py gpu_out --mode gpu --mfu-depth 12 --compile-depths 1,32
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 from pathlib import Path
 
-MFU_TARGET = 0.45  # 134M-L12 at context 1024, bf16, against the datasheet peak
+# 134M members at context 1024, bf16, against the datasheet peak (issue 38): L12 ahead of
+# llm.c's ~40% on the same model class; the widest and narrowest members as well.
+MFU_TARGETS = {12: 0.40, 1: 0.40, 32: 0.22}
 COMPILE_TARGET = 1.3  # compile(deepest) / compile(shallowest)
 
 
@@ -31,7 +36,9 @@ def job_status(out: Path) -> dict[str, dict]:
     if path.exists():
         for line in path.read_text().splitlines():
             name, rc, secs = line.split("\t")
-            jobs[name] = {"exit": int(rc), "seconds": int(secs)}
+            # "skipped": GPU_SH_DEADLINE left it no time
+            jobs[name] = {"exit": int(rc) if rc.lstrip("-").isdigit() else rc,
+                          "seconds": int(secs)}
     return jobs
 
 
@@ -54,9 +61,13 @@ def targets(rows: list[dict], mfu_depth: int, compile_depths: tuple[int, int]) -
         t = {}
         if mfu_depth in by_depth:
             mfu = by_depth[mfu_depth]["mfu"]
-            t["mfu"] = {"depth": mfu_depth, "value": mfu, "target": MFU_TARGET,
-                        "met": bool(mfu >= MFU_TARGET),
+            target = MFU_TARGETS.get(mfu_depth, MFU_TARGETS[12])
+            t["mfu"] = {"depth": mfu_depth, "value": mfu, "target": target,
+                        "met": bool(mfu >= target),
                         "peak_source": by_depth[mfu_depth]["peak_source"]}
+        t["mfu_by_depth"] = {d: {"value": by_depth[d]["mfu"], "target": MFU_TARGETS[d],
+                                 "met": bool(by_depth[d]["mfu"] >= MFU_TARGETS[d])}
+                             for d in sorted(by_depth) if d in MFU_TARGETS}
         lo, hi = compile_depths
         if lo in by_depth and hi in by_depth:
             ratio = by_depth[hi]["compile_s"] / by_depth[lo]["compile_s"]
@@ -64,6 +75,39 @@ def targets(rows: list[dict], mfu_depth: int, compile_depths: tuple[int, int]) -
                                   "met": bool(ratio <= COMPILE_TARGET)}
         out[attn] = t
     return out
+
+
+def sweep45(out: Path, device: str | None) -> dict | None:
+    """The 45-seed sweep's wall time and plan (gpu.sh's sweep45 part), None if it did not run."""
+    wall, plan = load(out / "sweep45" / "wall.json"), load(out / "sweep45" / "sweep.json")
+    if not wall or not plan:
+        return None
+    rows = [json.loads(line) for line in (out / "sweep45" / "results.jsonl").read_text().splitlines()
+            if line.strip()] if (out / "sweep45" / "results.jsonl").exists() else []
+    units = len(plan["seeds"]) * (len(plan["depths"]) * (1 + len(plan["tasks"]))
+                                  + len(plan["scratch"]) * len(plan["tasks"]))
+    return {"wall_s": wall["wall_s"], "seeds": len(plan["seeds"]), "depths": plan["depths"],
+            "tasks": plan["tasks"], "scratch": plan["scratch"], "units_planned": units,
+            "units_done": len({(r["kind"], r.get("task"), r["depth"], r["seed"], r.get("init"))
+                               for r in rows if r["kind"] in ("pretrain", "finetune")}),
+            "device": device}
+
+
+def machine_readable(res: dict, date: str) -> dict:
+    """gpu.json: the numbers of the last GPU run, one row per member (issue 38, item 6).
+    mfu is the PaLM convention (6 N_matmul + 12 L T d per token); mfu_6n counts 6 x every
+    parameter per token, embeddings included, as llm.c and nanoGPT do."""
+    env = res["environment"]
+    members = [{"layers": r["n_layers"], "d_ff": r["d_ff"], "d_ff_padded": r.get("d_ff_padded"),
+                "attention": r["attention"], "step_ms": 1e3 * r["step_s_median"],
+                "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
+                "mfu_6n": r["tokens_per_s"] * 6 * r["params"] / (r["peak_flops_per_device"]
+                                                                * r["devices"]),
+                "compile_s": r["compile_s"],
+                "peak_gib": (r["peak_memory_bytes"] or 0) / 2**30 or None}
+               for r in res["step"]]
+    return {"device": env.get("device_kind"), "jax": env.get("jax"), "date": date,
+            "members": members, "sweep45": res.get("sweep45")}
 
 
 def markdown(res: dict) -> str:
@@ -137,6 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--mode", default="gpu", choices=["gpu", "smoke"])
     p.add_argument("--mfu-depth", type=int, default=12, help="member whose MFU has the target")
     p.add_argument("--compile-depths", default="1,32", help="shallow,deep for the compile ratio")
+    p.add_argument("--date", default=datetime.date.today().isoformat(),
+                   help="the run's date, for gpu.json (default today)")
     args = p.parse_args(argv)
     lo, hi = (int(x) for x in args.compile_depths.split(","))
 
@@ -148,19 +194,22 @@ def main(argv: list[str] | None = None) -> dict:
     res = {
         "mode": args.mode,
         "environment": {k: first.get(k) for k in env_keys},
-        "targets_stated": {"mfu": f">= {MFU_TARGET:.0%} at L{args.mfu_depth}, bf16, against "
+        "targets_stated": {"mfu": f">= {MFU_TARGETS.get(args.mfu_depth, MFU_TARGETS[12]):.0%} at L{args.mfu_depth} (by depth: {MFU_TARGETS}), bf16, against "
                                   "the datasheet bf16 peak (device_peak_flops)",
                            "compile_ratio": f"compile L{hi} / L{lo} <= {COMPILE_TARGET}"},
         "targets": targets(rows, args.mfu_depth, (lo, hi)),
         "step": rows, "act": act, "fusion": fusion, "jobs": job_status(args.out),
     }
+    res["sweep45"] = sweep45(args.out, res["environment"]["device_kind"])
+    (args.out / "gpu.json").write_text(json.dumps(machine_readable(res, args.date), indent=2))
     (args.out / "gpu_results.json").write_text(json.dumps(res, indent=2))
     (args.out / "gpu_results.md").write_text(markdown(res))
     print(markdown(res).split("## ACT")[0].rstrip())
-    failed = [k for k, v in res["jobs"].items() if v["exit"]]
+    failed = [k for k, v in res["jobs"].items() if v["exit"] not in (0, "skipped")]
     if failed:
         print(f"\nfailed jobs: {', '.join(failed)} (logs in {args.out / 'logs'})")
-    print(f"\nwrote {args.out / 'gpu_results.json'} and {args.out / 'gpu_results.md'}")
+    print(f"\nwrote {args.out / 'gpu_results.json'}, {args.out / 'gpu_results.md'} and "
+          f"{args.out / 'gpu.json'}")
     return res
 
 

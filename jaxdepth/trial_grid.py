@@ -13,17 +13,26 @@ from .fields import require, resumable
 
 
 def parse_list(text: str, kind: type, name: str) -> list:
-    """The values of a comma-separated list field ("" -> []); ConfigError naming the field."""
+    """The values of a comma-separated list field ("" -> []); ConfigError naming the field.
+    Integers may be given as inclusive ranges, "0-44" (45 seeds are not typed one by one)."""
     if not text.strip():
         return []
     try:
-        values = [kind(v) for v in text.split(",")]
+        values = [v for item in text.split(",") for v in _items(item.strip(), kind)]
     except ValueError:
         raise ConfigError(f"{name}: {text!r} is not a comma-separated list of "
                           f"{kind.__name__}s", field=name) from None
     require(len(set(values)) == len(values), name, f"repeats a value: {text!r}")
     return values
 
+
+def _items(item: str, kind: type) -> list:
+    lo, sep, hi = item.partition("-")
+    if kind is int and sep and lo.isdigit() and hi.isdigit():
+        if int(hi) < int(lo):
+            raise ValueError(item)
+        return list(range(int(lo), int(hi) + 1))
+    return [kind(item)]
 
 
 @dataclass(frozen=True)

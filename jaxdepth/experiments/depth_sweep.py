@@ -32,7 +32,7 @@ from pathlib import Path
 from .plan_file import PlannedExperiment
 from ..errors import RunFailed, run_main
 from ..config import TASKS, Config, ConfigError, apply_overrides
-from ..trial_grid import SEED_FIELD
+from ..trial_grid import SEED_FIELD, parse_list
 from ..depth_family import SIZE_CLASSES
 from ..presets import PAPER_FINETUNING, from_preset
 
@@ -407,7 +407,7 @@ def parse(argv):
     p.add_argument("--preset", choices=sorted(PLANS), help="a ready-made plan")
     p.add_argument("--size", help="size class (41M, 134M, 374M, tiny, small)")
     p.add_argument("--depths", help="comma-separated depths (default: the whole family)")
-    p.add_argument("--seeds", help="comma-separated seeds")
+    p.add_argument("--seeds", help="comma-separated seeds or ranges (0-44)")
     p.add_argument("--tasks", help="comma-separated tasks")
     p.add_argument("--scratch", help="comma-separated depths also fine-tuned from fresh weights "
                                      "(the control without pretraining); 'none' for none")
@@ -436,7 +436,7 @@ def plan_from_args(args) -> Plan | None:
     if args.depths:
         changes["depths"] = tuple(int(x) for x in args.depths.split(","))
     if args.seeds:
-        changes["seeds"] = tuple(int(x) for x in args.seeds.split(","))
+        changes["seeds"] = tuple(parse_list(args.seeds, int, "--seeds"))
     if args.tasks:
         changes["tasks"] = tuple(x.strip() for x in args.tasks.split(","))
     if args.scratch:
