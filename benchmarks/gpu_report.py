@@ -90,6 +90,7 @@ def sweep45(out: Path, device: str | None) -> dict | None:
             "tasks": plan["tasks"], "scratch": plan["scratch"], "units_planned": units,
             "units_done": len({(r["kind"], r.get("task"), r["depth"], r["seed"], r.get("init"))
                                for r in rows if r["kind"] in ("pretrain", "finetune")}),
+            "exit": job_status(out).get("sweep45", {}).get("exit"),  # 124: stopped at the deadline
             "device": device}
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...config import ConfigError, DataConfig
 from ...errors import DataError, warn, writing
+from .. import shared_prep
 from ..embedded import grammar
 from .packing import document_ids, iter_windows
 from .pipeline import (load_tokens, save_tokens, split_documents, tokenize_documents,
@@ -216,6 +217,27 @@ def _cache_state(stamp_path: Path, stamp: dict, cfg: DataConfig, run_dir: Path) 
     return RETOKENIZE
 
 
+def _build_lm_data(cfg: DataConfig, vocab_size: int, tok_path: Path,
+                   state: str) -> tuple[Tokenizer, np.ndarray, np.ndarray, str]:
+    """(tokenizer, train tokens, validation tokens, the prompt documents' text)."""
+    train_docs, valid_docs = load_documents(cfg)
+    source = str(tok_path)
+    if state == RETOKENIZE:
+        tok = Tokenizer.load(tok_path)
+    elif cfg.tokenizer:
+        tok, source = Tokenizer.load(cfg.tokenizer), cfg.tokenizer
+    else:
+        # The grammar corpus tokenizer also serves its seq2seq tasks (one tokenizer for
+        # pretraining and fine-tuning), so it keeps the logical forms' symbols.
+        chars = grammar.LF_SYMBOLS if cfg.corpus == "grammar" else ""
+        tok = train_tokenizer(train_docs, vocab_size, cfg.tokenizer_type, required_chars=chars,
+                              source=corpus_name(cfg))
+    check_vocab(tok, vocab_size, source)
+    prompts = "\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:N_PROMPT_DOCS])
+    return (tok, tokenize_documents(train_docs, tok), tokenize_documents(valid_docs, tok),
+            prompts)
+
+
 def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary: bool,
                     barrier=lambda: None) -> LMData:
     """Build (or reuse) the run's tokenizer and token files.
@@ -232,27 +254,19 @@ def prepare_lm_data(cfg: DataConfig, vocab_size: int, run_dir: Path, is_primary:
     if is_primary:
         state = _cache_state(stamp_path, stamp := _source_stamp(cfg, vocab_size), cfg, run_dir)
     if state != CURRENT:
-        train_docs, valid_docs = load_documents(cfg)
-        source = str(tok_path)
-        if state == RETOKENIZE:
-            tok = Tokenizer.load(tok_path)
-        elif cfg.tokenizer:
-            tok, source = Tokenizer.load(cfg.tokenizer), cfg.tokenizer
-        else:
-            # The grammar corpus tokenizer also serves its seq2seq tasks (one tokenizer for
-            # pretraining and fine-tuning), so it keeps the logical forms' symbols.
-            chars = grammar.LF_SYMBOLS if cfg.corpus == "grammar" else ""
-            tok = train_tokenizer(train_docs, vocab_size, cfg.tokenizer_type, required_chars=chars,
-                                  source=corpus_name(cfg))
-        check_vocab(tok, vocab_size, source)
+        # RETOKENIZE keeps this run's own tokenizer; a BUILD is a function of the stamp alone
+        # (every file in it hashed), which the trials of one run share.
+        key = shared_prep.digest("lm", json.dumps(stamp, sort_keys=True),
+                                 tok_path.read_bytes() if state == RETOKENIZE else b"")
+        tok, train_tokens, valid_tokens, prompts = shared_prep.prepared(
+            key, lambda: _build_lm_data(cfg, vocab_size, tok_path, state))
         data_dir.mkdir(parents=True, exist_ok=True)
         with writing(data_dir):
             if state != RETOKENIZE:
                 tok.save(tok_path)
-            save_tokens(data_dir / "train.npy", tokenize_documents(train_docs, tok))
-            (data_dir / "valid_docs.txt").write_text(
-                "\n\n".join(d.replace("\n\n", "\n") for d in valid_docs[:N_PROMPT_DOCS]))
-            save_tokens(data_dir / "valid.npy", tokenize_documents(valid_docs, tok))
+            save_tokens(data_dir / "train.npy", train_tokens)
+            (data_dir / "valid_docs.txt").write_text(prompts)
+            save_tokens(data_dir / "valid.npy", valid_tokens)
             stamp_path.write_text(json.dumps(stamp, sort_keys=True))
     barrier()
     tok = Tokenizer.load(tok_path)

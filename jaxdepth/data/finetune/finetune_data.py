@@ -21,6 +21,7 @@ from .prefix_lm_features import UnkReport, batch_features, count_unk, pack_featu
 from .seq2seq_readers import Example, load_task, split_validation
 from ..corpus.prepare import run_tokenizer, tokenizer_source
 from ..corpus.tokenizer import Tokenizer
+from .. import shared_prep
 
 
 @dataclass
@@ -38,9 +39,11 @@ class TaskData:
 
 def task_splits(cfg: TaskConfig) -> tuple[dict[str, list[Example]], str, tuple[str, ...]]:
     """(splits by name, the in-distribution dev split, the generalization splits)."""
-    if cfg.grammar:
-        return (make_task(cfg.name, cfg.n_train, cfg.n_eval, cfg.seed), "dev",
-                ("gen_lexical", "gen_structural"))
+    if cfg.grammar:  # generated: a function of these four settings, shared by a run's trials
+        key = shared_prep.digest("grammar task", cfg.name, cfg.n_train, cfg.n_eval, cfg.seed)
+        splits = shared_prep.prepared(key, lambda: {
+            s: tuple(e) for s, e in make_task(cfg.name, cfg.n_train, cfg.n_eval, cfg.seed).items()})
+        return ({s: list(e) for s, e in splits.items()}, "dev", ("gen_lexical", "gen_structural"))
     if cfg.name == "geoquery":
         # No dev split is published: hold out a seeded share of train (docs/design.md §5).
         train, dev = split_validation(load_task("geoquery", cfg.dir, "train"),
@@ -71,9 +74,23 @@ def prepare_task_data(task: TaskConfig, tokenizer_path: str, vocab_size: int, se
                         texts=lambda: [t for e in splits["train"] for t in (e.source, e.target)],
                         source=f"the train split of task {task.name!r}",
                         model_type=tokenizer_type)
-    unk = count_unk([e for s in ("train", *eval_splits) for e in splits[s]], tok)
+    # The features are a function of the tokenizer's bytes, the examples and these settings:
+    # the trials of one run tokenize once.
+    key = shared_prep.digest(
+        "task features", tok.model_proto, seq_len, task.pack, task.truncate, task.seed, dev,
+        eval_splits, *((s, *(f"{e.source}\t{e.target}" for e in splits[s]))
+                       for s in ("train", dev, *eval_splits)))
+    train, dev_features, unk = shared_prep.prepared(
+        key, lambda: _features(task, splits, dev, eval_splits, tok, seq_len))
     if is_primary:
         (run_dir / "data" / "unk_report.json").write_text(json.dumps(unk_summary(unk), indent=2))
+    return TaskData(tok, train, dev_features, splits, eval_splits, dev, gen, unk)
+
+
+def _features(task: TaskConfig, splits: dict, dev: str, eval_splits: tuple[str, ...],
+              tok, seq_len: int) -> tuple[dict, dict, UnkReport]:
+    """(train features, dev features, the unknown-piece report)."""
+    unk = count_unk([e for s in ("train", *eval_splits) for e in splits[s]], tok)
     keep = ("inputs", "targets", "weights")
     if task.pack:
         train = pack_features(splits["train"], tok, seq_len, task.seed, truncate=task.truncate)
@@ -81,8 +98,7 @@ def prepare_task_data(task: TaskConfig, tokenizer_path: str, vocab_size: int, se
         train = batch_features(splits["train"], tok, seq_len, truncate=task.truncate)
         train = {k: train[k] for k in keep}
     dev_features = batch_features(splits[dev], tok, seq_len, truncate=task.truncate)
-    return TaskData(tok, train, {k: dev_features[k] for k in keep}, splits, eval_splits, dev,
-                    gen, unk)
+    return train, {k: dev_features[k] for k in keep}, unk
 
 
 def unk_summary(r: UnkReport) -> dict:
