@@ -105,9 +105,19 @@ MINIATURE = Plan(
               "task.pack": True},
     scratch=(4,), matched=False,
 )
+# The paper's first finding (Figs. 2 and 3), perplexity against depth at equal size, on a text
+# corpus the user names (`--pretrain data.corpus=PATH --pretrain data.valid=PATH`, e.g.
+# WikiText-2 from `python -m jaxdepth.data.download wikitext-2`); the held-out perplexity is
+# data.valid's. Pretraining only, with the miniature's pretraining recipe; `--size small` for
+# the small family.
+ENGLISH = Plan(
+    size="tiny", seeds=(0, 1, 2, 3, 4), tasks=(),
+    pretrain={"model.n_heads": 4, "run.steps": 400, "run.save_every": 200, "data.corpus": ""},
+    matched=False,
+)
 # Fine-tuning defaults of the paper (t5x); a plan's `finetune` entries override them.
 PAPER_FINETUNE = {f"{sec}.{k}": v for sec, vals in PAPER_FINETUNING.items() for k, v in vals.items()}
-PLANS = {"miniature": MINIATURE}
+PLANS = {"miniature": MINIATURE, "english": ENGLISH}
 
 
 def _nested(flat: dict) -> dict:
@@ -448,7 +458,12 @@ def plan_from_args(args) -> Plan | None:
         changes["pretrain"] = {**base.pretrain, **_overrides(args.pretrain, "--pretrain")}
     if args.finetune:
         changes["finetune"] = {**base.finetune, **_overrides(args.finetune, "--finetune")}
-    return dataclasses.replace(base, **changes)
+    plan = dataclasses.replace(base, **changes)
+    if plan.pretrain.get("data.corpus") == "":  # a plan for a corpus the user names
+        raise ConfigError("--pretrain data.corpus: this plan pretrains on a text corpus you "
+                          "name: give --pretrain data.corpus=PATH (and data.valid=PATH for its "
+                          "held-out split)")
+    return plan
 
 
 def main(argv=None) -> int:

@@ -161,3 +161,16 @@ def test_plan_validation():
     assert plan_from_args(args).scratch == ()
     with pytest.raises(FileNotFoundError, match="sweep.json"):
         Sweep.open(__import__("pathlib").Path("/nonexistent-sweep"), None)
+    # 45 seeds are given as a range; a bad one names the flag
+    args = parse(["run", "--out", "x", "--preset", "miniature", "--seeds", "0-44"])
+    assert plan_from_args(args).seeds == tuple(range(45))
+    args = parse(["run", "--out", "x", "--preset", "miniature", "--seeds", "0-2,7"])
+    assert plan_from_args(args).seeds == (0, 1, 2, 7)
+    with pytest.raises(ConfigError, match="--seeds: '4-2'"):
+        plan_from_args(parse(["run", "--out", "x", "--seeds", "4-2"]))
+    # the English plan pretrains only, on the corpus the user names, and never on the grammar
+    with pytest.raises(ConfigError, match="--pretrain data.corpus"):
+        plan_from_args(parse(["run", "--out", "x", "--preset", "english"]))
+    plan = plan_from_args(parse(["run", "--out", "x", "--preset", "english", "--size", "small",
+                                 "--pretrain", "data.corpus=a.txt"]))
+    assert (plan.size, plan.tasks, plan.pretrain["data.corpus"]) == ("small", (), "a.txt")
