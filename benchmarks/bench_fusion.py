@@ -59,14 +59,17 @@ import numpy as np
 
 from jaxdepth.config import Config, ConfigError, apply_overrides
 from jaxdepth.data.finetune.ner_sentences import ner_labels
+from jaxdepth.fusion_modes import fusion_modes
 from jaxdepth.models.backbone import depth_and_width
+from jaxdepth.models.fusions import fusion_methods
 from jaxdepth.tasks import task_for, train
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
 from jaxdepth.trainer.step import init_state, make_train_step, state_shardings
 
-METHODS = ("base", "base+n", "concat", "dwatt")
-MODES = ("fe", "ft")
+# Every registered method and mode (a new fusion method is timed without editing this file).
+METHODS = fusion_methods()
+MODES = fusion_modes()
 DWATT_TARGET = 1.10  # t(FE dwatt) / t(FE base) <= this
 UNIT_TARGET = 5.0  # t(uncached FE unit) / t(cached FE unit) >= this
 GRID_TARGET = 3.0  # t(uncached FE grid) / t(cached FE grid) >= this

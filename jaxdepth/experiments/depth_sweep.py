@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
+import functools
 import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .plan_file import PlannedExperiment
 from ..errors import RunFailed, run_main
@@ -132,6 +135,8 @@ class Sweep(PlannedExperiment):
     PLAN_FILE = "sweep.json"
 
     PLAN = Plan
+    # Groups of one stage trained at once, each in its own single-threaded process (--workers).
+    workers: int = 1
 
     def rows(self) -> list[dict]:
         from ..analysis.report import dedupe, load_rows
@@ -144,8 +149,10 @@ class Sweep(PlannedExperiment):
         return None
 
     def append(self, row: dict) -> None:
+        line = json.dumps({"size_class": self.plan.size, **row}) + "\n"
         with open(self.results, "a") as f:
-            f.write(json.dumps({"size_class": self.plan.size, **row}) + "\n")
+            fcntl.flock(f, fcntl.LOCK_EX)  # --workers: several processes append
+            f.write(line)
 
     # ------------------------------------------------------------------ configs
 
@@ -227,38 +234,59 @@ class Sweep(PlannedExperiment):
         for seed, s in zip(seeds, summaries):
             on_done(seed, s)
 
-    def run(self) -> None:
-        from ..depth_family import param_count
-
+    def stages(self) -> list[list[tuple[str, Callable[[], None]]]]:
+        """The plan's units as two stages of named groups, each group one program (its seeds
+        as trials): every depth's pretraining, then every fine-tuning, which reads the
+        pretrained runs. The groups of a stage are independent of each other."""
         p = self.plan
-        ran = self.units_run
-        for depth in p.family:
-            todo = [s for s in p.seeds if not self.done(kind="pretrain", depth=depth, seed=s)]
-            if not todo:
-                continue
+        pretrain = [(f"pretrain-L{d}", functools.partial(self.pretrain_seeds, d))
+                    for d in p.family]
+        finetune = [(f"finetune-{task}-L{d}", functools.partial(self.finetune_seeds, task, d,
+                                                                "final"))
+                    for d in p.family for task in p.tasks]
+        finetune += [(f"finetune-{task}-L{d}-scratch",
+                      functools.partial(self.finetune_seeds, task, d, "scratch"))
+                     for d in p.scratch for task in p.tasks]
+        return [pretrain, finetune]
 
-            def pretrained(seed: int, s: dict, depth=depth) -> None:
-                cfg = self.pretrain_config(depth, seed)
-                self.append({"kind": "pretrain", "depth": depth, "seed": seed,
-                             "d_model": cfg.model.d_model, "d_ff": cfg.model.d_ff,
-                             "params": param_count(cfg.model), "valid_ppl": s["valid_ppl"],
-                             "valid_loss": s["valid_loss"], "step": s["step"],
-                             "grammatical": s.get("grammatical"),  # embedded grammar only
-                             "run_dir": str(cfg.run.dir)})
-
-            self._as_trials(f"pretrain L{depth}",
-                            {s: self.pretrain_config(depth, s) for s in todo},
-                            {s: self.pretrain_dir(depth, s) for s in todo}, pretrained)
-        for depth in p.family:
-            for task in p.tasks:
-                self.finetune_seeds(task, depth, "final")
-        for depth in p.scratch:
-            for task in p.tasks:
-                self.finetune_seeds(task, depth, "scratch")
-        if self.units_run == ran:
+    def run(self, group: str = "") -> None:
+        """Every unit not done yet; `group` names the one group to run (a worker's share)."""
+        p = self.plan
+        ran, rows = self.units_run, len(self.rows())
+        for stage in self.stages():
+            if group:
+                stage = [(name, fn) for name, fn in stage if name == group]
+            if self.workers > 1 and not group:
+                from .workers import run_groups
+                run_groups(self.out, [name for name, _ in stage], self.workers,
+                           ["--sequential"] if self.sequential else [])
+            else:
+                for _, fn in stage:
+                    fn()
+        if not group and self.units_run == ran and len(self.rows()) == rows:
             n = len(p.seeds) * (len(p.family) * (1 + len(p.tasks)) + len(p.scratch) * len(p.tasks))
             print(f"all {n} units of {self.out} are done (results.jsonl); nothing to run",
                   flush=True)
+
+    def pretrain_seeds(self, depth: int) -> None:
+        """Pretrain every seed of the plan at `depth` not done yet, as trials of one run."""
+        from ..depth_family import param_count
+
+        todo = [s for s in self.plan.seeds if not self.done(kind="pretrain", depth=depth, seed=s)]
+        if not todo:
+            return
+
+        def pretrained(seed: int, s: dict) -> None:
+            cfg = self.pretrain_config(depth, seed)
+            self.append({"kind": "pretrain", "depth": depth, "seed": seed,
+                         "d_model": cfg.model.d_model, "d_ff": cfg.model.d_ff,
+                         "params": param_count(cfg.model), "valid_ppl": s["valid_ppl"],
+                         "valid_loss": s["valid_loss"], "step": s["step"],
+                         "grammatical": s.get("grammatical"),  # embedded grammar only
+                         "run_dir": str(cfg.run.dir)})
+
+        self._as_trials(f"pretrain L{depth}", {s: self.pretrain_config(depth, s) for s in todo},
+                        {s: self.pretrain_dir(depth, s) for s in todo}, pretrained)
 
     def finetune_seeds(self, task: str, depth: int, init: str) -> None:
         """Fine-tune every seed of the plan not done yet, from its own pretraining run (or
@@ -429,6 +457,11 @@ def parse(argv):
     p.add_argument("--sequential", action="store_true",
                    help="train every seed as its own program (default: the seeds of a unit "
                         "as trials of one program, exported to the same directories)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="CPU only: train this many groups of units at once (a depth's "
+                        "pretraining, a depth's fine-tuning on a task), each in its own "
+                        "process with one thread; logs in OUT/logs/ (default 1: one process)")
+    p.add_argument("--group", default="", help=argparse.SUPPRESS)  # a worker's one group
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
@@ -486,9 +519,12 @@ def _run(args) -> int:
     sweep = Sweep.open(Path(args.out), plan)
     if args.sequential:
         sweep.sequential = True
+    if args.workers != 1:
+        from .workers import check_workers
+        sweep.workers = check_workers(args.workers)
     cmd = args.command
     if cmd in ("run", "all"):
-        sweep.run()
+        sweep.run(args.group)
     if cmd == "matched" or (cmd == "all" and sweep.plan.matched):
         sweep.matched()
     elif cmd == "all":

@@ -1,0 +1,83 @@
+"""An experiment's independent groups of units, trained N at a time in processes of their own.
+
+On a small CPU one small model's step leaves most of a second core idle (a second thread adds
+5-8%), while two single-threaded processes side by side do 1.8x the work of one
+(`../shared/notes/cpu-cores.md`, benchmarks/README.md). So `--workers N` starts each group of
+a stage (a depth's pretraining, a depth's fine-tuning on a task) as
+`python -m jaxdepth.experiments.depth_sweep run --out DIR --group NAME` with XLA's CPU thread
+pool off, at most N at once, its output in DIR/logs/NAME.log. Each appends its own rows to
+DIR/results.jsonl (under a file lock). A group run with one thread ends in other last bits than
+with two: a run resumes bit for bit only at the thread count it started with.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..config import ConfigError
+from ..errors import RunFailed
+
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def check_workers(n: int) -> int:
+    """n, if it is a number of CPU processes this machine can run; else a ConfigError."""
+    if n < 1:
+        raise ConfigError(f"--workers: {n}; give at least 1")
+    import jax
+
+    if n > 1 and jax.default_backend() != "cpu":
+        raise ConfigError(f"--workers {n}: the groups would share one {jax.default_backend()} "
+                          "device; on an accelerator the seeds of a group already share it "
+                          "as trials (leave --workers out)")
+    return n
+
+
+def _start(out: Path, name: str, flags: list[str]) -> tuple[subprocess.Popen, Path]:
+    log = out / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {ONE_THREAD}".strip()}
+    cmd = [sys.executable, "-m", "jaxdepth.experiments.depth_sweep", "run", "--out", str(out),
+           "--group", name, *flags]
+    with open(log, "a") as f:
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT), log
+
+
+def _last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+def run_groups(out: Path, names: list[str], n: int, flags: list[str]) -> None:
+    """Run the named groups of one stage, n at a time, each with the command-line `flags`;
+    return when all are done. A group
+    that fails lets the running ones finish, starts no other, and raises RunFailed naming it."""
+    waiting, running, failed = list(names), {}, []
+    try:
+        while waiting or running:
+            while waiting and len(running) < n and not failed:
+                name = waiting.pop(0)
+                running[name] = (*_start(out, name, flags), time.perf_counter())
+                print(f"{name}: started (log {running[name][1]})", flush=True)
+            time.sleep(0.5)
+            for name, (proc, log, t0) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[name]
+                if proc.returncode:
+                    failed.append(f"{name} (exit {proc.returncode}: {_last_line(log)}; log {log})")
+                else:
+                    print(f"{name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+            if failed and not running:
+                break
+    finally:  # interrupted: each worker saves its step and stops (trainer/signals.py)
+        for proc, _, _ in running.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc, _, _ in running.values():
+            proc.wait()
+    if failed:
+        raise RunFailed(f"{'; '.join(failed)}; run the command again to resume")

@@ -1,0 +1,55 @@
+"""depth_sweep --workers: the groups of a stage trained at once in single-threaded processes
+(experiments/workers.py) give the rows one process gives, up to the thread count's last bits;
+a failing group ends the command in one line naming it and its log."""
+import json
+
+import pytest
+
+from jaxdepth.experiments.depth_sweep import main
+
+PLAN = ["--size", "tiny", "--depths", "1,2", "--seeds", "0", "--tasks", "passivization",
+        "--scratch", "none", "--pretrain", "run.steps=6", "--pretrain", "run.save_every=6",
+        "--pretrain", "data.batch_size=8", "--pretrain", "data.seq_len=32",
+        "--pretrain", "data.grammar_docs=600", "--pretrain", "optim.warmup_steps=2",
+        "--finetune", "run.steps=4", "--finetune", "run.eval_every=4",
+        "--finetune", "run.save_every=4", "--finetune", "data.batch_size=8",
+        "--finetune", "data.seq_len=128", "--finetune", "task.n_train=16",
+        "--finetune", "task.n_eval=4", "--finetune", "task.pack=true"]
+
+
+def _rows(out):
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {(r["kind"], r["depth"]): r for r in rows}
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_rows_of_one_process(tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path / "one"), *PLAN]) == 0
+    assert main(["run", "--out", str(tmp_path / "two"), "--workers", "2", *PLAN]) == 0
+    printed = capsys.readouterr().out
+    for group in ("pretrain-L1", "pretrain-L2", "finetune-passivization-L1",
+                  "finetune-passivization-L2"):
+        assert f"{group}: done in" in printed
+        assert (tmp_path / "two" / "logs" / f"{group}.log").is_file()
+    one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [("finetune", 1), ("finetune", 2),
+                                          ("pretrain", 1), ("pretrain", 2)]
+    for key in one:
+        loss = "valid_loss" if key[0] == "pretrain" else "dev_loss"
+        # one thread against two: the same run but for the last bits of the sums
+        assert two[key][loss] == pytest.approx(one[key][loss], rel=1e-4), key
+    # a rerun finds every unit done and starts no worker
+    assert main(["run", "--out", str(tmp_path / "two"), "--workers", "2"]) == 0
+    assert "nothing to run" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_failing_group_is_one_line_naming_it_and_its_log(tmp_path, capsys):
+    missing = tmp_path / "no-such-corpus.txt"
+    code = main(["run", "--out", str(tmp_path / "s"), "--workers", "2", *PLAN,
+                 "--pretrain", f"data.corpus={missing}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1
+    assert "pretrain-L1 (exit 2" in err[0] and "pretrain-L2 (exit 2" in err[0]
+    assert str(missing) in err[0] and "logs/pretrain-L1.log" in err[0]
+    assert not (tmp_path / "s" / "logs" / "finetune-passivization-L1.log").exists()
