@@ -516,12 +516,11 @@ def _run(args) -> int:
     if args.command != "run" and args.command != "all" and plan is not None:
         raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "
                           f"this command reads {args.out}/sweep.json")
-    sweep = Sweep.open(Path(args.out), plan)
-    if args.sequential:
-        sweep.sequential = True
-    if args.workers != 1:
+    if args.workers != 1:  # refused before the plan is written
         from .workers import check_workers
-        sweep.workers = check_workers(args.workers)
+        check_workers(args.workers)
+    sweep = Sweep.open(Path(args.out), plan)
+    sweep.sequential, sweep.workers = args.sequential, args.workers
     cmd = args.command
     if cmd in ("run", "all"):
         sweep.run(args.group)

@@ -53,3 +53,20 @@ def test_a_failing_group_is_one_line_naming_it_and_its_log(tmp_path, capsys):
     assert "pretrain-L1 (exit 2" in err[0] and "pretrain-L2 (exit 2" in err[0]
     assert str(missing) in err[0] and "logs/pretrain-L1.log" in err[0]
     assert not (tmp_path / "s" / "logs" / "finetune-passivization-L1.log").exists()
+
+
+def test_workers_are_refused_on_an_accelerator(tmp_path, monkeypatch, capsys):
+    import jax
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    code = main(["run", "--out", str(tmp_path / "s"), "--workers", "2", *PLAN])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "--workers 2: the groups would share one gpu device" in err[0]
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_english_plan_without_a_corpus_is_one_line_and_writes_nothing(tmp_path, capsys):
+    code = main(["all", "--out", str(tmp_path / "e"), "--preset", "english"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--pretrain data.corpus" in err[0]
+    assert not (tmp_path / "e").exists()
