@@ -77,7 +77,7 @@ def targets(rows: list[dict], mfu_depth: int, compile_depths: tuple[int, int]) -
     return out
 
 
-def sweep45(out: Path, device: str | None) -> dict | None:
+def sweep45(out: Path, device: str | None, jobs: dict[str, dict]) -> dict | None:
     """The 45-seed sweep's wall time and plan (gpu.sh's sweep45 part), None if it did not run."""
     wall, plan = load(out / "sweep45" / "wall.json"), load(out / "sweep45" / "sweep.json")
     if not wall or not plan:
@@ -90,7 +90,7 @@ def sweep45(out: Path, device: str | None) -> dict | None:
             "tasks": plan["tasks"], "scratch": plan["scratch"], "units_planned": units,
             "units_done": len({(r["kind"], r.get("task"), r["depth"], r["seed"], r.get("init"))
                                for r in rows if r["kind"] in ("pretrain", "finetune")}),
-            "exit": job_status(out).get("sweep45", {}).get("exit"),  # 124: stopped at the deadline
+            "exit": jobs.get("sweep45", {}).get("exit"),  # 124: stopped at the deadline
             "device": device}
 
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         "targets": targets(rows, args.mfu_depth, (lo, hi)),
         "step": rows, "act": act, "fusion": fusion, "jobs": job_status(args.out),
     }
-    res["sweep45"] = sweep45(args.out, res["environment"]["device_kind"])
+    res["sweep45"] = sweep45(args.out, res["environment"]["device_kind"], res["jobs"])
     (args.out / "gpu.json").write_text(json.dumps(machine_readable(res, args.date), indent=2))
     (args.out / "gpu_results.json").write_text(json.dumps(res, indent=2))
     (args.out / "gpu_results.md").write_text(markdown(res))

@@ -44,15 +44,13 @@ class Phases:
         self.inside: list[str] = []  # the wrapped calls in progress, outermost first
         self.patches = contextlib.ExitStack()
 
-    def _wrap(self, owner, name: str, phase: str, wait_first: bool = False):
+    def _wrap(self, owner, name: str, phase: str, state_arg: int | None = None):
         real = getattr(owner, name)
 
         @functools.wraps(real)
         def timed(*args, **kwargs):
-            if wait_first:  # charge the steps still in flight to the steps
-                for a in args:
-                    if hasattr(a, "step") or isinstance(a, jax.Array):
-                        jax.block_until_ready(a)
+            if state_arg is not None:  # charge the steps still in flight to the steps
+                jax.block_until_ready(args[state_arg])
             t0 = time.perf_counter()
             self.inside.append(phase)
             try:
@@ -114,9 +112,9 @@ class Phases:
         self._wrap(run_trials.Trials, "prepare", "data")
         self._wrap(loop, "restore_or_init", "init")
         self._wrap(loop, "_steps", "loop")
-        self._wrap(hooks.Evaluations, "__call__", "evaluation", wait_first=True)
+        self._wrap(hooks.Evaluations, "__call__", "evaluation", state_arg=2)  # (self, step, state)
         self._wrap(loop, "_finish", "finish")
-        self._wrap(hooks.Checkpoints, "save", "checkpoints", wait_first=True)
+        self._wrap(hooks.Checkpoints, "save", "checkpoints", state_arg=2)
         self._wrap(hooks.Checkpoints, "wait", "checkpoints")
         self._wrap_step()
         self._wrap_batches()

