@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import DataError
 from .act_stats import GROUPS
 from .exact_match import mean_ci95
 
@@ -31,8 +32,8 @@ def table1_files(run: Path) -> list[Path]:
     own = run / "analysis" / "table1.json"
     found = trials or ([own] if own.is_file() else [])
     if not found:
-        raise FileNotFoundError(f"{run}: no analysis/table1.json (a finished ACT pretraining "
-                                f"run writes one, each trial in trials/<k>/)")
+        raise DataError(f"{run}: no analysis/table1.json (a finished ACT pretraining run "
+                        f"writes one, each trial in trials/<k>/)")
     return found
 
 
@@ -40,7 +41,7 @@ def read_table1(path: Path) -> dict:
     try:
         return json.loads(path.read_text())["table1"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a Table 1 written by train.py ({e!r})") from None
+        raise DataError(f"{path}: not a Table 1 written by train.py ({e!r})") from None
 
 
 def seed_table(tables: Sequence[dict]) -> dict:
@@ -48,7 +49,7 @@ def seed_table(tables: Sequence[dict]) -> dict:
     {"mean", "ci95", "seeds"}; each group's paired difference from all tokens likewise; the
     tokens per group (equal across seeds when they scored the same batches, else a list)."""
     if len(tables) < 2:
-        raise ValueError(f"an interval over seeds needs at least 2 runs, got {len(tables)}")
+        raise DataError(f"an interval over seeds needs at least 2 runs, got {len(tables)}")
 
     def summary(values: list[float]) -> dict:
         mean, half = mean_ci95(values)
@@ -92,17 +93,20 @@ def format_seed_table(table: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from ..errors import run_main
     p = argparse.ArgumentParser(prog="python -m jaxdepth.analysis.act_seeds",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="ACT pretraining run directories")
     p.add_argument("--out", type=Path, help="directory for table1_seeds.md and .json")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an error as well as its one line")
     args = p.parse_args(argv)
-    try:
-        files = [f for run in args.runs for f in table1_files(run)]
-        table = seed_table([read_table1(f) for f in files])
-    except (FileNotFoundError, ValueError) as e:
-        print(f"act_seeds: {e}", file=sys.stderr)
-        return 2
+    return run_main(lambda: _run(args), debug=args.debug)  # a user's error: one line, exit 2
+
+
+def _run(args) -> int:
+    files = [f for run in args.runs for f in table1_files(run)]
+    table = seed_table([read_table1(f) for f in files])
     text = format_seed_table(table)
     print(text, end="")
     if args.out:
@@ -114,4 +118,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ..errors import exit_process
+
+    exit_process(main(sys.argv[1:]))

@@ -7,6 +7,7 @@ import pytest
 
 from jaxdepth.analysis import act_seeds
 from jaxdepth.analysis.act_stats import GROUPS
+from jaxdepth.errors import DataError
 
 T_975_DF2 = 4.302653  # t_{0.975} with 2 degrees of freedom (3 seeds)
 
@@ -48,7 +49,7 @@ def test_group_missing_in_a_seed_is_left_out_and_unequal_counts_are_listed():
 
 
 def test_one_seed_is_refused():
-    with pytest.raises(ValueError, match="at least 2"):
+    with pytest.raises(DataError, match="at least 2"):
         act_seeds.seed_table([table(2.0, 2.5)])
 
 
@@ -76,7 +77,7 @@ def test_trials_in_trial_order_then_solo_runs(tmp_path, capsys):
 def test_a_run_without_table_is_one_line(tmp_path, capsys):
     assert act_seeds.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("act_seeds: ") and str(tmp_path) in err and "\n" not in err
+    assert err.startswith("error: ") and str(tmp_path) in err and "\n" not in err
     bad = tmp_path / "bad" / "analysis" / "table1.json"
     bad.parent.mkdir(parents=True)
     bad.write_text("{}")
