@@ -148,6 +148,7 @@ EXPECTED: dict[str, tuple | None] = {
     "--run.seeds 0,1,2,3,4 --run.dir runs/seeds": ADAFACTOR_LM,
     "--run.seeds 0,1 --trials.lr 0.03,0.1 --run.dir runs/lr": ADAFACTOR_LM,
     "--preset act-cpu --trials.tau 0,1e-4,5e-4 --run.dir runs/act-tau": LAMB,
+    "--preset act-cpu --run.seeds 0-4 --run.dir runs/act-cpu-5": LAMB,
     "--model.arch encoder --optim.lr 1e-3 --run.dir runs/bert-mini":
         ("encoder_mlm", "adamw", 1e-3, "linear"),
     # fusion over a frozen backbone (fe): AdamW at 1e-3, linear decay to 0
@@ -185,6 +186,8 @@ NOT_RUN: dict[str, str] = {
     "--run.seeds 0,1 --trials.lr 0.03,0.1 --run.dir runs/lr": _TRIALS,
     "--preset act-cpu --trials.tau 0,1e-4,5e-4 --run.dir runs/act-tau":
         _TRIALS.replace("of the default run", "of ACT's ponder weight"),
+    "--preset act-cpu --run.seeds 0-4 --run.dir runs/act-cpu-5":
+        _TRIALS.replace("of the default run", "of ACT's seeds"),
 }
 
 # Run only with JAXDEPTH_README_ALL=1: CPU-feasible, but past this file's share of CI's time on
