@@ -11,8 +11,9 @@ blocks of packed rows could save (issue 37, item 2; CPU).
 2. Reads the example lengths of the sweep's packed training rows (passivization and semantic
    parsing, their own configs and tokenizer) and gives, per task, the narrowest band that is
    still exact: a query must see every earlier token of its example, so the band has to
-   cover the longest example of the split (k * block >= longest - 1). One long example is
-   enough to need the full width.
+   cover the longest example of the split (k * block >= longest - 1; exact at the real
+   positions, which are all that carry loss). One long example is enough to need the full
+   width.
 
 The banded attention lives here, not in the library, because the lengths below leave it no
 saving on semantic parsing. It is checked against ``attend`` before it is timed.
@@ -40,8 +41,10 @@ def full_attention(q, k, v, bias_NTT, seg_BT):
 
 
 def banded_attention(q_BTNH, k_BTNH, v_BTNH, bias_NTT, seg_BT, block: int, back: int):
-    """``full_attention`` where a query in block i sees only key blocks i-back .. i: exact
-    whenever no example is longer than back * block + 1 tokens."""
+    """``full_attention`` where a query in block i sees only key blocks i-back .. i: exact at
+    every real position (segment id > 0) whenever no example is longer than back * block + 1
+    tokens. A padding run longer than that differs at its own positions, which carry no loss
+    and which no real query attends to. T must be a multiple of ``block``."""
     B, T, N, H = q_BTNH.shape
     nb = T // block
 
@@ -117,6 +120,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     B, T, N, H, b = args.rows, args.seq_len, args.heads, args.head_dim, args.block
+    if T % b:
+        raise SystemExit(f"--seq-len {T} is not a multiple of --block {b}")
     lengths = task_lengths()
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     q, k, v = (jax.random.normal(keys[i], (B, T, N, H)) for i in range(3))
@@ -139,7 +144,9 @@ def main(argv=None) -> int:
         err = float(jnp.max(jnp.abs(got - reference)))
         if err > 1e-5:
             raise SystemExit(f"banded attention (back={back}) differs from attend by {err:.2e}")
-        record["banded"].append({"keys": (back + 1) * b, "exact_up_to": back * b + 1,
+        # the widest band holds every earlier key of a row: exact for any length up to T
+        exact = T if back == T // b - 1 else back * b + 1
+        record["banded"].append({"keys": (back + 1) * b, "exact_up_to": exact,
                                  "ms": fwd_bwd(banded_attention, block=b, back=back),
                                  "max_abs_diff": err})
     print(f"attention fwd+bwd, one layer, {B} x {T} tokens, {N} heads of {H}: "

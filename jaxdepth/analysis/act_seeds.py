@@ -27,7 +27,8 @@ from .exact_match import mean_ci95
 
 def table1_files(run: Path) -> list[Path]:
     """The final Table 1 of each seed of one run: its trials' in trial order, else its own."""
-    trials = sorted((run / "trials").glob("*/analysis/table1.json"),
+    trials = sorted((p for p in (run / "trials").glob("*/analysis/table1.json")
+                     if p.parent.parent.name.isdigit()),
                     key=lambda p: int(p.parent.parent.name))
     own = run / "analysis" / "table1.json"
     found = trials or ([own] if own.is_file() else [])
@@ -38,9 +39,14 @@ def table1_files(run: Path) -> list[Path]:
 
 
 def read_table1(path: Path) -> dict:
+    """A run's final Table 1, with the numbers this module reads present."""
     try:
-        return json.loads(path.read_text())["table1"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        t = json.loads(path.read_text())["table1"]
+        numbers = [t["mlm_accuracy"], t["sop_accuracy"], t["iterations"]["all"]]
+        if not all(isinstance(x, (int, float)) for x in numbers):
+            raise ValueError("no MLM/SOP accuracy or mean iterations (nothing was scored)")
+        return t
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
         raise DataError(f"{path}: not a Table 1 written by train.py ({e!r})") from None
 
 
@@ -106,6 +112,12 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
     files = [f for run in args.runs for f in table1_files(run)]
+    seen = {}
+    for f in files:
+        if f.resolve() in seen:
+            raise DataError(f"{f}: given twice (also as {seen[f.resolve()]}); each seed counts "
+                            f"once")
+        seen[f.resolve()] = f
     table = seed_table([read_table1(f) for f in files])
     text = format_seed_table(table)
     print(text, end="")

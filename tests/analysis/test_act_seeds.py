@@ -62,6 +62,7 @@ def test_trials_in_trial_order_then_solo_runs(tmp_path, capsys):
     trials = tmp_path / "five"
     for k, n in [(10, 2.4), (2, 2.2), (0, 2.0)]:
         write(trials / "trials" / str(k) / "analysis" / "table1.json", table(n, n + 0.5))
+    write(trials / "trials" / "notes" / "analysis" / "table1.json", table(9.0, 9.0))  # not a trial
     solo = tmp_path / "solo"
     write(solo / "analysis" / "table1.json", table(2.6, 3.1))
     assert [p.parent.parent.name for p in act_seeds.table1_files(trials)] == ["0", "2", "10"]
@@ -78,8 +79,15 @@ def test_a_run_without_table_is_one_line(tmp_path, capsys):
     assert act_seeds.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and str(tmp_path) in err and "\n" not in err
-    bad = tmp_path / "bad" / "analysis" / "table1.json"
-    bad.parent.mkdir(parents=True)
-    bad.write_text("{}")
-    assert act_seeds.main([str(tmp_path / "bad"), str(tmp_path / "bad")]) == 2
-    assert "not a Table 1" in capsys.readouterr().err
+    good = tmp_path / "good"
+    write(good / "analysis" / "table1.json", table(2.0, 2.5))
+    for name, text in [("empty", "{}"), ("unscored", json.dumps({"table1": {
+            **table(2.0, 2.5), "mlm_accuracy": None}})), ("binary", b"\xff\xfe")]:
+        bad = tmp_path / name / "analysis" / "table1.json"
+        bad.parent.mkdir(parents=True)
+        bad.write_bytes(text if isinstance(text, bytes) else text.encode())
+        assert act_seeds.main([str(good), str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "not a Table 1" in err and name in err and "\n" not in err
+    assert act_seeds.main([str(good), str(good)]) == 2
+    assert "given twice" in capsys.readouterr().err

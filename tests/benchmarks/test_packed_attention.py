@@ -36,3 +36,13 @@ def test_band_narrower_than_an_example_differs():
     # the first 3 blocks see every earlier token either way; later queries lose keys
     np.testing.assert_allclose(band[:, :3 * BLOCK], full[:, :3 * BLOCK], rtol=1e-5, atol=1e-6)
     assert np.abs(band[:, 3 * BLOCK:] - full[:, 3 * BLOCK:]).max() > 1e-2
+
+
+def test_band_is_exact_at_real_positions_behind_a_long_padding_tail():
+    seg = np.zeros((B, T), np.int32)
+    seg[:, :10], seg[:, 10:20] = 1, 2  # then 44 padding positions, longer than the band
+    args = inputs(seg)
+    full = np.asarray(bench.full_attention(*args))
+    band = np.asarray(bench.banded_attention(*args, block=BLOCK, back=2))
+    np.testing.assert_allclose(band[:, :20], full[:, :20], rtol=1e-5, atol=1e-6)
+    assert np.abs(band[:, 20:] - full[:, 20:]).max() > 1e-3  # padding sees a shorter band
