@@ -1,8 +1,9 @@
 """An experiment's independent groups of units, trained N at a time in processes of their own.
 
-On a small CPU one small model's step leaves most of a second core idle (a second thread adds
-5-8%), while two single-threaded processes side by side do 1.8x the work of one (measured on
-2 cores, docs/depth.md). So `--workers N` starts each group of
+On a small CPU a solo unit of a small model leaves much of a second core idle: two
+single-threaded processes side by side did 1.8x the work of one two-thread process. A group of
+several trials already fills both threads, so there the gain is small (1.13x on a 2-seed plan;
+both measured on 2 cores, docs/depth.md). `--workers N` starts each group of
 a stage (a depth's pretraining, a depth's fine-tuning on a task) as
 `python -m jaxdepth.experiments.depth_sweep run --out DIR --group NAME` with XLA's CPU thread
 pool off, at most N at once, its output in DIR/logs/NAME.log. Each appends its own rows to
