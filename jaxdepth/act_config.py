@@ -52,6 +52,11 @@ class ACTConfig:
     def ff(self) -> int:
         return self.d_ff or 4 * self.d_model
 
+    def dims(self) -> tuple:
+        """(layers run, d_model, d_ff, heads, remat, loss chunk): trainer/memory.py's inputs.
+        Up to max_iters iterations of the shared layer run; the MLM loss is unchunked."""
+        return self.max_iters, self.d_model, self.ff, self.n_heads, self.remat, 0
+
     def shape(self) -> dict[str, int]:
         """The SHAPE fields as the model uses them (d_ff=0 is 4 * d_model)."""
         return {f: self.ff if f == "d_ff" else getattr(self, f) for f in self.SHAPE}

@@ -2,8 +2,8 @@
 kinds and their recipes are jaxdepth/run_kinds/). Elsewhere: the trials section and its grid
 (trial_grid.py), the settings a trial step traces (trial_tracing.py), the layouts of saved
 configs (layouts.py), the specs the tasks derive from the sections (model_specs.py), the token
-ids (token_ids.py), how fields are declared and checked (fields.py), the optim and act
-sections (optim_config.py, act_config.py), Eq. 1's depth families
+ids (token_ids.py), how fields are declared and checked (fields.py), the optim, act and mesh
+sections (optim_config.py, act_config.py, mesh_config.py), Eq. 1's depth families
 (depth_family.py) and the named presets (presets.py, act_presets.py).
 
 Every field is overridable from the command line as ``--section.field value`` (see cli.py).
@@ -20,10 +20,12 @@ from .act_config import ACTConfig
 from .archs import arch as arch_class, arch_names, archs_reading
 from .attentions import attention_names, attention_path  # also the models'
 from .errors import ConfigError
-from .fields import positive, require, resumable, typed
+from .fields import check_declared, declared_by_choices, positive, require, resumable, typed
 from .fusion_modes import fusion_mode  # also the models' (they import only this module)
 from .halting import halting as halting_class  # noqa: F401  (the models')
 from .layouts import upgrade
+from .mesh_config import MeshConfig
+from .models import fusions  # fusion.method's registry, and the settings its methods declare
 from .optim_config import RECIPE_FIELDS, OptimConfig
 from .run_kinds import kind_of
 from .trial_grid import TRIAL_FIELDS, TrialsConfig, optim_per_trial, parse_list
@@ -117,6 +119,10 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.heads
 
+    def dims(self) -> tuple:
+        """(layers run, d_model, d_ff, heads, remat, loss chunk): trainer/memory.py's inputs."""
+        return self.n_layers, self.d_model, self.d_ff, self.heads, self.remat, self.xent_chunk
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -169,24 +175,6 @@ class DataConfig:
         if self.streaming:  # the corpus itself is checked where it is read (tasks/lm.py)
             require(self.batch_size % self.streams == 0, "data.streams",
                     f"{self.streams} streams do not divide data.batch_size={self.batch_size}")
-
-
-@dataclass(frozen=True)
-class MeshConfig:
-    data: int = resumable(-1)  # -1: every device not used by the model axis
-    model: int = resumable(1)  # tensor parallelism over heads / MLP / vocab
-    fsdp: bool = resumable(False)  # also shard parameters and optimizer state over the data axis
-    coordinator: str = resumable("")  # host:port of process 0; set for multi-process runs
-    num_processes: int = resumable(1)  # processes (hosts) of a multi-process run
-    process_id: int = resumable(0)  # this process's index, 0 .. num_processes - 1
-
-    def __post_init__(self):
-        require(self.data == -1 or self.data > 0, "mesh.data", "must be -1 or positive")
-        positive(self, "mesh", "model", "num_processes")
-        require(0 <= self.process_id < self.num_processes, "mesh.process_id",
-                f"must be in [0, {self.num_processes})")
-        require(self.num_processes == 1 or bool(self.coordinator), "mesh.coordinator",
-                "is required when num_processes > 1")
 
 
 @dataclass(frozen=True)
@@ -278,6 +266,7 @@ class TaskConfig:
 
 
 @dataclass(frozen=True)
+@declared_by_choices("fusion")  # and the settings a fusion method declares (Base+n's n)
 class FusionConfig:
     """What sits between the backbone and the head of a fusion task (task.name ner or mlm).
 
@@ -285,7 +274,6 @@ class FusionConfig:
     project (encoder, act/albert/bert, or decoder); empty: a fresh model.arch backbone."""
     # how h is made from the backbone's layer outputs (one class each: jaxdepth/models/fusions/)
     method: str = "dwatt"
-    extra_layers: int = 1  # n of base+n
     # fe: backbone frozen, only the fusion module and head train | ft: all train
     # (jaxdepth/fusion_modes.py)
     mode: str = "fe"
@@ -297,10 +285,9 @@ class FusionConfig:
     cache_mib: int = 2048  # the state cache stays in memory up to this size (MiB)
 
     def __post_init__(self):
-        # method is checked on the command line (cli.check_choices): its classes are models,
-        # which import this module
+        fusions.fusion_method(self.method)  # a ConfigError naming fusion.method
+        check_declared(self, "fusion")
         require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
-        require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
         fusion_mode(self.mode)  # a ConfigError naming fusion.mode
         require(0.0 <= self.dropout < 1.0, "fusion.dropout", f"must be in [0, 1), got {self.dropout}")
 
@@ -320,8 +307,9 @@ class Config:
     # Layout of the saved config.json: 1 (before Arch.SECTION: ACT runs read their
     # vocabulary from model.vocab_size), 2 (optim.b1/b2/eps saved for every optimizer) and 3
     # (the decoder's own model fields accepted for the encoder, model fields for fusion over
-    # task.init_from) are upgraded on reading (Config.from_dict, upgrade).
-    version: int = 4
+    # task.init_from) and 4 (fusion.extra_layers saved for every fusion method) are upgraded
+    # on reading (Config.from_dict, upgrade).
+    version: int = 5
 
     def __post_init__(self):
         # The one section that describes the model of each architecture (Arch.SECTION): the
@@ -451,6 +439,4 @@ SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
             "fusion": FusionConfig, "trials": TrialsConfig}
 
 
-def apply_overrides(cfg: Config, overrides: dict[str, dict]) -> Config:
-    """A new Config with nested overrides applied (validated again)."""
-    return cfg.overridden(overrides)
+apply_overrides = Config.overridden  # (cfg, {section: {field: value}}) -> a new Config

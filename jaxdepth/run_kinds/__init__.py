@@ -7,13 +7,14 @@ of the code asks: its name (in messages), the settings only some kinds read (``R
 configs it runs (``claims``: by task.name and the kinds model.arch's class names, archs.py;
 the kinds' claims never overlap, so exactly one kind claims any valid config) and what it
 refuses among them (``check``, a ConfigError naming the field), the keyword options of its
-Task, the Task that runs it (``TASK``, imported only when a run is
-built: the task modules import config.py, which decides a config's kind while it validates, so
-neither config.py nor this package may import them) and its optimizer recipe (``RECIPE``).
-Nothing outside these modules compares a kind's name.
+Task, and its optimizer recipe (``RECIPE``). Nothing outside these modules compares a kind's
+name. The Task that runs a kind imports it (``TaskBase.RUNS``, jaxdepth/tasks/): config.py
+decides a config's kind while it validates and the task modules import config.py, so the
+edge can only point that way.
 
 Every module of this package is imported here, so a new kind is a new module here and its
-Task under jaxdepth/tasks/: defining a subclass with a ``NAME`` registers it. This package
+Task under jaxdepth/tasks/ (whose ``RUNS`` names it): defining a subclass with a ``NAME``
+registers it. This package
 imports nothing of jaxdepth but errors.py, choices.py, task_names.py and fusion_modes.py, not
 even config.py for type checking: a ``cfg`` here is a config.Config.
 """
@@ -54,8 +55,6 @@ class RunKind:
     # A setting no kind declares is read by every kind.
     READS: ClassVar[tuple[str, ...]] = ()
     DEFAULT: ClassVar[bool] = False  # the kind of the default config (one kind says so)
-    # The Task that runs this kind (trainer/task.py): "module:Class" of jaxdepth.tasks
-    TASK: ClassVar[str]
     # The optimizer settings a config leaves unset take these (optim_config.RECIPE_FIELDS, with
     # "moments" per optimizer): the kind's paper's recipe (docs/design.md §6).
     RECIPE: ClassVar[dict]
@@ -63,7 +62,7 @@ class RunKind:
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if "NAME" in cls.__dict__:
-            missing = [a for a in ("TASK", "RECIPE") if not hasattr(cls, a)]
+            missing = [a for a in ("RECIPE",) if not hasattr(cls, a)]
             if cls.claims.__func__ is RunKind.claims.__func__:
                 missing.append("claims")
             if missing:  # refused when it is defined, not when a config first reaches it

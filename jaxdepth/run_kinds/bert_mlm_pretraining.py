@@ -6,7 +6,7 @@ from . import CORPUS, GRAMMAR, MLM_EXAMPLES, RunKind, moments
 
 
 class BertMLMPretraining(RunKind):
-    NAME, TASK, ORDER = "encoder_mlm", "mlm:EncoderMLMTask", 4
+    NAME, ORDER = "encoder_mlm", 4
     READS = (*CORPUS, *GRAMMAR, *MLM_EXAMPLES)
     # BERT's MLM pretraining: AdamW 1e-4, warmup then linear decay to 0, weight decay 0.01.
     RECIPE = dict(name="adamw", lr=1e-4, schedule="linear", warmup_steps=100,

@@ -5,7 +5,7 @@ from . import CORPUS, GRAMMAR, MLM_EXAMPLES, RunKind, moments
 
 
 class EncoderPretraining(RunKind):
-    NAME, TASK, ORDER = "encoder_pretrain", "encoder_pretrain:EncoderPretrainTask", 3
+    NAME, ORDER = "encoder_pretrain", 3
     READS = (*CORPUS, *GRAMMAR, *MLM_EXAMPLES)
     # Simoulin & Crabbe (ALBERT's): LAMB, warmup then linear decay to 0, weight decay 0.01,
     # clipping 1.0; warmup 100 steps at CPU scale (the paper's 3125 is act-base's preset).

@@ -4,5 +4,5 @@ from .fusion_ner import FusionNER
 
 
 class FusionMLM(FusionNER):
-    NAME, TASK, ORDER = "mlm", "mlm:FusionMLMTask", 6  # NER's recipe, frozen backbone's rate included
+    NAME, ORDER = "mlm", 6  # NER's recipe, frozen backbone's rate included
     READS = (*CORPUS, *GRAMMAR, *MLM_EXAMPLES, *FROM_PRETRAINED, "fusion")

@@ -6,7 +6,7 @@ from . import FROM_PRETRAINED, RunKind, moments
 
 
 class FusionNER(RunKind):
-    NAME, TASK, ORDER = "ner", "ner:NERTask", 5
+    NAME, ORDER = "ner", 5
     READS = ("task.dir", *FROM_PRETRAINED, "task.seed", "task.eval_max", "task.eval_batch",
              "task.n_shot", "fusion")
     # The DWAtt paper's fine-tuning: AdamW 5e-5, no warmup, linear decay to 0, weight decay

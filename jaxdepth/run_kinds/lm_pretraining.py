@@ -3,7 +3,7 @@ from . import CORPUS, GRAMMAR, RunKind, moments
 
 
 class LMPretraining(RunKind):
-    NAME, TASK, ORDER = "lm", "lm:LMTask", 0
+    NAME, ORDER = "lm", 0
     DEFAULT = True  # the default run's kind: a standalone OptimConfig takes its recipe
     READS = ("model.z_loss", "model.xent_chunk", *CORPUS, *GRAMMAR, "data.streaming",
              "data.streams", "data.workers", "data.restart_stream", "data.tokenizer_sample",

@@ -5,7 +5,7 @@ from . import FROM_PRETRAINED, RunKind, moments
 
 
 class PrefixLMFinetuning(RunKind):
-    NAME, TASK, ORDER = "prefix_lm", "prefix_lm:PrefixLMTask", 1
+    NAME, ORDER = "prefix_lm", 1
     READS = ("model.z_loss", "model.xent_chunk", "task.dir", *FROM_PRETRAINED, "task.n_train",
              "task.n_eval", "task.seed", "task.dev_fraction", "task.eval_splits", "task.eval_max",
              "task.eval_batch", "task.truncate", "task.pack")

@@ -8,7 +8,7 @@ from . import encoder_pretraining as pretraining
 
 class ProbeFinetuning(pretraining.EncoderPretraining):
     # The paper fine-tunes with its pretraining's recipe (inherited), on the same encoder.
-    NAME, TASK, ORDER = "probe", "probe:ProbeTask", 2
+    NAME, ORDER = "probe", 2
     READS = (*GRAMMAR, *FROM_PRETRAINED, "task.n_train", "task.n_eval", "task.seed",
              "task.eval_batch")
 

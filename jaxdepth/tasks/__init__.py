@@ -1,5 +1,7 @@
 """The Task (trainer/task.py) that runs each kind of run (jaxdepth/run_kinds/ declares the
-kinds and names their Task); ``task_for(config)`` (registry.py) builds it.
+kinds; each Task class names the kind it runs, ``TaskBase.RUNS``); ``task_for(config)``
+(registry.py) builds it. Every module of this package is imported here, so that each kind
+finds its Task.
 
     lm                causal LM pretraining of the decoder           (lm.py)
     prefix_lm         prefix-LM fine-tuning on a seq2seq task        (prefix_lm.py)
@@ -10,12 +12,14 @@ kinds and names their Task); ``task_for(config)`` (registry.py) builds it.
 """
 from __future__ import annotations
 
+from ..choices import import_all
 from ..config import Config
 from ..trial_grid import trial_configs
 from ..run_kinds import kind_of
 from .registry import load_model, task_for
 
 __all__ = ["kind_of", "load_model", "task_for", "train"]
+import_all(__name__, __path__)
 
 
 def train(cfg: Config) -> dict:

@@ -34,6 +34,7 @@ from ..models.layers import split_or_none
 from ..trainer.losses import softmax_xent as _xent
 from ..checkpoint_eval import EvalRequest
 from ..trial_axis import Models
+from ..run_kinds.encoder_pretraining import EncoderPretraining
 from .task_base import TaskBase, same_arrays
 
 EVAL_BATCHES = 4  # validation batches when run.eval_batches is 0
@@ -152,6 +153,7 @@ class EncoderTask(TaskBase):
 
 class EncoderPretrainTask(EncoderTask, MLMCorpus):
     """MLM + SOP (+ ponder cost) pretraining; evaluation = Table 1 and Fig. 2 statistics."""
+    RUNS = EncoderPretraining
 
     def build_model(self, *, key):
         k_enc, _ = jax.random.split(key)  # the second key was the head's, kept for old runs

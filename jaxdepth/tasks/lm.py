@@ -25,6 +25,7 @@ from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
 from ..checkpoint_eval import EvalRequest
 from ..trial_axis import Models
+from ..run_kinds.lm_pretraining import LMPretraining
 from .task_base import TaskBase, same_arrays
 
 
@@ -100,6 +101,7 @@ class LMPrepared:
 
 class LMTask(DecoderTask):
     """Causal LM pretraining on a corpus; evaluation = validation perplexity."""
+    RUNS = LMPretraining
 
     prepared: LMPrepared
 

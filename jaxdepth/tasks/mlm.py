@@ -26,6 +26,8 @@ from ..models.encoder import Encoder
 from ..models.encoder_mlm import EncoderMLM
 from ..trainer.losses import softmax_xent as _xent
 from ..checkpoint_eval import EvalRequest
+from ..run_kinds.bert_mlm_pretraining import BertMLMPretraining
+from ..run_kinds.fusion_mlm import FusionMLM
 from .backbones import FusionTask, backbone_vocab, is_hf_dir
 from .open_run import load_checkpoint, scored_on
 from .encoder_pretrain import MLMCorpus, MLMPrepared, mlm_config, read_mlm_corpus
@@ -99,6 +101,7 @@ class MLMTask(MLMCorpus):
 
 class EncoderMLMTask(MLMTask):
     """MLM pretraining of the BERT encoder (model.arch=encoder): a fusion backbone."""
+    RUNS = BertMLMPretraining
 
     def build_model(self, *, key):
         k_enc, k_head = jax.random.split(key)
@@ -110,6 +113,7 @@ class EncoderMLMTask(MLMTask):
 
 class FusionMLMTask(FusionTask, MLMTask):
     """MLM through a fusion module over a backbone (task.name=mlm)."""
+    RUNS = FusionMLM
 
     def read_data(self, run_dir: Path, primary: bool, barrier) -> MLMPrepared:
         cfg = self.cfg

@@ -36,6 +36,7 @@ from ..models.fusions import FusionMethod, Sentence, Words
 from ..trainer.losses import softmax_xent as _xent
 from ..checkpoint_eval import EvalRequest
 from ..trial_axis import Models
+from ..run_kinds.fusion_ner import FusionNER
 from . import state_cache
 from .backbones import FusionTask, backbone_words
 from .open_run import load_checkpoint
@@ -329,6 +330,7 @@ class NERPrepared:
 
 class NERTask(FusionTask):
     """Few-shot NER through a fusion module; best dev F1 over training and test F1 there."""
+    RUNS = FusionNER
 
     prepared: NERPrepared
 

@@ -19,6 +19,7 @@ from ..data.finetune.finetune_data import TaskData, prepare_task_data, unk_summa
 from ..models.decoder import DecoderLM
 from ..checkpoint_eval import EvalRequest
 from ..trial_axis import Models
+from ..run_kinds.prefix_lm_finetuning import PrefixLMFinetuning
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
 from .lm import DecoderTask, mean_losses
 from .task_base import same_arrays
@@ -59,6 +60,7 @@ class PrefixLMPrepared:
 class PrefixLMTask(DecoderTask):
     """Prefix-LM fine-tuning on a seq2seq task; evaluation = in-distribution loss on dev and
     exact match on the evaluation splits. Every evaluation point is appended to evals.jsonl."""
+    RUNS = PrefixLMFinetuning
 
     prepared: PrefixLMPrepared
 

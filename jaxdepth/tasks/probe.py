@@ -27,6 +27,7 @@ from ..data.corpus.prepare import run_tokenizer, tokenizer_source
 from ..models.classifier import EncoderClassifier
 from ..trainer.losses import softmax_xent as _xent
 from ..checkpoint_eval import EvalRequest
+from ..run_kinds.probe_finetuning import ProbeFinetuning
 from .encoder_pretrain import EncoderTask
 from .registry import load_model, task_for
 
@@ -70,6 +71,7 @@ class ProbePrepared:
 
 class ProbeTask(EncoderTask):
     """An encoder under a classification head, fine-tuned on a grammar probing task."""
+    RUNS = ProbeFinetuning
 
     prepared: ProbePrepared
 

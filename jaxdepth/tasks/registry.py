@@ -1,28 +1,21 @@
 """The Task of each run kind, and any run's model.
 
 ``task_for(cfg)`` builds the Task that runs cfg's kind (run_kinds.kind_of: the one function
-that looks at ``model.arch`` and ``task.name`` together; each kind names its Task class).
-``load_model`` restores any run's model through the same dispatch, so eval.py, pretrained
-initialisation and the analyses read every kind of checkpoint alike.
+that looks at ``model.arch`` and ``task.name`` together; each Task class names the kind it
+runs, ``TaskBase.RUNS``). ``load_model`` restores any run's model through the same dispatch,
+so eval.py, pretrained initialisation and the analyses read every kind of checkpoint alike.
 """
 from __future__ import annotations
 
-import importlib
-
 from ..config import Config
-from ..run_kinds import RunKind, kind_of
-
-
-def task_class(kind: type[RunKind]) -> type:
-    """The Task class that runs ``kind`` (its ``TASK``, a module of this package)."""
-    module, name = kind.TASK.split(":")
-    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+from ..run_kinds import kind_of
+from .task_base import runner
 
 
 def task_for(cfg: Config):
     """The Task (trainer/task.py) that runs cfg."""
     kind = kind_of(cfg)
-    return task_class(kind)(cfg, **kind.options(cfg))
+    return runner(kind)(cfg, **kind.options(cfg))
 
 
 def load_model(run_dir, step: int | None = None, mesh=None, mesh_cfg=None, label: str = "step"):

@@ -2,13 +2,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
 
 from ..config import Config
 from ..trial_axis import Models
+
+
+_RUNNERS: dict[type, type] = {}  # run kind -> the Task class that runs it
+
+
+def runner(kind: type) -> type:
+    """The Task class that runs run kind ``kind`` (the one whose ``RUNS`` it is)."""
+    if kind not in _RUNNERS:
+        raise TypeError(f"run kind {kind.NAME!r}: no Task class of jaxdepth/tasks/ runs it")
+    return _RUNNERS[kind]
 
 
 class TaskBase:
@@ -21,10 +31,22 @@ class TaskBase:
     (``write_outputs_to``, trainer/trial_task.py); what train.py prints of its summary is
     jaxdepth/summary_text.py's."""
 
+    # The run kind (jaxdepth/run_kinds/) this class runs: config.py decides a config's kind
+    # while it validates, so the kind cannot import its Task; the Task imports its kind.
+    RUNS: ClassVar[type | None] = None
     reports_perplexity = False
     cached_backbone = False  # a step reads the frozen backbone's cached states (tasks/ner.py)
     init_step: int | None = None  # task.init_from's checkpoint step, once initial_model read it
     prepared: Any = None  # what prepare returned; None before it
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        kind = cls.__dict__.get("RUNS")
+        if kind is not None:
+            if kind in _RUNNERS:
+                raise TypeError(f"run kind {kind.NAME!r} is run by {_RUNNERS[kind].__name__} "
+                                f"already, not also by {cls.__name__}")
+            _RUNNERS[kind] = cls
 
     def __init__(self, cfg: Config):
         self.cfg = cfg

@@ -199,15 +199,6 @@ def xla_estimate(compiled, devices_sharing: int) -> Estimate | None:
     return Estimate(new * devices_sharing, m.argument_size_in_bytes * devices_sharing, "XLA")
 
 
-def _model_dims(cfg: Config) -> tuple[int, int, int, int, bool]:
-    """(layers run, d_model, d_ff, heads, remat) of the model section."""
-    if cfg.model_section == "act":
-        a = cfg.act
-        return a.max_iters, a.d_model, a.ff, a.n_heads, a.remat
-    m = cfg.model
-    return m.n_layers, m.d_model, m.d_ff, m.heads, m.remat
-
-
 def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
              on_host: bool = True) -> Estimate:
     """A rough estimate from the config and the state's sizes: within about 25% of XLA's for
@@ -228,7 +219,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     float32. Ignored: tensor-parallel splits of activations (an over-estimate under
     mesh.model), frozen parts (no gradient), and any model other than the decoder and the
     ACT family beyond its model section's dimensions."""
-    layers, d, f, h, remat = _model_dims(cfg)
+    layers, d, f, h, remat, chunk = getattr(cfg, cfg.model_section).dims()
     whole = state
     trials, state, batch = per_trial(state, batch)
     rows, seq = next(iter(batch.values())).shape[:2]
@@ -240,7 +231,6 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
             "dots": layers * (5 * d + 2 * f) + whole_layer,
             "full": layers * d + whole_layer}[mode]
     acts = tokens * width * kept * trials
-    chunk = cfg.model.xent_chunk if cfg.model_section == "model" else 0
     acts += 3 * 4 * cfg.vocab_size * (min(chunk, tokens) if chunk else tokens)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array)))
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(whole, eqx.is_array)))
@@ -253,7 +243,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
 
 def _advice(cfg: Config, rows: int) -> str:
     micro = rows // cfg.optim.accum_steps
-    remat_field = "act.remat" if cfg.model_section == "act" else "model.remat"
+    remat_field = f"{cfg.model_section}.remat"
     remat_now = getattr(cfg, cfg.model_section).remat
     ways = [f"data.batch_size ({cfg.data.batch_size})"]
     if micro > 1:

@@ -7,12 +7,11 @@ from jaxdepth.config import ARCHS, FUSION_TASKS, PROBE_TASKS, TASKS, Config, Con
     apply_overrides
 from jaxdepth.archs import arch as arch_class
 from jaxdepth.run_kinds import kind_names, kind_of, run_kind
-from jaxdepth.tasks import registry
-from jaxdepth.tasks.task_base import TaskBase
+from jaxdepth.tasks.task_base import TaskBase, runner
 
 
 def _task_classes():
-    return [(k, registry.task_class(run_kind(k))) for k in kind_names()]
+    return [(k, runner(run_kind(k))) for k in kind_names()]
 
 
 def _cfg(arch="decoder", name="", **task):
@@ -99,10 +98,16 @@ def test_exactly_one_kind_claims_each_architecture_and_task():
         assert len(claimed) == 1, (arch, name, claimed)
 
 
-def test_each_kind_names_a_task_class_that_runs_it():
+def test_each_kind_is_run_by_one_task_class_that_names_it():
     for kind, cls in _task_classes():
         assert isinstance(cls, type) and issubclass(cls, TaskBase), kind
+        assert cls.__dict__["RUNS"] is run_kind(kind), kind
         assert all(cls is not other for k, other in _task_classes() if k != kind), kind
+
+
+def test_a_second_task_for_a_kind_is_refused_where_it_is_defined():
+    with pytest.raises(TypeError, match="run kind 'lm' is run by LMTask already"):
+        type("AnotherLM", (TaskBase,), {"RUNS": run_kind("lm")})
 
 
 def test_the_settings_that_kinds_declare_exist():
@@ -146,5 +151,5 @@ def test_a_kind_that_misses_a_declaration_is_refused_when_defined():
 
     with pytest.raises(TypeError, match="run kind 'half' defines no RECIPE, claims"):
         class Half(RunKind):  # noqa: F841
-            NAME, TASK = "half", "lm:LMTask"
+            NAME = "half"
     assert "half" not in kind_names()
