@@ -38,7 +38,7 @@ JSON is rewritten after every K (``complete``: false until the end), so a run ki
 keeps what it measured.
 
 Evaluation (``--parts eval``): one evaluation point of K (``--eval-ks``) fresh tiny-L2 trials,
-``Task.evaluate`` vmapped against each trial's ``evaluate_one`` on its slice (the two
+``evaluate_all`` vmapped against each trial's ``Task.evaluate`` on its slice (the two
 ``trials.evaluation`` settings), interleaved, for prefix-LM fine-tuning on the grammar's
 passivization (dev loss and greedy exact match of ``--eval-examples`` per split) and LM
 validation perplexity; with the first (compiling) call's time and whether both give the same
@@ -324,8 +324,8 @@ def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
     assert tasks[0].evaluates_alike(tasks), "the trials do not evaluate alike"
     sh = batch_sharding(make_mesh(tasks[0].cfg.mesh))  # as the training loop evaluates
     stacked = Models(stacked, k)
-    calls = {"vmapped": lambda: tasks[0].evaluate(stacked, tasks, 0, sh, False),
-             "trial_by_trial": lambda: [t.evaluate_one(stacked.one(i), 0, sh, False)
+    calls = {"vmapped": lambda: tasks[0].evaluate_all(stacked, tasks, 0, sh, False),
+             "trial_by_trial": lambda: [t.evaluate(stacked.one(i), 0, sh, False)
                                         for i, t in enumerate(tasks)]}
     first = {n: timed(c)[1] for n, c in calls.items()}  # compiles
     results = {n: c() for n, c in calls.items()}

@@ -20,12 +20,11 @@ from .act_config import ACTConfig
 from .archs import arch as arch_class, arch_names, archs_reading
 from .attentions import attention_names, attention_path  # also the models'
 from .errors import ConfigError
-from .fields import check_declared, declared_by_choices, positive, require, resumable, typed
+from .fields import positive, require, resumable, typed
 from .fusion_modes import fusion_mode  # also the models' (they import only this module)
 from .halting import halting as halting_class  # noqa: F401  (the models')
 from .layouts import upgrade
 from .mesh_config import MeshConfig
-from .models import fusions  # fusion.method's registry, and the settings its methods declare
 from .optim_config import RECIPE_FIELDS, OptimConfig
 from .run_kinds import kind_of
 from .trial_grid import TRIAL_FIELDS, TrialsConfig, optim_per_trial, parse_list
@@ -266,7 +265,6 @@ class TaskConfig:
 
 
 @dataclass(frozen=True)
-@declared_by_choices("fusion")  # and the settings a fusion method declares (Base+n's n)
 class FusionConfig:
     """What sits between the backbone and the head of a fusion task (task.name ner or mlm).
 
@@ -274,6 +272,7 @@ class FusionConfig:
     project (encoder, act/albert/bert, or decoder); empty: a fresh model.arch backbone."""
     # how h is made from the backbone's layer outputs (one class each: jaxdepth/models/fusions/)
     method: str = "dwatt"
+    extra_layers: int = 1  # n of base+n
     # fe: backbone frozen, only the fusion module and head train | ft: all train
     # (jaxdepth/fusion_modes.py)
     mode: str = "fe"
@@ -285,9 +284,10 @@ class FusionConfig:
     cache_mib: int = 2048  # the state cache stays in memory up to this size (MiB)
 
     def __post_init__(self):
-        fusions.fusion_method(self.method)  # a ConfigError naming fusion.method
-        check_declared(self, "fusion")
+        # method is checked on the command line (cli.check_choices): its classes are models,
+        # which import this module
         require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
+        require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
         fusion_mode(self.mode)  # a ConfigError naming fusion.mode
         require(0.0 <= self.dropout < 1.0, "fusion.dropout", f"must be in [0, 1), got {self.dropout}")
 
@@ -307,9 +307,8 @@ class Config:
     # Layout of the saved config.json: 1 (before Arch.SECTION: ACT runs read their
     # vocabulary from model.vocab_size), 2 (optim.b1/b2/eps saved for every optimizer) and 3
     # (the decoder's own model fields accepted for the encoder, model fields for fusion over
-    # task.init_from) and 4 (fusion.extra_layers saved for every fusion method) are upgraded
-    # on reading (Config.from_dict, upgrade).
-    version: int = 5
+    # task.init_from) are upgraded on reading (Config.from_dict, upgrade).
+    version: int = 4
 
     def __post_init__(self):
         # The one section that describes the model of each architecture (Arch.SECTION): the

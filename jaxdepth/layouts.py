@@ -1,4 +1,4 @@
-"""The layouts of a saved config.json: older ones (versions 1-4) upgraded to today's on reading
+"""The layouts of a saved config.json: older ones (versions 1-3) upgraded to today's on reading
 (``upgrade``, called by config.Config.from_dict)."""
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import json
 
 from .archs import arch as arch_class, arch_names, archs_reading
 from .fields import require
-from .models.fusions import fusion_method, fusion_methods
 from .optimizers import OWN_FIELDS, optimizer, optimizer_names
 from .task_names import FUSION_TASKS
 
 
 def upgrade(d: dict, model_cls: type) -> dict:
-    """A config dict of an older layout in today's (version 5); others unchanged. model_cls:
+    """A config dict of an older layout in today's (version 4); others unchanged. model_cls:
     config.ModelConfig (its fields and default model.arch).
 
     Version 1 described act/albert/bert models in the act section but took their vocabulary
@@ -22,32 +21,18 @@ def upgrade(d: dict, model_cls: type) -> dict:
     Versions 1 and 2 saved optim.b1, b2 and eps whatever the optimizer; those its optimizer
     does not read (which today's config refuses) are dropped. Versions 1-3 accepted the
     decoder's own model fields for model.arch encoder, and model/act fields for a fusion run
-    over task.init_from (whose backbone is the source's); never read, they are dropped.
-    Versions 1-4 saved fusion.extra_layers (a setting of Base+n's own since version 5)
-    whatever the method; for another method it was never read, and it is dropped."""
+    over task.init_from (whose backbone is the source's); never read, they are dropped."""
     version = d.get("version", 1)
-    require(version in (1, 2, 3, 4, 5), "version",
-            f"must be 1, 2, 3, 4 or 5, got {json.dumps(version)}")
-    if version == 5:
-        return d
-    d = _drop_unread_fusion_settings(d)
+    require(version in (1, 2, 3, 4), "version",
+            f"must be 1, 2, 3 or 4, got {json.dumps(version)}")
     if version == 4:
-        return {**d, "version": 5}
+        return d
     d = _upgrade_model_sections(d, model_cls) if version == 1 else d
     optim = d.get("optim")
     if version < 3 and isinstance(optim, dict) and optim.get("name") in optimizer_names():
         reads = optimizer(optim["name"]).DEFAULTS
         d = {**d, "optim": {k: v for k, v in optim.items() if k in reads or k not in OWN_FIELDS}}
-    return {**_drop_unread_model_fields(d, model_cls), "version": 5}
-
-
-def _drop_unread_fusion_settings(d: dict) -> dict:
-    fusion = d.get("fusion")
-    if not isinstance(fusion, dict) or fusion.get("method") not in fusion_methods():
-        return d  # a saved config names its method; from_dict names whatever is malformed
-    declared = {k for m in fusion_methods() for k in fusion_method(m).FIELDS}
-    reads = fusion_method(fusion["method"]).FIELDS
-    return {**d, "fusion": {k: v for k, v in fusion.items() if k not in declared or k in reads}}
+    return {**_drop_unread_model_fields(d, model_cls), "version": 4}
 
 
 def _drop_unread_model_fields(d: dict, model_cls: type) -> dict:

@@ -11,8 +11,7 @@ import pytest
 
 from jaxdepth.cli import parse_args
 from jaxdepth.config import (
-    SECTIONS, Config, ConfigError, DataConfig, FusionConfig, ModelConfig, OptimConfig, RunConfig,
-    apply_overrides,
+    SECTIONS, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig, apply_overrides,
 )
 from jaxdepth.depth_family import SIZE_CLASSES, depth_family, depth_family_dff, param_count
 from jaxdepth.models.decoder import DecoderLM
@@ -382,7 +381,7 @@ def test_version_1_configs_are_upgraded():
     old_act = {"model": {**vars(ModelConfig(vocab_size=777, d_model=64)), "arch": "albert"},
                "act": {"vocab_size": 512, "d_model": 32, "n_heads": 2, "tau": 5e-4}}
     cfg = Config.from_dict(old_act)
-    assert cfg.version == 5 and cfg.model == ModelConfig(arch="albert")
+    assert cfg.version == 4 and cfg.model == ModelConfig(arch="albert")
     assert (cfg.act.vocab_size, cfg.act.d_model, cfg.act.tau) == (777, 32, 5e-4)
     old_dec = {"model": {"d_model": 64}, "act": {"tau": 0.5, "d_model": 32}}
     cfg = Config.from_dict(old_dec)
@@ -390,8 +389,8 @@ def test_version_1_configs_are_upgraded():
     # the current layout is read as written: the same dicts with version 2 are refused
     with pytest.raises(ConfigError, match="^act.d_model: model.arch='decoder'"):
         Config.from_dict({**old_dec, "version": 2})
-    with pytest.raises(ConfigError, match="^version: must be 1, 2, 3, 4 or 5, got 6"):
-        Config.from_dict({"version": 6})
+    with pytest.raises(ConfigError, match="^version: must be 1, 2, 3 or 4, got 5"):
+        Config.from_dict({"version": 5})
 
 
 def test_version_2_configs_drop_the_moments_their_optimizer_does_not_read():
@@ -402,7 +401,7 @@ def test_version_2_configs_drop_the_moments_their_optimizer_does_not_read():
     v2["optim"] = {**v2["optim"], "b1": 0.9, "b2": 0.99, "eps": 1e-8}
     cfg = Config.from_dict(v2)
     assert (cfg.optim.name, cfg.optim.b1, cfg.optim.b2, cfg.optim.eps) == ("adafactor", None, None, None)
-    assert cfg.version == 5 and cfg == Config()
+    assert cfg.version == 4 and cfg == Config()
     with pytest.raises(ConfigError, match="^optim.b1: optim.name adafactor does not read it"):
         Config.from_dict({**v2, "version": 3})
     lamb = {**v2, "optim": {**v2["optim"], "name": "lamb", "b2": 0.98, "eps": 1e-6}}
@@ -447,7 +446,7 @@ def test_version_3_configs_drop_the_model_fields_they_never_read():
     v3 = {**Config().to_dict(), "version": 3}
     enc = {**v3, "model": {**v3["model"], "arch": "encoder", "rel_buckets": 16, "d_ff": 64}}
     cfg = Config.from_dict(enc)
-    assert (cfg.version, cfg.model.rel_buckets, cfg.model.d_ff) == (5, 32, 64)
+    assert (cfg.version, cfg.model.rel_buckets, cfg.model.d_ff) == (4, 32, 64)
     with pytest.raises(ConfigError, match="^model.rel_buckets: model.arch='encoder'"):
         Config.from_dict({**enc, "version": 4})
     fused = {**v3, "task": {**v3["task"], "name": "mlm", "init_from": "runs/b"},
@@ -456,30 +455,6 @@ def test_version_3_configs_drop_the_model_fields_they_never_read():
     assert (cfg.model.arch, cfg.model.dropout) == ("encoder", 0.0)
     dec = {**v3, "model": {**v3["model"], "rel_buckets": 16}}  # read: kept
     assert Config.from_dict(dec).model.rel_buckets == 16
-
-
-def test_base_n_owns_fusion_extra_layers():
-    """fusion.extra_layers is declared by the Base+n class (models/fusions/base_n.py): set for
-    another method it is refused, naming its reader; a version-4 config, which saved it for
-    every method, drops it where it was never read; an unknown method is refused when the
-    config is built, not first on the command line."""
-    ner = {"task": {"name": "ner", "dir": "x"}}
-    base_n = apply_overrides(Config(), {**ner, "fusion": {"method": "base+n", "extra_layers": 3}})
-    assert base_n.fusion.extra_layers == 3
-    with pytest.raises(ConfigError, match=r"^fusion.extra_layers: fusion.method dwatt does not "
-                                          r"read it \(read by: base\+n\)"):
-        apply_overrides(Config(), {**ner, "fusion": {"method": "dwatt", "extra_layers": 3}})
-    with pytest.raises(ConfigError, match="^fusion.extra_layers: must be positive, got 0"):
-        apply_overrides(Config(), {**ner, "fusion": {"method": "base+n", "extra_layers": 0}})
-    with pytest.raises(ConfigError, match="^fusion.method: must be one of base, base\\+n, "):
-        apply_overrides(Config(), {"fusion": {"method": "dwat"}})
-    v4 = {**base_n.to_dict(), "version": 4}
-    v4["fusion"] = {**v4["fusion"], "method": "concat"}
-    assert Config.from_dict(v4).fusion == FusionConfig(method="concat")
-    assert Config.from_dict({**v4, "fusion": {**v4["fusion"], "method": "base+n"}}
-                            ).fusion.extra_layers == 3
-    with pytest.raises(ConfigError, match="^fusion.extra_layers: fusion.method concat"):
-        Config.from_dict({**v4, "version": 5})
 
 
 def test_a_version_1_checkpoint_config_resumes(tmp_path):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, apply_overrides
 from ..fusion_modes import fusion_modes
-from ..models.fusions import fusion_methods, settings_read
+from ..models.fusions import fusion_methods
 from ..errors import RunFailed, run_main
 from .depth_sweep import _nested, _overrides
 from .plan_file import PlannedExperiment
@@ -129,10 +129,9 @@ class Experiment(PlannedExperiment):
         run = self.out / "runs" / f"{method}-{mode}" / f"N{shots}-t{trial}"
         flat = {**self.plan.finetune, "task.name": "ner", "task.dir": self.plan.ner_dir,
                 "task.init_from": backbone, "task.n_shot": shots, "task.seed": trial,
-                "fusion.method": method, "fusion.mode": mode, "run.seed": trial,
-                "run.dir": str(run), "run.progress": False,
-                **{f"fusion.{k}": v for k, v in settings_read(
-                    method, {"extra_layers": self.plan.extra_layers}).items()}}
+                "fusion.method": method, "fusion.mode": mode,
+                "fusion.extra_layers": self.plan.extra_layers, "run.seed": trial,
+                "run.dir": str(run), "run.progress": False}
         flat.setdefault("run.save_every", flat.get("run.steps", Config().run.steps))
         return apply_overrides(Config(), _nested(flat))
 

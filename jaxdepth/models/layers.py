@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from ..attentions import attention_path
+from ..config import ModelConfig, attention_path
 from ..model_specs import ACTIVATIONS
 from ..trial_tracing import Keep, may_drop
 
@@ -269,9 +269,7 @@ class DecoderBlock(eqx.Module):
     mlp_norm: RMSNorm
     mlp: GatedMLP
 
-    def __init__(self, cfg, *, key: Array):
-        """cfg: a config.ModelConfig (this module imports no config: the fusion methods,
-        which config.py imports for the settings they declare, build on its layers)."""
+    def __init__(self, cfg: ModelConfig, *, key: Array):
         ka, km = jax.random.split(key)
         self.attn_norm = RMSNorm(cfg.d_model)
         self.attn = Attention(cfg.d_model, cfg.heads, key=ka)

@@ -80,7 +80,7 @@ class MLMTask(MLMCorpus):
     def objective(self):
         return mlm_objective()
 
-    def evaluate_one(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
         res = mlm_perplexity(model, self.prepared.valid)
         return res, (f"MLM loss {res['mlm_loss']:.4f}, accuracy {res['mlm_accuracy']:.4f}, "
                      f"perplexity {res['mlm_perplexity']:.3f}")

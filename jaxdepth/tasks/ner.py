@@ -341,7 +341,7 @@ class NERTask(FusionTask):
         frozen = fusion_mode(cfg.fusion.mode).FROZEN_BACKBONE  # its states never change
         self.batches = batch_format(self.fusion_method, frozen and cfg.fusion.cache)
         # with the cache a step never runs the backbone (its FLOPs, models/fused.py)
-        self.cached_backbone = self.batches.CACHE is not None
+        self.step_flops = {"cached_backbone": self.batches.CACHE is not None}
 
     def read_data(self, run_dir: Path, primary: bool, barrier) -> NERPrepared:
         cfg, t = self.cfg, self.cfg.task

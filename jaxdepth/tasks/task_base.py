@@ -35,7 +35,7 @@ class TaskBase:
     # while it validates, so the kind cannot import its Task; the Task imports its kind.
     RUNS: ClassVar[type | None] = None
     reports_perplexity = False
-    cached_backbone = False  # a step reads the frozen backbone's cached states (tasks/ner.py)
+    step_flops: dict = {}  # the whole model runs in a step (tasks/ner.py's cache: not so)
     init_step: int | None = None  # task.init_from's checkpoint step, once initial_model read it
     prepared: Any = None  # what prepare returned; None before it
 
@@ -71,20 +71,13 @@ class TaskBase:
         pass
 
     # Evaluation. A kind that writes ``evaluate_all(models: Models, tasks, ...)`` (one list
-    # entry per trial) evaluates through it: a solo run, or trials whose evaluation inputs are
-    # the same (``evaluates_alike``) in one vmapped pass, which the trial machinery decides
-    # (trainer/run_trials.py, trial_task.py); a kind that only writes ``evaluate_one``
-    # evaluates each model alone.
+    # entry per trial; trainer/trial_task.py) evaluates one model through it too, so that a
+    # solo run and trials evaluated vmapped (which the trial machinery decides,
+    # trainer/run_trials.py) run the same code; a kind without it writes ``evaluate``.
 
-    def evaluate_one(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
         """(metrics, one-line message) of one model at an evaluation point."""
         return self.evaluate_all(Models(model), [self], step, sharding, final)[0]
-
-    def evaluate(self, models, tasks, step: int, sharding, final: bool) -> list:
-        if hasattr(self, "evaluate_all"):
-            return self.evaluate_all(models, tasks, step, sharding, final)
-        return [t.evaluate_one(models.one(k), step, sharding, final)
-                for k, t in enumerate(tasks)]
 
 
 def same_arrays(a, b) -> bool:

@@ -201,8 +201,7 @@ def _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter
     """The run with its hooks, each built from what it reads."""
     task, model = trials.tasks[0], trials.models(state).one(0)
     # what the model answers for itself (models/declared.py), the step's share of it the task's
-    flops_per_token = model.flops_per_token(cfg.data.seq_len, cached_backbone=True) \
-        if task.cached_backbone else model.flops_per_token(cfg.data.seq_len)
+    flops_per_token = model.flops_per_token(cfg.data.seq_len, **task.step_flops)
     n_params = model.param_count()
     peak, peak_source = device_peak_flops(cfg.model.compute_dtype)
     bar = tqdm(total=cfg.run.steps, initial=start, disable=not (primary and cfg.run.progress),

@@ -136,12 +136,12 @@ class Trials:
 
     def evaluate(self, state, step: int, sharding, final: bool) -> list[tuple[dict, str]]:
         """Each trial's (metrics, one-line message), by its own task: in one vmapped pass
-        where vmaps_evaluation says so, else each trial alone (a run of one: its task)."""
+        where vmaps_evaluation says so (trial_task.py's evaluate_all), else each trial alone
+        (Task.evaluate; a run of one: its task)."""
         models = self.models(state)
-        if self.vmaps_evaluation() or not self.stacked:
-            return self.tasks[0].evaluate(models, self.tasks, step, sharding, final)
-        return [t.evaluate(Models(models.one(k)), [t], step, sharding, final)[0]
-                for k, t in enumerate(self.tasks)]
+        if self.vmaps_evaluation():
+            return self.tasks[0].evaluate_all(models, self.tasks, step, sharding, final)
+        return [t.evaluate(models.one(k), step, sharding, final) for k, t in enumerate(self.tasks)]
 
     def models(self, state) -> Models:
         """The trials' models, for an evaluation (Models: one call for every trial)."""

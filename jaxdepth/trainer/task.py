@@ -17,7 +17,6 @@ import equinox as eqx
 import grain
 from jaxtyping import Array
 
-from ..trial_axis import Models
 
 # (fn, totals): totals(batch) gives the normalisers of a whole batch (e.g. its target-token
 # count); fn(model, micro_batch, key, totals) -> (value, metrics) is the micro-batch's share
@@ -27,9 +26,9 @@ Objective = tuple[Callable[..., tuple[Array, dict]], Callable[[dict], dict]]
 
 class Task(Protocol):
     reports_perplexity: bool  # the train loss is a token NLL: log exp(loss) too
-    # its batches carry the frozen backbone's cached states: a step never runs the backbone
-    # (the model's FLOPs per token of such a step)
-    cached_backbone: bool
+    # keyword arguments of the model's flops_per_token for this task's training step, where
+    # its batches make the step skip part of the model ({}: the whole model runs)
+    step_flops: dict
 
     def build_model(self, *, key: Array) -> eqx.Module:
         """A freshly initialised model (also traced abstractly, under eval_shape)."""
@@ -54,13 +53,11 @@ class Task(Protocol):
 
     def objective(self) -> Objective: ...
 
-    def evaluate(self, models: Models, tasks: list["Task"], step: int, sharding,
-                 final: bool) -> list[tuple[dict, str]]:
-        """Each model's (metrics, one-line message) at an evaluation point, in order: the
-        models given as ``Models`` (one model, ``Models(model)`` with ``[task]``; or K trials
-        stacked, when the trial machinery found that they evaluate alike, trainer/
-        run_trials.py) and their tasks, this one first. The device work runs once over all
-        of them; each trial's task still writes its own outputs."""
+    def evaluate(self, model: eqx.Module, step: int, sharding,
+                 final: bool) -> tuple[dict, str]:
+        """The model's (metrics, one-line message) at an evaluation point. (K trials that
+        evaluate alike are evaluated in one vmapped pass instead, by what the trial
+        machinery asks: trainer/trial_task.py's EvaluatesAlike.)"""
 
     def summary(self, model: eqx.Module) -> dict:
         """What summary.json adds for this kind of run."""

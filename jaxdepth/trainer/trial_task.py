@@ -44,4 +44,7 @@ class EvaluatesAlike(Protocol):
 
     def evaluate_all(self, models: Models, tasks: list, step: int, sharding,
                      final: bool) -> list[tuple[dict, str]]:
-        """Each trial's (metrics, message) from one pass over the stacked models."""
+        """Each trial's (metrics, message) from one pass over the stacked models, in order of
+        ``tasks`` (every trial's, this one first): the device work runs once over all of
+        them; each trial's task still writes its own outputs. A kind that has it evaluates
+        one model through it too (``Models(model)``, ``[task]``: tasks/task_base.py)."""

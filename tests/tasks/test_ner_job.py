@@ -423,7 +423,7 @@ def test_ner_result_on_a_process_that_does_not_write_evals_jsonl(ner_run, tmp_pa
     task = task_for(cfg)
     task.prepare(elsewhere, primary=False, barrier=lambda: None)
     model, _, _ = load_model(run)
-    results = [task.evaluate_one(model, step, None, final=step == 30)[0] for step in (10, 20, 30)]
+    results = [task.evaluate(model, step, None, final=step == 30)[0] for step in (10, 20, 30)]
     assert not (elsewhere / "evals.jsonl").exists()
     # the same model at every point: the earliest step is the best one
     assert results[-1]["best_step"] == 10

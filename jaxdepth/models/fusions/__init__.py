@@ -96,9 +96,6 @@ class FusionMethod(eqx.Module):
     NAME: ClassVar[str]  # the value of fusion.method, and its label in tables (``label``)
     ORDER: ClassVar[int]  # place in the few-shot grid and its tables (baselines first)
     READS: ClassVar[type] = Words  # Words or Sentence
-    # The fusion settings only this method reads, {field: fields.Setting}: they join the
-    # fusion section (config.FusionConfig), and a value set for another method is refused.
-    FIELDS: ClassVar[dict] = {}
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -140,12 +137,6 @@ def check_layers(z_LBTD: Array, n_layers: int, d_model: int) -> None:
 def fusion_method(name: str) -> type[FusionMethod]:
     """The method called ``name``; a ConfigError naming fusion.method for any other name."""
     return _METHODS(name)
-
-
-def settings_read(method: str, values: dict) -> dict:
-    """Of fusion settings ``values`` ({field: value}), those ``method`` reads (its FIELDS): a
-    plan that gives every method Base+n's n passes it to the method that reads it alone."""
-    return {k: v for k, v in values.items() if k in fusion_method(method).FIELDS}
 
 
 def fusion_methods() -> tuple[str, ...]:

@@ -4,7 +4,6 @@ states alone."""
 import equinox as eqx
 from jaxtyping import Array
 
-from ...fields import Setting
 from ..layers import PostLNLayer
 from ..stack import folded_keys, init_stack, run_stack
 from . import FusionMethod, Sentence
@@ -13,10 +12,6 @@ from . import FusionMethod, Sentence
 class BasePlusN(FusionMethod):
     NAME, ORDER = "base+n", 20
     READS = Sentence
-    # fusion.extra_layers: a setting of this method's own (config.FusionConfig gets it here)
-    FIELDS = {"extra_layers": Setting(1, "n of base+n: the post-LN layers it adds on z_L",
-                                      check=lambda v: isinstance(v, int) and v > 0,
-                                      must="must be positive")}
 
     layers: PostLNLayer  # every leaf has a leading axis n
     n: int = eqx.field(static=True)
