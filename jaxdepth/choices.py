@@ -51,6 +51,11 @@ class Choices(Generic[C]):
         """Every choice's name, ordered by ``order`` then name."""
         return tuple(sorted(self._by_name, key=lambda n: (self.order(self._by_name[n]), n)))
 
+    def readers(self, setting: str) -> tuple[str, ...]:
+        """The choices that declare ``setting`` (a field of the section of this registry's
+        field, by name) one that only they read, in their ``SETTINGS``; () when none does."""
+        return tuple(n for n in self.names() if setting in getattr(self._by_name[n], "SETTINGS", ()))
+
 
 class Registered:
     """A base for a field's choice classes: a subclass that defines a ``NAME`` registers

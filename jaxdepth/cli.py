@@ -173,9 +173,11 @@ def help_text(prog: str = "train.py") -> str:
             kinds = kinds_reading(sec, f.name)
             archs = archs_reading(f"{sec}.{f.name}")
             choices = Choices.of_field(f"{sec}.{f.name}")
+            readers = [f"read by {field}: " + ", ".join(names) for field, r in Choices.registries()
+                       if field.startswith(f"{sec}.") and (names := r.readers(f.name))]
             doc = "; ".join(filter(None, [
                 docs.get(f.name, ""),
-                "choices: " + ", ".join(choices.names()) if choices else "",
+                "choices: " + ", ".join(choices.names()) if choices else "", *readers,
                 "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
                 else "",
                 f"read by {f.metadata['choice']}: " + ", ".join(f.metadata["readers"])
@@ -192,13 +194,22 @@ def help_text(prog: str = "train.py") -> str:
 
 def check_choices(cfg: Config) -> Config:
     """cfg, or a ConfigError naming the first field whose value no class of its registry
-    holds (config.py checks those whose registries it can import; this, every one)."""
+    holds (config.py checks those whose registries it can import; this, every one), or that
+    only other choices than the one made read (their ``SETTINGS``: Base+n's
+    fusion.extra_layers), set to a value other than its default."""
     for section, cls in SECTIONS.items():
+        values = getattr(cfg, section)
         for f in dataclasses.fields(cls):
-            choices = Choices.of_field(f"{section}.{f.name}")
-            value = getattr(getattr(cfg, section), f.name)
-            if choices is not None and value is not None:
-                choices(value)
+            choices, value = Choices.of_field(f"{section}.{f.name}"), getattr(values, f.name)
+            if choices is None or value is None:
+                continue
+            choices(value)
+            for g in dataclasses.fields(cls):
+                readers = choices.readers(g.name)
+                if readers and value not in readers and getattr(values, g.name) != g.default:
+                    raise ConfigError(f"{section}.{g.name}: {section}.{f.name} {value} does not "
+                                      f"read it (read by: {', '.join(readers)})",
+                                      field=f"{section}.{g.name}")
     return cfg
 
 

@@ -316,6 +316,31 @@ def test_fusion_method_is_checked_when_parsed_and_listed_from_its_registry(tmp_p
         parse_args(["--config", str(saved)])
 
 
+def test_a_fusion_setting_is_read_by_the_methods_that_declare_it(tmp_path):
+    """fusion.extra_layers is Base+n's alone (``BasePlusN.SETTINGS``): given with another
+    method it is refused on the command line and in a --config file, naming its reader,
+    instead of being silently unused; --help names the reader from the declaration."""
+    from jaxdepth.cli import help_text
+
+    ner = ["--task.name", "ner", "--task.dir", str(tmp_path), "--model.arch", "encoder"]
+    assert parse_args(ner + ["--fusion.method", "base+n", "--fusion.extra_layers", "2"]
+                      ).fusion.extra_layers == 2
+    for method in ("base", "scalar_mix", "concat", "dwatt"):
+        with pytest.raises(ConfigError, match=rf"^fusion.extra_layers: fusion.method {method} "
+                                              rf"does not read it \(read by: base\+n\)$"):
+            parse_args(ner + ["--fusion.method", method, "--fusion.extra_layers", "2"])
+        assert parse_args(ner + ["--fusion.method", method, "--fusion.extra_layers", "1"]
+                          ).fusion.method == method  # its default: nothing is lost
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps({"task": {"name": "ner", "dir": str(tmp_path)},
+                                 "model": {"arch": "encoder"},
+                                 "fusion": {"method": "concat", "extra_layers": 3}}))
+    with pytest.raises(ConfigError, match="fusion.extra_layers: fusion.method concat does not"):
+        parse_args(["--config", str(saved)])
+    assert "--fusion.extra_layers int default 1 n of base+n; read by fusion.method: base+n;" \
+        in " ".join(help_text().split())
+
+
 def test_field_docs_reads_the_comment_beside_and_above_each_field():
     from jaxdepth.cli import field_docs
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, apply_overrides
 from ..fusion_modes import fusion_modes
-from ..models.fusions import fusion_methods
+from ..models.fusions import fusion_method, fusion_methods
 from ..errors import RunFailed, run_main
 from .depth_sweep import _nested, _overrides
 from .plan_file import PlannedExperiment
@@ -129,9 +129,10 @@ class Experiment(PlannedExperiment):
         run = self.out / "runs" / f"{method}-{mode}" / f"N{shots}-t{trial}"
         flat = {**self.plan.finetune, "task.name": "ner", "task.dir": self.plan.ner_dir,
                 "task.init_from": backbone, "task.n_shot": shots, "task.seed": trial,
-                "fusion.method": method, "fusion.mode": mode,
-                "fusion.extra_layers": self.plan.extra_layers, "run.seed": trial,
-                "run.dir": str(run), "run.progress": False}
+                "fusion.method": method, "fusion.mode": mode, "run.seed": trial,
+                "run.dir": str(run), "run.progress": False,
+                # the settings only this method reads (Base+n's extra_layers), from the plan
+                **{f"fusion.{s}": getattr(self.plan, s) for s in fusion_method(method).SETTINGS}}
         flat.setdefault("run.save_every", flat.get("run.steps", Config().run.steps))
         return apply_overrides(Config(), _nested(flat))
 

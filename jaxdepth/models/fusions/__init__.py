@@ -96,6 +96,9 @@ class FusionMethod(eqx.Module):
     NAME: ClassVar[str]  # the value of fusion.method, and its label in tables (``label``)
     ORDER: ClassVar[int]  # place in the few-shot grid and its tables (baselines first)
     READS: ClassVar[type] = Words  # Words or Sentence
+    # The fields of the fusion section that only this method reads (a value set while another
+    # method is chosen is refused: cli.check_choices; --help names the readers).
+    SETTINGS: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
