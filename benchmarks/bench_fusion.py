@@ -61,7 +61,7 @@ from jaxdepth.config import Config, ConfigError, apply_overrides
 from jaxdepth.data.finetune.ner_sentences import ner_labels
 from jaxdepth.fusion_modes import fusion_modes
 from jaxdepth.models.backbone import depth_and_width
-from jaxdepth.models.fusions import fusion_method, fusion_methods
+from jaxdepth.models.fusions import fusion_methods, own_settings
 from jaxdepth.tasks import task_for, train
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
@@ -93,7 +93,7 @@ def make_config(args, method: str, mode: str, ner_dir: str) -> Config:
             "task": {"name": "ner", "dir": ner_dir, "init_from": args.hf or ""},
             # the step that runs the backbone; the cached FE step is timed end to end (--unit)
             "fusion": {"method": method, "mode": mode, "cache": False,
-                       **{s: getattr(args, s) for s in fusion_method(method).SETTINGS}},
+                       **own_settings(method, args)},
             "optim": {"name": "adamw", "lr": 5e-5},
             "run": {"steps": 1000, "seed": args.seed},
             "mesh": {"data": args.data_devices}}
@@ -241,8 +241,7 @@ def unit_benchmark(args) -> dict:
                     "task": {"name": "ner", "dir": args.ner_dir, "init_from": args.hf,
                              "n_shot": args.shots, "seed": args.seed, "eval_max": args.eval_max},
                     "fusion": {"method": args.unit_method, "mode": "fe", "cache": cache,
-                               **{s: getattr(args, s)
-                                  for s in fusion_method(args.unit_method).SETTINGS}},
+                               **own_settings(args.unit_method, args)},
                     "optim": {"name": "adamw", "lr": 1e-3, "schedule": "linear",
                               "warmup_steps": 0, "min_lr_ratio": 0.0},
                     "mesh": {"data": args.data_devices},

@@ -194,22 +194,13 @@ def help_text(prog: str = "train.py") -> str:
 
 def check_choices(cfg: Config) -> Config:
     """cfg, or a ConfigError naming the first field whose value no class of its registry
-    holds (config.py checks those whose registries it can import; this, every one), or that
-    only other choices than the one made read (their ``SETTINGS``: Base+n's
-    fusion.extra_layers), set to a value other than its default."""
+    holds (config.py checks those whose registries it can import; this, every one)."""
     for section, cls in SECTIONS.items():
-        values = getattr(cfg, section)
         for f in dataclasses.fields(cls):
-            choices, value = Choices.of_field(f"{section}.{f.name}"), getattr(values, f.name)
-            if choices is None or value is None:
-                continue
-            choices(value)
-            for g in dataclasses.fields(cls):
-                readers = choices.readers(g.name)
-                if readers and value not in readers and getattr(values, g.name) != g.default:
-                    raise ConfigError(f"{section}.{g.name}: {section}.{f.name} {value} does not "
-                                      f"read it (read by: {', '.join(readers)})",
-                                      field=f"{section}.{g.name}")
+            choices = Choices.of_field(f"{section}.{f.name}")
+            value = getattr(getattr(cfg, section), f.name)
+            if choices is not None and value is not None:
+                choices(value)
     return cfg
 
 

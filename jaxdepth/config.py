@@ -20,7 +20,7 @@ from .act_config import ACTConfig
 from .archs import arch as arch_class, arch_names, archs_reading
 from .attentions import attention_names, attention_path  # also the models'
 from .errors import ConfigError
-from .fields import positive, require, resumable, typed
+from .fields import check_settings, positive, require, resumable, typed
 from .fusion_modes import fusion_mode  # also the models' (they import only this module)
 from .halting import halting as halting_class  # noqa: F401  (the models')
 from .layouts import upgrade
@@ -288,6 +288,7 @@ class FusionConfig:
         # which import this module
         require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
         require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
+        check_settings(self, "fusion")  # a method's own setting, set for another method
         fusion_mode(self.mode)  # a ConfigError naming fusion.mode
         require(0.0 <= self.dropout < 1.0, "fusion.dropout", f"must be in [0, 1), got {self.dropout}")
 
@@ -307,8 +308,9 @@ class Config:
     # Layout of the saved config.json: 1 (before Arch.SECTION: ACT runs read their
     # vocabulary from model.vocab_size), 2 (optim.b1/b2/eps saved for every optimizer) and 3
     # (the decoder's own model fields accepted for the encoder, model fields for fusion over
-    # task.init_from) are upgraded on reading (Config.from_dict, upgrade).
-    version: int = 4
+    # task.init_from) and 4 (fusion.extra_layers for every method) are upgraded on reading
+    # (Config.from_dict, upgrade).
+    version: int = 5
 
     def __post_init__(self):
         # The one section that describes the model of each architecture (Arch.SECTION): the

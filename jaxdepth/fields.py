@@ -1,7 +1,8 @@
 """How a configuration field is declared and checked: the metadata helpers a section's fields
 are declared with (``resumable``), the settings a choice declares in its own
 module (``Setting``, a choice class's ``FIELDS``, added to its section by ``declared_by_choices``
-and checked by ``check_declared``), and the checks every section validates with (``require``,
+and checked by ``check_declared``), the section fields a choice says only it reads (its
+``SETTINGS``, checked by ``check_settings``), and the checks every section validates with (``require``,
 ``positive``, ``typed``), each error a ConfigError naming its field."""
 from __future__ import annotations
 
@@ -105,5 +106,30 @@ def check_declared(obj: Any, section: str, undecided: frozenset = frozenset()) -
         choice_field, readers = f.metadata["choice"], f.metadata["readers"]
         chosen = getattr(obj, choice_field.partition(".")[2])
         if choice_field.partition(".")[2] not in undecided:
-            require(value == f.default or chosen in readers, name,
-                    f"{choice_field} {chosen} does not read it (read by: {', '.join(readers)})")
+            _refuse_unread(name, value == _default(f), choice_field, chosen, readers)
+
+
+def check_settings(obj: Any, section: str) -> None:
+    """ConfigError for the first field of obj (a section) that the choices of one of the
+    section's registries declare as theirs alone (``SETTINGS``, a fusion method's), changed
+    from its default while the choice made is another. A registry not imported yet (found
+    by its field, jaxdepth/choices.py) checks nothing: the command line imports them all."""
+    for choice_field, registry in Choices.registries():
+        if choice_field.partition(".")[0] != section:
+            continue
+        chosen = getattr(obj, choice_field.partition(".")[2])
+        for f in dataclasses.fields(obj):
+            readers = registry.readers(f.name)
+            if readers:
+                _refuse_unread(f"{section}.{f.name}", getattr(obj, f.name) == _default(f),
+                               choice_field, chosen, readers)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def _refuse_unread(name: str, is_default: bool, choice_field: str, chosen: str,
+                   readers: tuple[str, ...]) -> None:
+    require(is_default or chosen in readers, name,
+            f"{choice_field} {chosen} does not read it (read by: {', '.join(readers)})")

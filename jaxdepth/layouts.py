@@ -1,4 +1,4 @@
-"""The layouts of a saved config.json: older ones (versions 1-3) upgraded to today's on reading
+"""The layouts of a saved config.json: older ones (versions 1-4) upgraded to today's on reading
 (``upgrade``, called by config.Config.from_dict)."""
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import dataclasses
 import json
 
 from .archs import arch as arch_class, arch_names, archs_reading
+from .choices import Choices
 from .fields import require
 from .optimizers import OWN_FIELDS, optimizer, optimizer_names
 from .task_names import FUSION_TASKS
 
 
 def upgrade(d: dict, model_cls: type) -> dict:
-    """A config dict of an older layout in today's (version 4); others unchanged. model_cls:
+    """A config dict of an older layout in today's (version 5); others unchanged. model_cls:
     config.ModelConfig (its fields and default model.arch).
 
     Version 1 described act/albert/bert models in the act section but took their vocabulary
@@ -21,18 +22,38 @@ def upgrade(d: dict, model_cls: type) -> dict:
     Versions 1 and 2 saved optim.b1, b2 and eps whatever the optimizer; those its optimizer
     does not read (which today's config refuses) are dropped. Versions 1-3 accepted the
     decoder's own model fields for model.arch encoder, and model/act fields for a fusion run
-    over task.init_from (whose backbone is the source's); never read, they are dropped."""
+    over task.init_from (whose backbone is the source's); never read, they are dropped.
+    Versions 1-4 saved a choice's own settings (``SETTINGS``: Base+n's fusion.extra_layers,
+    which the few-shot grid gave every method) whatever the choice; where the choice made
+    does not read one, it is dropped."""
     version = d.get("version", 1)
-    require(version in (1, 2, 3, 4), "version",
-            f"must be 1, 2, 3 or 4, got {json.dumps(version)}")
-    if version == 4:
+    require(version in (1, 2, 3, 4, 5), "version",
+            f"must be 1, 2, 3, 4 or 5, got {json.dumps(version)}")
+    if version == 5:
         return d
+    d = _drop_unread_settings(d)
+    if version == 4:
+        return {**d, "version": 5}
     d = _upgrade_model_sections(d, model_cls) if version == 1 else d
     optim = d.get("optim")
     if version < 3 and isinstance(optim, dict) and optim.get("name") in optimizer_names():
         reads = optimizer(optim["name"]).DEFAULTS
         d = {**d, "optim": {k: v for k, v in optim.items() if k in reads or k not in OWN_FIELDS}}
-    return {**_drop_unread_model_fields(d, model_cls), "version": 4}
+    return {**_drop_unread_model_fields(d, model_cls), "version": 5}
+
+
+def _drop_unread_settings(d: dict) -> dict:
+    """d without the settings of a choice's own (``SETTINGS``) that the choice it names does
+    not read; a registry not imported drops nothing (config validation then names them)."""
+    for choice_field, registry in Choices.registries():
+        section, _, name = choice_field.partition(".")
+        values = d.get(section)
+        if not isinstance(values, dict) or values.get(name) not in registry.names():
+            continue
+        chosen = values[name]
+        d = {**d, section: {k: v for k, v in values.items()
+                            if not registry.readers(k) or chosen in registry.readers(k)}}
+    return d
 
 
 def _drop_unread_model_fields(d: dict, model_cls: type) -> dict:

@@ -11,7 +11,8 @@ import pytest
 
 from jaxdepth.cli import parse_args
 from jaxdepth.config import (
-    SECTIONS, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig, apply_overrides,
+    SECTIONS, Config, ConfigError, DataConfig, FusionConfig, ModelConfig, OptimConfig, RunConfig,
+    apply_overrides,
 )
 from jaxdepth.depth_family import SIZE_CLASSES, depth_family, depth_family_dff, param_count
 from jaxdepth.models.decoder import DecoderLM
@@ -318,8 +319,9 @@ def test_fusion_method_is_checked_when_parsed_and_listed_from_its_registry(tmp_p
 
 def test_a_fusion_setting_is_read_by_the_methods_that_declare_it(tmp_path):
     """fusion.extra_layers is Base+n's alone (``BasePlusN.SETTINGS``): given with another
-    method it is refused on the command line and in a --config file, naming its reader,
-    instead of being silently unused; --help names the reader from the declaration."""
+    method it is refused (on the command line, in a --config file, in a config built in
+    code), naming its reader, instead of being silently unused; --help names the reader from
+    the declaration."""
     from jaxdepth.cli import help_text
 
     ner = ["--task.name", "ner", "--task.dir", str(tmp_path), "--model.arch", "encoder"]
@@ -334,9 +336,18 @@ def test_a_fusion_setting_is_read_by_the_methods_that_declare_it(tmp_path):
     saved = tmp_path / "config.json"
     saved.write_text(json.dumps({"task": {"name": "ner", "dir": str(tmp_path)},
                                  "model": {"arch": "encoder"},
-                                 "fusion": {"method": "concat", "extra_layers": 3}}))
+                                 "fusion": {"method": "concat", "extra_layers": 3},
+                                 "version": 5}))
     with pytest.raises(ConfigError, match="fusion.extra_layers: fusion.method concat does not"):
         parse_args(["--config", str(saved)])
+    with pytest.raises(ConfigError, match="^fusion.extra_layers: fusion.method concat does not"):
+        apply_overrides(Config(), {"fusion": {"method": "concat", "extra_layers": 3}})
+    # Up to layout 4 the few-shot grid saved it for every method: read back, it is dropped
+    # where the method never read it, and kept for Base+n
+    v4 = json.loads(saved.read_text())
+    assert Config.from_dict({**v4, "version": 4}).fusion == FusionConfig(method="concat")
+    v4["fusion"]["method"] = "base+n"
+    assert Config.from_dict({**v4, "version": 4}).fusion.extra_layers == 3
     assert "--fusion.extra_layers int default 1 n of base+n; read by fusion.method: base+n;" \
         in " ".join(help_text().split())
 
@@ -406,7 +417,7 @@ def test_version_1_configs_are_upgraded():
     old_act = {"model": {**vars(ModelConfig(vocab_size=777, d_model=64)), "arch": "albert"},
                "act": {"vocab_size": 512, "d_model": 32, "n_heads": 2, "tau": 5e-4}}
     cfg = Config.from_dict(old_act)
-    assert cfg.version == 4 and cfg.model == ModelConfig(arch="albert")
+    assert cfg.version == 5 and cfg.model == ModelConfig(arch="albert")
     assert (cfg.act.vocab_size, cfg.act.d_model, cfg.act.tau) == (777, 32, 5e-4)
     old_dec = {"model": {"d_model": 64}, "act": {"tau": 0.5, "d_model": 32}}
     cfg = Config.from_dict(old_dec)
@@ -414,8 +425,8 @@ def test_version_1_configs_are_upgraded():
     # the current layout is read as written: the same dicts with version 2 are refused
     with pytest.raises(ConfigError, match="^act.d_model: model.arch='decoder'"):
         Config.from_dict({**old_dec, "version": 2})
-    with pytest.raises(ConfigError, match="^version: must be 1, 2, 3 or 4, got 5"):
-        Config.from_dict({"version": 5})
+    with pytest.raises(ConfigError, match="^version: must be 1, 2, 3, 4 or 5, got 6"):
+        Config.from_dict({"version": 6})
 
 
 def test_version_2_configs_drop_the_moments_their_optimizer_does_not_read():
@@ -426,7 +437,7 @@ def test_version_2_configs_drop_the_moments_their_optimizer_does_not_read():
     v2["optim"] = {**v2["optim"], "b1": 0.9, "b2": 0.99, "eps": 1e-8}
     cfg = Config.from_dict(v2)
     assert (cfg.optim.name, cfg.optim.b1, cfg.optim.b2, cfg.optim.eps) == ("adafactor", None, None, None)
-    assert cfg.version == 4 and cfg == Config()
+    assert cfg.version == 5 and cfg == Config()
     with pytest.raises(ConfigError, match="^optim.b1: optim.name adafactor does not read it"):
         Config.from_dict({**v2, "version": 3})
     lamb = {**v2, "optim": {**v2["optim"], "name": "lamb", "b2": 0.98, "eps": 1e-6}}
@@ -471,7 +482,7 @@ def test_version_3_configs_drop_the_model_fields_they_never_read():
     v3 = {**Config().to_dict(), "version": 3}
     enc = {**v3, "model": {**v3["model"], "arch": "encoder", "rel_buckets": 16, "d_ff": 64}}
     cfg = Config.from_dict(enc)
-    assert (cfg.version, cfg.model.rel_buckets, cfg.model.d_ff) == (4, 32, 64)
+    assert (cfg.version, cfg.model.rel_buckets, cfg.model.d_ff) == (5, 32, 64)
     with pytest.raises(ConfigError, match="^model.rel_buckets: model.arch='encoder'"):
         Config.from_dict({**enc, "version": 4})
     fused = {**v3, "task": {**v3["task"], "name": "mlm", "init_from": "runs/b"},

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from seqeval.metrics.sequence_labeling import precision_recall_fscore_support
-
 from ..data.finetune.ner_sentences import check_tag
 
 
@@ -31,6 +29,9 @@ def f1(gold_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequence[str]]) -
             raise ValueError(f"sequence {i}: {len(gold)} gold tags but {len(pred)} predicted")
         _check(gold, f"gold sequence {i}")
         _check(pred, f"predicted sequence {i}")
+    # imported here: seqeval loads scikit-learn, scipy and pandas (about a second), which a
+    # run that never scores NER should not pay at start-up
+    from seqeval.metrics.sequence_labeling import precision_recall_fscore_support
     p, r, f, _ = precision_recall_fscore_support([list(g) for g in gold_seqs],
                                                  [list(p) for p in pred_seqs],
                                                  average="micro", zero_division=0)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, apply_overrides
 from ..fusion_modes import fusion_modes
-from ..models.fusions import fusion_method, fusion_methods
+from ..models.fusions import fusion_methods, own_settings
 from ..errors import RunFailed, run_main
 from .depth_sweep import _nested, _overrides
 from .plan_file import PlannedExperiment
@@ -132,7 +132,7 @@ class Experiment(PlannedExperiment):
                 "fusion.method": method, "fusion.mode": mode, "run.seed": trial,
                 "run.dir": str(run), "run.progress": False,
                 # the settings only this method reads (Base+n's extra_layers), from the plan
-                **{f"fusion.{s}": getattr(self.plan, s) for s in fusion_method(method).SETTINGS}}
+                **{f"fusion.{k}": v for k, v in own_settings(method, self.plan).items()}}
         flat.setdefault("run.save_every", flat.get("run.steps", Config().run.steps))
         return apply_overrides(Config(), _nested(flat))
 

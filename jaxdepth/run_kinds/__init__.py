@@ -62,7 +62,7 @@ class RunKind:
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if "NAME" in cls.__dict__:
-            missing = [a for a in ("RECIPE",) if not hasattr(cls, a)]
+            missing = [] if hasattr(cls, "RECIPE") else ["RECIPE"]
             if cls.claims.__func__ is RunKind.claims.__func__:
                 missing.append("claims")
             if missing:  # refused when it is defined, not when a config first reaches it

@@ -1,7 +1,9 @@
 """What every task shares: defaults of the trainer's Task interface (trainer/task.py)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import jax
@@ -35,7 +37,8 @@ class TaskBase:
     # while it validates, so the kind cannot import its Task; the Task imports its kind.
     RUNS: ClassVar[type | None] = None
     reports_perplexity = False
-    step_flops: dict = {}  # the whole model runs in a step (tasks/ner.py's cache: not so)
+    # the whole model runs in a step (tasks/ner.py's cache: not so); read-only, shared
+    step_flops: Mapping[str, Any] = MappingProxyType({})
     init_step: int | None = None  # task.init_from's checkpoint step, once initial_model read it
     prepared: Any = None  # what prepare returned; None before it
 

@@ -142,6 +142,12 @@ def fusion_method(name: str) -> type[FusionMethod]:
     return _METHODS(name)
 
 
+def own_settings(method: str, source) -> dict:
+    """{setting: value} of the fusion settings only ``method`` reads (its SETTINGS), taken
+    from the attributes of the same names of ``source`` (a plan, parsed arguments)."""
+    return {s: getattr(source, s) for s in fusion_method(method).SETTINGS}
+
+
 def fusion_methods() -> tuple[str, ...]:
     """Every method's name, in table order."""
     return _METHODS.names()
