@@ -158,10 +158,10 @@ def test_a_signal_during_the_final_evaluation_lets_the_finished_run_write_its_su
 import os, signal
 from jaxdepth.tasks.task_base import TaskBase
 evaluate = TaskBase.evaluate
-def signalled(self, models, tasks, step, sharding, final):
+def signalled(self, model, step, sharding, final):
     if final:
         os.kill(os.getpid(), signal.SIGTERM)
-    return evaluate(self, models, tasks, step, sharding, final)
+    return evaluate(self, model, step, sharding, final)
 TaskBase.evaluate = signalled
 """, steps=3, cache_dir=jit_cache)
     assert res.returncode == 0, res.stderr[-3000:]
