@@ -50,9 +50,9 @@ def _drop_unread_settings(d: dict) -> dict:
         values = d.get(section)
         if not isinstance(values, dict) or values.get(name) not in registry.names():
             continue
-        chosen = values[name]
+        readers = {k: registry.readers(k) for k in values}
         d = {**d, section: {k: v for k, v in values.items()
-                            if not registry.readers(k) or chosen in registry.readers(k)}}
+                            if not readers[k] or values[name] in readers[k]}}
     return d
 
 

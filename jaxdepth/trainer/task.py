@@ -10,6 +10,7 @@ Implementations live in ``jaxdepth/tasks/`` (one module per kind of run) and are
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -28,7 +29,7 @@ class Task(Protocol):
     reports_perplexity: bool  # the train loss is a token NLL: log exp(loss) too
     # keyword arguments of the model's flops_per_token for this task's training step, where
     # its batches make the step skip part of the model ({}: the whole model runs)
-    step_flops: dict
+    step_flops: Mapping[str, Any]
 
     def build_model(self, *, key: Array) -> eqx.Module:
         """A freshly initialised model (also traced abstractly, under eval_shape)."""

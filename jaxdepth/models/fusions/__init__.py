@@ -97,7 +97,7 @@ class FusionMethod(eqx.Module):
     ORDER: ClassVar[int]  # place in the few-shot grid and its tables (baselines first)
     READS: ClassVar[type] = Words  # Words or Sentence
     # The fields of the fusion section that only this method reads (a value set while another
-    # method is chosen is refused: cli.check_choices; --help names the readers).
+    # method is chosen is refused: fields.check_settings; --help names the readers).
     SETTINGS: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kw):
