@@ -1,7 +1,8 @@
 """Trials against solo runs: the step time of K runs trained side by side (trainer/trials.py).
 
 For each model (``--models``: tiny = the ``tiny-L2`` preset, the tiny depth family's baseline
-member; small = ``small-L4``, the default model) and each K (``--ks``), the script builds the
+member; small = ``small-L4``, the default model; act = ``act-cpu``, the ACT encoder of
+docs/act.md, whose n_layers is its iteration bound M) and each K (``--ks``), the script builds the
 config train.py builds from ``--preset NAME --run.seeds 0,...,K-1`` (``cli.parse_args``; the
 lm recipe's optimizer, data.seq_len 128 and data.batch_size 32 unless ``--seq-len`` /
 ``--batch`` say otherwise) and the K-trial step exactly as the training loop does
@@ -24,7 +25,7 @@ every call blocked until ready), so machine drift hits both alike. Per K the JSO
 medians ``trial_step_ms`` and ``solo_step_ms`` (the solo step measured in the same rounds),
 ``ratio`` = trial_step / solo_step, ``speedup`` = K * solo_step / trial_step (above 1: K trials
 side by side beat K solo runs one after another), ``trials_per_s`` = K / trial_step, tokens/s
-and achieved FLOP/s (``train_flops_per_token``; the measured fp32 1024^3 matmul rate is
+and achieved FLOP/s (the model's ``flops_per_token`` for its task's step, as the loop counts; the measured fp32 1024^3 matmul rate is
 recorded beside it for scale). The issue's target, "K = 8 tiny-model trials cost <= 3x one
 trial's step time", is ``target_k8_tiny_le_3x`` (with its ratio), null when tiny or K=8 was
 not run. Note that train.py runs a one-trial grid (``--run.seeds 0``) as a solo run; K=1 here
@@ -94,14 +95,13 @@ from jaxdepth.trial_grid import trial_configs
 from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import trials as tr
-from jaxdepth.models.flops import train_flops_per_token
 from jaxdepth.trainer.mfu import measure_matmul_peak
 from jaxdepth.trainer.memory import DoesNotFit, step_check, xla_estimate
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
 from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
 
-MODELS = {"tiny": "tiny-L2", "small": "small-L4"}  # name -> preset
+MODELS = {"tiny": "tiny-L2", "small": "small-L4", "act": "act-cpu"}  # name -> preset
 TARGET_K, TARGET_MODEL, TARGET_RATIO = 8, "tiny", 3.0  # K=8 tiny trials <= 3x one trial's step
 
 
@@ -225,15 +225,16 @@ def bench_model(name: str, args, data_dir: Path | None, report) -> dict:
     solo_cfg = trial_configs(base)[0]  # the solo run of seed 0 that trial 0 equals
     mesh = make_mesh(solo_cfg.mesh)
     B, T = solo_cfg.data.batch_size, solo_cfg.data.seq_len
-    fpt = train_flops_per_token(solo_cfg.model, T)
+    task = task_for(solo_cfg)  # FLOPs as the loop counts them: the model's, for this task's step
+    fpt = task.build_model(key=jax.random.key(0)).flops_per_token(T, **task.step_flops)
     solo_mem: dict = {}
     solo = solo_stepper(solo_cfg, mesh, args, data_dir, solo_mem)
     solo_compile, solo_first, solo_loss = solo.compile_and_warm(args.warmup)
     print(f"{name} ({preset}, T={T}, B={B}): solo step compiled in "
           f"{sum(solo_compile.values()):.2f} s", flush=True)
-    rec = {"model": name, "preset": preset, "n_layers": solo_cfg.model.n_layers,
-           "d_model": solo_cfg.model.d_model, "d_ff": solo_cfg.model.d_ff,
-           "vocab_size": solo_cfg.model.vocab_size, "seq_len": T, "batch": B,
+    layers, d_model, d_ff = getattr(solo_cfg, solo_cfg.model_section).dims()[:3]
+    rec = {"model": name, "preset": preset, "n_layers": layers, "d_model": d_model, "d_ff": d_ff,
+           "vocab_size": solo_cfg.vocab_size, "seq_len": T, "batch": B,
            "optimizer": solo_cfg.optim.name, "devices": mesh.size, "flops_per_token": fpt,
            "solo_compile_s": sum(solo_compile.values()), "solo_compile_breakdown_s": solo_compile,
            "solo_first_call_s": solo_first, "solo_step_new_bytes": solo_mem.get("step_new_bytes"),
