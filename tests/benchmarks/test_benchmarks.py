@@ -104,6 +104,23 @@ def test_bench_trials_quick_json_consistent(tmp_path):
         assert r["frozen"] == 0 and r["step_new_bytes"] > 0
 
 
+def test_bench_trials_act_record(tmp_path):
+    """The ACT encoder (act-cpu) through the same step part: its shape is the act section's
+    (M = 6 iterations as layers, d_ff 0 read as 4 x 128), its FLOPs the encoder's (6 x the
+    layer's weights + 12 T d per iteration, M iterations, plus the embedding projection; the
+    model section's defaults would give the default decoder's), and its trial 0 is its solo
+    run."""
+    res = bench_trials.main(["--quick", "--ks", "1", "--models", "act", "--steps", "1",
+                             "--mesh-data", "1", "--out", str(tmp_path / "a.json")])
+    (m,) = res["models"]
+    assert (m["preset"], m["n_layers"], m["d_model"], m["d_ff"], m["vocab_size"]) == (
+        "act-cpu", 6, 128, 512, 512)
+    per_iter = 2 * 3 * (4 * 128 * 128 + 2 * 128 * 512) + 12 * 32 * 128  # weights + attention
+    assert m["flops_per_token"] == 6 * per_iter + 6 * 128 * 128  # + the embedding projection
+    (r,) = m["ks"]
+    assert r["first_loss_trial0"] == pytest.approx(r["first_loss_solo"], rel=1e-5)
+
+
 def test_drift_by_hand():
     from common import drift
 
