@@ -1,8 +1,9 @@
 """Trials against solo runs: the step time of K runs trained side by side (trainer/trials.py).
 
 For each model (``--models``: tiny = the ``tiny-L2`` preset, the tiny depth family's baseline
-member; small = ``small-L4``, the default model; act = ``act-cpu``, the ACT encoder of
-docs/act.md, whose n_layers is its iteration bound M) and each K (``--ks``), the script builds the
+member; tiny4 = ``tiny-L4``, the miniature sweep's deepest member; small = ``small-L4``, the
+default model; act = ``act-cpu``, the ACT encoder of docs/act.md, whose n_layers is its
+iteration bound M) and each K (``--ks``), the script builds the
 config train.py builds from ``--preset NAME --run.seeds 0,...,K-1`` (``cli.parse_args``; the
 lm recipe's optimizer, data.seq_len 128 and data.batch_size 32 unless ``--seq-len`` /
 ``--batch`` say otherwise) and the K-trial step exactly as the training loop does
@@ -101,7 +102,7 @@ from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
 from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
 
-MODELS = {"tiny": "tiny-L2", "small": "small-L4", "act": "act-cpu"}  # name -> preset
+MODELS = {"tiny": "tiny-L2", "tiny4": "tiny-L4", "small": "small-L4", "act": "act-cpu"}  # name -> preset
 TARGET_K, TARGET_MODEL, TARGET_RATIO = 8, "tiny", 3.0  # K=8 tiny trials <= 3x one trial's step
 
 
