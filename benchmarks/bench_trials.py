@@ -26,8 +26,8 @@ every call blocked until ready), so machine drift hits both alike. Per K the JSO
 medians ``trial_step_ms`` and ``solo_step_ms`` (the solo step measured in the same rounds),
 ``ratio`` = trial_step / solo_step, ``speedup`` = K * solo_step / trial_step (above 1: K trials
 side by side beat K solo runs one after another), ``trials_per_s`` = K / trial_step, tokens/s
-and achieved FLOP/s (the model's ``flops_per_token`` for its task's step, as the loop counts; the measured fp32 1024^3 matmul rate is
-recorded beside it for scale). The issue's target, "K = 8 tiny-model trials cost <= 3x one
+and achieved FLOP/s (the model's ``flops_per_token`` for its task's step, as the loop counts;
+the measured fp32 1024^3 matmul rate is recorded beside it for scale). The issue's target, "K = 8 tiny-model trials cost <= 3x one
 trial's step time", is ``target_k8_tiny_le_3x`` (with its ratio), null when tiny or K=8 was
 not run. Note that train.py runs a one-trial grid (``--run.seeds 0``) as a solo run; K=1 here
 is the vmapped trial step with one trial, i.e. what the trials machinery itself costs.
@@ -87,6 +87,7 @@ from common import (CompileEvents, arg_parser, drift, environment, fewshot_backb
                     fewshot_grid_command, fewshot_units, interleaved_times, print_table,
                     random_lm_batch, timed, two_ways, write_json)
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -102,7 +103,8 @@ from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
 from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
 
-MODELS = {"tiny": "tiny-L2", "tiny4": "tiny-L4", "small": "small-L4", "act": "act-cpu"}  # name -> preset
+# name -> preset
+MODELS = {"tiny": "tiny-L2", "tiny4": "tiny-L4", "small": "small-L4", "act": "act-cpu"}
 TARGET_K, TARGET_MODEL, TARGET_RATIO = 8, "tiny", 3.0  # K=8 tiny trials <= 3x one trial's step
 
 
@@ -226,14 +228,16 @@ def bench_model(name: str, args, data_dir: Path | None, report) -> dict:
     solo_cfg = trial_configs(base)[0]  # the solo run of seed 0 that trial 0 equals
     mesh = make_mesh(solo_cfg.mesh)
     B, T = solo_cfg.data.batch_size, solo_cfg.data.seq_len
-    task = task_for(solo_cfg)  # FLOPs as the loop counts them: the model's, for this task's step
-    fpt = task.build_model(key=jax.random.key(0)).flops_per_token(T, **task.step_flops)
+    # FLOPs as the loop counts them: the model's for this task's step (its shape suffices)
+    task = task_for(solo_cfg)
+    shape = eqx.filter_eval_shape(task.build_model, key=jax.random.key(0))
+    fpt = shape.flops_per_token(T, **task.step_flops)
     solo_mem: dict = {}
     solo = solo_stepper(solo_cfg, mesh, args, data_dir, solo_mem)
     solo_compile, solo_first, solo_loss = solo.compile_and_warm(args.warmup)
     print(f"{name} ({preset}, T={T}, B={B}): solo step compiled in "
           f"{sum(solo_compile.values()):.2f} s", flush=True)
-    layers, d_model, d_ff = getattr(solo_cfg, solo_cfg.model_section).dims()[:3]
+    layers, d_model, d_ff = solo_cfg.model_spec.dims()[:3]
     rec = {"model": name, "preset": preset, "n_layers": layers, "d_model": d_model, "d_ff": d_ff,
            "vocab_size": solo_cfg.vocab_size, "seq_len": T, "batch": B,
            "optimizer": solo_cfg.optim.name, "devices": mesh.size, "flops_per_token": fpt,

@@ -367,9 +367,14 @@ class Config:
         return self.arch.SECTION
 
     @property
+    def model_spec(self):
+        """The model section's settings (ModelConfig or ACTConfig)."""
+        return getattr(self, self.model_section)
+
+    @property
     def vocab_size(self) -> int:
         """The model's vocabulary, which the run's tokenizer must match."""
-        return getattr(self, self.model_section).vocab_size
+        return self.model_spec.vocab_size
 
     @property
     def vocab_field(self) -> str:

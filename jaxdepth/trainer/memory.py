@@ -219,7 +219,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     float32. Ignored: tensor-parallel splits of activations (an over-estimate under
     mesh.model), frozen parts (no gradient), and any model other than the decoder and the
     ACT family beyond its model section's dimensions."""
-    layers, d, f, h, remat, chunk = getattr(cfg, cfg.model_section).dims()
+    layers, d, f, h, remat, chunk = cfg.model_spec.dims()
     whole = state
     trials, state, batch = per_trial(state, batch)
     rows, seq = next(iter(batch.values())).shape[:2]
@@ -244,7 +244,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
 def _advice(cfg: Config, rows: int) -> str:
     micro = rows // cfg.optim.accum_steps
     remat_field = f"{cfg.model_section}.remat"
-    remat_now = getattr(cfg, cfg.model_section).remat
+    remat_now = cfg.model_spec.remat
     ways = [f"data.batch_size ({cfg.data.batch_size})"]
     if micro > 1:
         ways.append(f"raise optim.accum_steps ({cfg.optim.accum_steps}: micro-batches of "
