@@ -7,8 +7,9 @@ both measured on 2 cores, docs/depth.md). `--workers N` starts each group of
 a stage (a depth's pretraining, a depth's fine-tuning on a task) as
 `python -m jaxdepth.experiments.depth_sweep run --out DIR --group NAME` with XLA's CPU thread
 pool off, at most N at once, its output in DIR/logs/NAME.log. Each appends its own rows to
-DIR/results.jsonl (under a file lock). A group run with one thread ends in other last bits than
-with two: a run resumes bit for bit only at the thread count it started with.
+DIR/results.jsonl (under a file lock). A group of trials run with one thread ends in other last
+bits than with two (solo units of the miniature plan ended in the same bits: docs/depth.md); a
+run resumes bit for bit at the thread count it started with.
 """
 from __future__ import annotations
 
