@@ -512,6 +512,9 @@ def _advised(args) -> int:
 
 
 def _run(args) -> int:
+    if args.group:  # a worker of --workers, before anything starts XLA
+        from .workers import pin_worker
+        pin_worker()
     plan = plan_from_args(args)
     if args.command != "run" and args.command != "all" and plan is not None:
         raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "

@@ -24,6 +24,26 @@ from ..config import ConfigError
 from ..errors import RunFailed
 
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# The core a worker keeps to. XLA's CPU client sizes its thread pool by the cores the process
+# may run on, and jax 0.10's matmuls ignore ONE_THREAD: unpinned, every "one-thread" worker ran
+# its matmuls on both cores of a 2-core machine (measured: 180% CPU), and two workers fought
+# over them.
+CPU_ENV = "JAXDEPTH_WORKER_CPU"
+
+
+def pin_worker() -> None:
+    """In a worker, before XLA starts: keep to the one core the parent gave it (Linux)."""
+    cpu = os.environ.get(CPU_ENV)
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(cpu)})
+
+
+def _cores(n: int) -> list[int | None]:
+    """A core for each of n workers, the process's own cores in turn (None: not pinned)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return [None] * n
+    cores = sorted(os.sched_getaffinity(0))
+    return [cores[i % len(cores)] for i in range(n)]
 
 
 def check_workers(n: int) -> int:
@@ -39,10 +59,13 @@ def check_workers(n: int) -> int:
     return n
 
 
-def _start(out: Path, name: str, flags: list[str]) -> tuple[subprocess.Popen, Path]:
+def _start(out: Path, name: str, flags: list[str], cpu: int | None
+           ) -> tuple[subprocess.Popen, Path]:
     log = out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {ONE_THREAD}".strip()}
+    if cpu is not None:
+        env[CPU_ENV] = str(cpu)
     cmd = [sys.executable, "-m", "jaxdepth.experiments.depth_sweep", "run", "--out", str(out),
            "--group", name, *flags]
     with open(log, "a") as f:
@@ -58,18 +81,19 @@ def run_groups(out: Path, names: list[str], n: int, flags: list[str]) -> None:
     """Run the named groups of one stage, n at a time, each with the command-line `flags`;
     return when all are done. A group
     that fails lets the running ones finish, starts no other, and raises RunFailed naming it."""
-    waiting, running, failed = list(names), {}, []
+    waiting, running, failed, free = list(names), {}, [], _cores(n)
     try:
         while waiting or running:
             while waiting and len(running) < n and not failed:
-                name = waiting.pop(0)
-                running[name] = (*_start(out, name, flags), time.perf_counter())
+                name, cpu = waiting.pop(0), free.pop(0)
+                running[name] = (*_start(out, name, flags, cpu), time.perf_counter(), cpu)
                 print(f"{name}: started (log {running[name][1]})", flush=True)
             time.sleep(0.5)
-            for name, (proc, log, t0) in list(running.items()):
+            for name, (proc, log, t0, cpu) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 del running[name]
+                free.append(cpu)
                 if proc.returncode:
                     failed.append(f"{name} (exit {proc.returncode}: {_last_line(log)}; log {log})")
                 else:
@@ -77,9 +101,9 @@ def run_groups(out: Path, names: list[str], n: int, flags: list[str]) -> None:
             if failed and not running:
                 break
     finally:  # interrupted: each worker saves its step and stops (trainer/signals.py)
-        for proc, _, _ in running.values():
+        for proc, *_ in running.values():
             proc.send_signal(signal.SIGTERM)
-        for proc, _, _ in running.values():
+        for proc, *_ in running.values():
             proc.wait()
     if failed:
         raise RunFailed(f"{'; '.join(failed)}; run the command again to resume")

@@ -2,6 +2,9 @@
 (experiments/workers.py) give the rows one process gives, up to the thread count's last bits;
 a failing group ends the command in one line naming it and its log."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -70,3 +73,47 @@ def test_the_english_plan_without_a_corpus_is_one_line_and_writes_nothing(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--pretrain data.corpus" in err[0]
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning is Linux's")
+def test_a_worker_keeps_to_the_core_its_parent_gave_it():
+    from jaxdepth.experiments import workers
+
+    cpu = max(os.sched_getaffinity(0))
+    code = ("from jaxdepth.experiments.workers import pin_worker; import os; pin_worker(); "
+            "print(sorted(os.sched_getaffinity(0)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, workers.CPU_ENV: str(cpu)}).stdout
+    assert out.strip() == f"[{cpu}]"
+
+
+def test_workers_running_at_once_get_different_cores(tmp_path, monkeypatch):
+    from jaxdepth.experiments import workers
+
+    monkeypatch.setattr(workers, "_cores", lambda n: [5, 7][:n])
+    started, live = [], set()
+
+    class Worker:  # ends at its second poll, giving its core back
+        returncode = 0
+
+        def __init__(self, cpu):
+            self.cpu, self.polls = cpu, 0
+
+        def poll(self):
+            self.polls += 1
+            if self.polls < 2:
+                return None
+            live.discard(self.cpu)
+            return 0
+
+    def start(out, name, flags, cpu):
+        assert cpu not in live  # never two at once on one core
+        live.add(cpu)
+        started.append((name, cpu))
+        return Worker(cpu), tmp_path / f"{name}.log"
+
+    monkeypatch.setattr(workers, "_start", start)
+    monkeypatch.setattr(workers.time, "sleep", lambda s: None)
+    workers.run_groups(tmp_path, ["a", "b", "c", "d"], 2, [])
+    assert [name for name, _ in started] == ["a", "b", "c", "d"]
+    assert [cpu for _, cpu in started[:2]] == [5, 7] and {cpu for _, cpu in started} == {5, 7}
