@@ -135,8 +135,10 @@ class Sweep(PlannedExperiment):
     PLAN_FILE = "sweep.json"
 
     PLAN = Plan
-    # Groups of one stage trained at once, each in its own single-threaded process (--workers).
+    # Groups of one stage trained at once, each in its own process (--workers), each kept to
+    # a core of its own if `pin` (--pin).
     workers: int = 1
+    pin: bool = False
 
     def rows(self) -> list[dict]:
         from ..analysis.report import dedupe, load_rows
@@ -235,18 +237,30 @@ class Sweep(PlannedExperiment):
             on_done(seed, s)
 
     def stages(self) -> list[list[tuple[str, Callable[[], None]]]]:
-        """The plan's units as two stages of named groups, each group one program (its seeds
-        as trials): every depth's pretraining, then every fine-tuning, which reads the
-        pretrained runs. The groups of a stage are independent of each other."""
+        """The plan's units as two stages of named groups, each group one program: every
+        depth's pretraining, then every fine-tuning, which reads the pretrained runs. A group
+        is a depth's seeds as trials, or with `sequential` one seed (so that --workers can
+        spread a depth's seeds over its processes). The groups of a stage are independent of
+        each other, deepest first: on the CPU a family's deeper member is the slower one at
+        equal size, and a pool of workers ends a stage sooner when it starts the longest first."""
         p = self.plan
-        pretrain = [(f"pretrain-L{d}", functools.partial(self.pretrain_seeds, d))
-                    for d in p.family]
-        finetune = [(f"finetune-{task}-L{d}", functools.partial(self.finetune_seeds, task, d,
-                                                                "final"))
-                    for d in p.family for task in p.tasks]
-        finetune += [(f"finetune-{task}-L{d}-scratch",
-                      functools.partial(self.finetune_seeds, task, d, "scratch"))
-                     for d in p.scratch for task in p.tasks]
+        depths = sorted(p.family, reverse=True)
+        groups = [[s] for s in p.seeds] if self.sequential else [list(p.seeds)]
+
+        def name(stem: str, seeds: list[int], suffix: str = "") -> str:
+            return stem + (f"-s{seeds[0]}" if self.sequential else "") + suffix
+
+        pretrain = [(name(f"pretrain-L{d}", g), functools.partial(self.pretrain_seeds, d, g))
+                    for d in depths for g in groups]
+        finetune = []
+        for d in depths:
+            finetune += [(name(f"finetune-{task}-L{d}", g),
+                          functools.partial(self.finetune_seeds, task, d, "final", g))
+                         for task in p.tasks for g in groups]
+            if d in p.scratch:
+                finetune += [(name(f"finetune-{task}-L{d}", g, "-scratch"),
+                              functools.partial(self.finetune_seeds, task, d, "scratch", g))
+                             for task in p.tasks for g in groups]
         return [pretrain, finetune]
 
     def run(self, group: str = "") -> None:
@@ -258,7 +272,7 @@ class Sweep(PlannedExperiment):
                 stage = [(name, fn) for name, fn in stage if name == group]
             if self.workers > 1 and not group:
                 from .workers import run_groups
-                run_groups(self.out, [name for name, _ in stage], self.workers,
+                run_groups(self.out, [name for name, _ in stage], self.workers, self.pin,
                            ["--sequential"] if self.sequential else [])
             else:
                 for _, fn in stage:
@@ -268,11 +282,11 @@ class Sweep(PlannedExperiment):
             print(f"all {n} units of {self.out} are done (results.jsonl); nothing to run",
                   flush=True)
 
-    def pretrain_seeds(self, depth: int) -> None:
-        """Pretrain every seed of the plan at `depth` not done yet, as trials of one run."""
+    def pretrain_seeds(self, depth: int, seeds: list[int]) -> None:
+        """Pretrain every one of `seeds` at `depth` not done yet, as trials of one run."""
         from ..depth_family import param_count
 
-        todo = [s for s in self.plan.seeds if not self.done(kind="pretrain", depth=depth, seed=s)]
+        todo = [s for s in seeds if not self.done(kind="pretrain", depth=depth, seed=s)]
         if not todo:
             return
 
@@ -288,10 +302,10 @@ class Sweep(PlannedExperiment):
         self._as_trials(f"pretrain L{depth}", {s: self.pretrain_config(depth, s) for s in todo},
                         {s: self.pretrain_dir(depth, s) for s in todo}, pretrained)
 
-    def finetune_seeds(self, task: str, depth: int, init: str) -> None:
-        """Fine-tune every seed of the plan not done yet, from its own pretraining run (or
+    def finetune_seeds(self, task: str, depth: int, init: str, seeds: list[int]) -> None:
+        """Fine-tune every one of `seeds` not done yet, from its own pretraining run (or
         from scratch), as trials of one run."""
-        todo = [s for s in self.plan.seeds
+        todo = [s for s in seeds
                 if not self.done(kind="finetune", task=task, depth=depth, seed=s, init=init)]
         if todo:
             self._as_trials(f"fine-tune L{depth} on {task} ({init})",
@@ -459,8 +473,13 @@ def parse(argv):
                         "as trials of one program, exported to the same directories)")
     p.add_argument("--workers", type=int, default=1,
                    help="CPU only: train this many groups of units at once (a depth's "
-                        "pretraining, a depth's fine-tuning on a task), each in its own "
-                        "process with one thread; logs in OUT/logs/ (default 1: one process)")
+                        "pretraining, a depth's fine-tuning on a task; with --sequential one "
+                        "seed of it), each in its own process; logs in OUT/logs/ (default 1: "
+                        "one process)")
+    p.add_argument("--pin", action="store_true",
+                   help="with --workers: keep each worker to a core of its own (Linux); "
+                        "faster on a small CPU, and one core's rounding: another draw of the "
+                        "same runs than one process gives")
     p.add_argument("--group", default="", help=argparse.SUPPRESS)  # a worker's one group
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error as well as its one line")
@@ -519,11 +538,11 @@ def _run(args) -> int:
     if args.command != "run" and args.command != "all" and plan is not None:
         raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "
                           f"this command reads {args.out}/sweep.json")
-    if args.workers != 1:  # refused before the plan is written
+    if args.workers != 1 or args.pin:  # refused before the plan is written
         from .workers import check_workers
-        check_workers(args.workers)
+        check_workers(args.workers, args.pin)
     sweep = Sweep.open(Path(args.out), plan)
-    sweep.sequential, sweep.workers = args.sequential, args.workers
+    sweep.sequential, sweep.workers, sweep.pin = args.sequential, args.workers, args.pin
     cmd = args.command
     if cmd in ("run", "all"):
         sweep.run(args.group)

@@ -1,15 +1,16 @@
 """An experiment's independent groups of units, trained N at a time in processes of their own.
 
-On a small CPU a solo unit of a small model leaves much of a second core idle: two
-single-threaded processes side by side did 1.8x the work of one two-thread process. A group of
-several trials already fills both threads, so there the gain is small (1.13x on a 2-seed plan;
-both measured on 2 cores, docs/depth.md). `--workers N` starts each group of
-a stage (a depth's pretraining, a depth's fine-tuning on a task) as
-`python -m jaxdepth.experiments.depth_sweep run --out DIR --group NAME` with XLA's CPU thread
-pool off, at most N at once, its output in DIR/logs/NAME.log. Each appends its own rows to
-DIR/results.jsonl (under a file lock). A group of trials run with one thread ends in other last
-bits than with two (solo units of the miniature plan ended in the same bits: docs/depth.md); a
-run resumes bit for bit at the thread count it started with.
+`--workers N` starts each group of a stage (a depth's pretraining or fine-tuning on a task;
+with --sequential one seed of it) as `python -m jaxdepth.experiments.depth_sweep run --out DIR
+--group NAME`, at most N at once in the stage's order, its output in DIR/logs/NAME.log. Each
+appends its own rows to DIR/results.jsonl (under a file lock). Workers get XLA's one-thread
+flags (ONE_THREAD), which jax 0.10 follows for its Eigen ops but not for its matmuls: those
+still use every core. So unpinned workers share the cores and compute what one process does
+up to the last bits (the Eigen ops); with `pin` each keeps to a core of its own, one core's
+rounding. Either way a unit is another draw of the same run, whose difference grows at a
+fine-tuning rate (docs/depth.md). On 2 cores two pinned workers do about 1.3x one process's
+work on the tiny family's steps, unpinned ones 1.15-1.2x. A run resumes bit for bit only as
+it started, pinned or not.
 """
 from __future__ import annotations
 
@@ -24,10 +25,8 @@ from ..config import ConfigError
 from ..errors import RunFailed
 
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-# The core a worker keeps to. XLA's CPU client sizes its thread pool by the cores the process
-# may run on, and jax 0.10's matmuls ignore ONE_THREAD: unpinned, every "one-thread" worker ran
-# its matmuls on both cores of a 2-core machine (measured: 180% CPU), and two workers fought
-# over them.
+# The core a pinned worker keeps to. XLA's CPU client sizes its thread pool by the cores the
+# process may run on; with ONE_THREAD alone a worker's matmul loop ran at 180% CPU on 2 cores.
 CPU_ENV = "JAXDEPTH_WORKER_CPU"
 
 
@@ -46,10 +45,17 @@ def _cores(n: int) -> list[int | None]:
     return [cores[i % len(cores)] for i in range(n)]
 
 
-def check_workers(n: int) -> int:
-    """n, if it is a number of CPU processes this machine can run; else a ConfigError."""
+def check_workers(n: int, pin: bool = False) -> int:
+    """n, if it is a number of CPU processes this machine can run (pinned if `pin`); else a
+    ConfigError."""
     if n < 1:
         raise ConfigError(f"--workers: {n}; give at least 1")
+    if pin and n < 2:
+        raise ConfigError("--pin keeps each of --workers N's processes to a core; give "
+                          "--workers 2 or more")
+    if pin and not hasattr(os, "sched_setaffinity"):
+        raise ConfigError("--pin: this system cannot keep a process to a core "
+                          "(no sched_setaffinity); leave --pin out")
     import jax
 
     if n > 1 and jax.default_backend() != "cpu":
@@ -77,11 +83,12 @@ def _last_line(log: Path) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def run_groups(out: Path, names: list[str], n: int, flags: list[str]) -> None:
-    """Run the named groups of one stage, n at a time, each with the command-line `flags`;
-    return when all are done. A group
-    that fails lets the running ones finish, starts no other, and raises RunFailed naming it."""
-    waiting, running, failed, free = list(names), {}, [], _cores(n)
+def run_groups(out: Path, names: list[str], n: int, pin: bool, flags: list[str]) -> None:
+    """Run the named groups of one stage, n at a time (each on a core of its own if `pin`),
+    each with the command-line `flags`; return when all are done. A group that fails lets the
+    running ones finish, starts no other, and raises RunFailed naming it."""
+    waiting, running, failed = list(names), {}, []
+    free = _cores(n) if pin else [None] * n
     try:
         while waiting or running:
             while waiting and len(running) < n and not failed:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jaxdepth.experiments.depth_sweep import main
+from jaxdepth.experiments.depth_sweep import Plan, Sweep, main
 
 PLAN = ["--size", "tiny", "--depths", "1,2", "--seeds", "0", "--tasks", "passivization",
         "--scratch", "none", "--pretrain", "run.steps=6", "--pretrain", "run.save_every=6",
@@ -28,10 +28,11 @@ def _rows(out):
 @pytest.mark.slow
 def test_two_workers_give_the_rows_of_one_process(tmp_path, capsys):
     assert main(["run", "--out", str(tmp_path / "one"), *PLAN]) == 0
-    assert main(["run", "--out", str(tmp_path / "two"), "--workers", "2", *PLAN]) == 0
+    assert main(["run", "--out", str(tmp_path / "two"), "--workers", "2", "--sequential",
+                 *PLAN]) == 0
     printed = capsys.readouterr().out
-    for group in ("pretrain-L1", "pretrain-L2", "finetune-passivization-L1",
-                  "finetune-passivization-L2"):
+    for group in ("pretrain-L1-s0", "pretrain-L2-s0", "finetune-passivization-L1-s0",
+                  "finetune-passivization-L2-s0"):
         assert f"{group}: done in" in printed
         assert (tmp_path / "two" / "logs" / f"{group}.log").is_file()
     one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
@@ -39,17 +40,40 @@ def test_two_workers_give_the_rows_of_one_process(tmp_path, capsys):
                                           ("pretrain", 1), ("pretrain", 2)]
     for key in one:
         loss = "valid_loss" if key[0] == "pretrain" else "dev_loss"
-        # one thread against two: the same run but for the last bits of the sums
+        # XLA's Eigen ops on one thread in a worker: the same run but for the last bits
         assert two[key][loss] == pytest.approx(one[key][loss], rel=1e-4), key
     # a rerun finds every unit done and starts no worker
     assert main(["run", "--out", str(tmp_path / "two"), "--workers", "2"]) == 0
     assert "nothing to run" in capsys.readouterr().out
 
 
+def test_a_stage_s_groups_are_a_depth_s_trials_or_one_seed_each_deepest_first(tmp_path):
+    plan = Plan(size="tiny", depths=(1, 2, 4), seeds=(0, 1), tasks=("passivization",),
+                scratch=(4,))
+    sweep = Sweep.open(tmp_path / "s", plan)
+    pretrain, finetune = ([name for name, _ in stage] for stage in sweep.stages())
+    assert pretrain == ["pretrain-L4", "pretrain-L2", "pretrain-L1"]
+    assert finetune == ["finetune-passivization-L4", "finetune-passivization-L4-scratch",
+                        "finetune-passivization-L2", "finetune-passivization-L1"]
+    sweep.sequential = True
+    pretrain, finetune = ([name for name, _ in stage] for stage in sweep.stages())
+    assert pretrain == [f"pretrain-L{d}-s{s}" for d in (4, 2, 1) for s in (0, 1)]
+    assert finetune == ["finetune-passivization-L4-s0", "finetune-passivization-L4-s1",
+                        "finetune-passivization-L4-s0-scratch",
+                        "finetune-passivization-L4-s1-scratch",
+                        "finetune-passivization-L2-s0", "finetune-passivization-L2-s1",
+                        "finetune-passivization-L1-s0", "finetune-passivization-L1-s1"]
+    # each group trains only its own seeds
+    calls = []
+    sweep.pretrain_seeds = lambda depth, seeds: calls.append((depth, seeds))
+    dict(sweep.stages()[0])["pretrain-L2-s1"]()
+    assert calls == [(2, [1])]
+
+
 @pytest.mark.slow
 def test_a_failing_group_is_one_line_naming_it_and_its_log(tmp_path, capsys):
     missing = tmp_path / "no-such-corpus.txt"
-    code = main(["run", "--out", str(tmp_path / "s"), "--workers", "2", *PLAN,
+    code = main(["run", "--out", str(tmp_path / "s"), "--workers", "2", "--pin", *PLAN,
                  "--pretrain", f"data.corpus={missing}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1
@@ -107,13 +131,23 @@ def test_workers_running_at_once_get_different_cores(tmp_path, monkeypatch):
             return 0
 
     def start(out, name, flags, cpu):
-        assert cpu not in live  # never two at once on one core
+        assert cpu is None or cpu not in live  # never two pinned at once on one core
         live.add(cpu)
         started.append((name, cpu))
         return Worker(cpu), tmp_path / f"{name}.log"
 
     monkeypatch.setattr(workers, "_start", start)
     monkeypatch.setattr(workers.time, "sleep", lambda s: None)
-    workers.run_groups(tmp_path, ["a", "b", "c", "d"], 2, [])
+    workers.run_groups(tmp_path, ["a", "b", "c", "d"], 2, True, [])
     assert [name for name, _ in started] == ["a", "b", "c", "d"]
     assert [cpu for _, cpu in started[:2]] == [5, 7] and {cpu for _, cpu in started} == {5, 7}
+    started.clear()  # unpinned: no core named, so the workers share them all
+    workers.run_groups(tmp_path, ["a", "b", "c"], 2, False, [])
+    assert [cpu for _, cpu in started] == [None, None, None]
+
+
+def test_pin_without_workers_is_one_line_and_writes_nothing(tmp_path, capsys):
+    code = main(["run", "--out", str(tmp_path / "s"), "--pin", *PLAN])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--pin" in err[0] and "--workers 2" in err[0]
+    assert not (tmp_path / "s").exists()
