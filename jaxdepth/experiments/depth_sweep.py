@@ -135,8 +135,8 @@ class Sweep(PlannedExperiment):
     PLAN_FILE = "sweep.json"
 
     PLAN = Plan
-    # Groups of one stage trained at once, each in its own process (--workers), each kept to
-    # a core of its own if `pin` (--pin).
+    # --workers, --pin: not part of the plan (a resume may change them, as a thread count: the
+    # same runs, another draw of their last bits).
     workers: int = 1
     pin: bool = False
 
@@ -247,8 +247,8 @@ class Sweep(PlannedExperiment):
         depths = sorted(p.family, reverse=True)
         groups = [[s] for s in p.seeds] if self.sequential else [list(p.seeds)]
 
-        def name(stem: str, seeds: list[int], suffix: str = "") -> str:
-            return stem + (f"-s{seeds[0]}" if self.sequential else "") + suffix
+        def name(stem: str, group: list[int], suffix: str = "") -> str:
+            return stem + (f"-s{group[0]}" if self.sequential else "") + suffix
 
         pretrain = [(name(f"pretrain-L{d}", g), functools.partial(self.pretrain_seeds, d, g))
                     for d in depths for g in groups]

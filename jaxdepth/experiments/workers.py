@@ -5,12 +5,10 @@ with --sequential one seed of it) as `python -m jaxdepth.experiments.depth_sweep
 --group NAME`, at most N at once in the stage's order, its output in DIR/logs/NAME.log. Each
 appends its own rows to DIR/results.jsonl (under a file lock). Workers get XLA's one-thread
 flags (ONE_THREAD), which jax 0.10 follows for its Eigen ops but not for its matmuls: those
-still use every core. So unpinned workers share the cores and compute what one process does
-up to the last bits (the Eigen ops); with `pin` each keeps to a core of its own, one core's
-rounding. Either way a unit is another draw of the same run, whose difference grows at a
-fine-tuning rate (docs/depth.md). On 2 cores two pinned workers do about 1.3x one process's
-work on the tiny family's steps, unpinned ones 1.15-1.2x. A run resumes bit for bit only as
-it started, pinned or not.
+still use every core. So unpinned workers share the cores and compute what one process does,
+but for the last bits of some Eigen ops; with `pin` each keeps to a core of its own, with one
+core's rounding, which is what makes a second worker pay on a small CPU (docs/depth.md, the
+measurements). A run resumes bit for bit only as it started, pinned or not.
 """
 from __future__ import annotations
 
@@ -56,6 +54,10 @@ def check_workers(n: int, pin: bool = False) -> int:
     if pin and not hasattr(os, "sched_setaffinity"):
         raise ConfigError("--pin: this system cannot keep a process to a core "
                           "(no sched_setaffinity); leave --pin out")
+    if pin and n > len(os.sched_getaffinity(0)):
+        raise ConfigError(f"--workers {n} --pin: this process may use "
+                          f"{len(os.sched_getaffinity(0))} cores, so some workers would share "
+                          "one; give at most that many workers")
     import jax
 
     if n > 1 and jax.default_backend() != "cpu":
@@ -70,6 +72,7 @@ def _start(out: Path, name: str, flags: list[str], cpu: int | None
     log = out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {ONE_THREAD}".strip()}
+    env.pop(CPU_ENV, None)  # a worker started unpinned must not inherit a core
     if cpu is not None:
         env[CPU_ENV] = str(cpu)
     cmd = [sys.executable, "-m", "jaxdepth.experiments.depth_sweep", "run", "--out", str(out),

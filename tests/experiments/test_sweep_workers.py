@@ -1,6 +1,7 @@
-"""depth_sweep --workers: the groups of a stage trained at once in single-threaded processes
-(experiments/workers.py) give the rows one process gives, up to the thread count's last bits;
-a failing group ends the command in one line naming it and its log."""
+"""depth_sweep --workers: the groups of a stage trained at once in processes of their own
+(experiments/workers.py), each on a core of its own with --pin, give the rows one process
+gives up to the last bits; a failing group ends the command in one line naming it and its
+log."""
 import json
 import os
 import subprocess
@@ -99,7 +100,8 @@ def test_the_english_plan_without_a_corpus_is_one_line_and_writes_nothing(tmp_pa
     assert not (tmp_path / "e").exists()
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning is Linux's")
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning is Linux's, and shows only with two cores or more")
 def test_a_worker_keeps_to_the_core_its_parent_gave_it():
     from jaxdepth.experiments import workers
 
@@ -117,15 +119,17 @@ def test_workers_running_at_once_get_different_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(workers, "_cores", lambda n: [5, 7][:n])
     started, live = [], set()
 
-    class Worker:  # ends at its second poll, giving its core back
+    lasts = {"a": 4, "b": 1, "c": 1, "d": 1}  # polls each worker runs: b ends before a
+
+    class Worker:  # ends after its polls, giving its core back
         returncode = 0
 
-        def __init__(self, cpu):
-            self.cpu, self.polls = cpu, 0
+        def __init__(self, name, cpu):
+            self.name, self.cpu, self.polls = name, cpu, 0
 
         def poll(self):
             self.polls += 1
-            if self.polls < 2:
+            if self.polls <= lasts[self.name]:
                 return None
             live.discard(self.cpu)
             return 0
@@ -134,13 +138,14 @@ def test_workers_running_at_once_get_different_cores(tmp_path, monkeypatch):
         assert cpu is None or cpu not in live  # never two pinned at once on one core
         live.add(cpu)
         started.append((name, cpu))
-        return Worker(cpu), tmp_path / f"{name}.log"
+        return Worker(name, cpu), tmp_path / f"{name}.log"
 
     monkeypatch.setattr(workers, "_start", start)
     monkeypatch.setattr(workers.time, "sleep", lambda s: None)
     workers.run_groups(tmp_path, ["a", "b", "c", "d"], 2, True, [])
     assert [name for name, _ in started] == ["a", "b", "c", "d"]
-    assert [cpu for _, cpu in started[:2]] == [5, 7] and {cpu for _, cpu in started} == {5, 7}
+    # c and d take the core b gave back while a still holds its own
+    assert started == [("a", 5), ("b", 7), ("c", 7), ("d", 7)]
     started.clear()  # unpinned: no core named, so the workers share them all
     workers.run_groups(tmp_path, ["a", "b", "c"], 2, False, [])
     assert [cpu for _, cpu in started] == [None, None, None]
@@ -150,4 +155,36 @@ def test_pin_without_workers_is_one_line_and_writes_nothing(tmp_path, capsys):
     code = main(["run", "--out", str(tmp_path / "s"), "--pin", *PLAN])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--pin" in err[0] and "--workers 2" in err[0]
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_pinned_worker_is_started_with_its_core_and_an_unpinned_one_without(tmp_path,
+                                                                              monkeypatch):
+    from jaxdepth.experiments import workers
+
+    envs = []
+    monkeypatch.setattr(workers.subprocess, "Popen",
+                        lambda cmd, env, **kw: envs.append(env) or object())
+    monkeypatch.setenv(workers.CPU_ENV, "3")  # from a parent that was itself a worker
+    workers._start(tmp_path, "g", [], 1)
+    workers._start(tmp_path, "g", [], None)
+    assert envs[0][workers.CPU_ENV] == "1" and workers.CPU_ENV not in envs[1]
+    assert workers.ONE_THREAD in envs[1]["XLA_FLAGS"]
+
+
+def test_a_worker_pins_itself_before_its_group_runs(tmp_path, monkeypatch):
+    from jaxdepth.experiments import workers
+
+    order = []
+    monkeypatch.setattr(workers, "pin_worker", lambda: order.append("pin"))
+    monkeypatch.setattr(Sweep, "run", lambda self, group: order.append(f"run {group}"))
+    assert main(["run", "--out", str(tmp_path / "s"), "--group", "pretrain-L1", *PLAN]) == 0
+    assert order == ["pin", "run pretrain-L1"]
+
+
+def test_more_pinned_workers_than_cores_is_one_line(tmp_path, capsys):
+    n = len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else 2
+    code = main(["run", "--out", str(tmp_path / "s"), "--workers", str(n), "--pin", *PLAN])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--pin" in err[0]
     assert not (tmp_path / "s").exists()
