@@ -35,12 +35,9 @@ def pin_worker() -> None:
         os.sched_setaffinity(0, {int(cpu)})
 
 
-def _cores(n: int) -> list[int | None]:
-    """A core for each of n workers, the process's own cores in turn (None: not pinned)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return [None] * n
-    cores = sorted(os.sched_getaffinity(0))
-    return [cores[i % len(cores)] for i in range(n)]
+def _cores(n: int) -> list[int]:
+    """A core for each of n pinned workers (check_workers saw that there are n)."""
+    return sorted(os.sched_getaffinity(0))[:n]
 
 
 def check_workers(n: int, pin: bool = False) -> int:
@@ -54,10 +51,9 @@ def check_workers(n: int, pin: bool = False) -> int:
     if pin and not hasattr(os, "sched_setaffinity"):
         raise ConfigError("--pin: this system cannot keep a process to a core "
                           "(no sched_setaffinity); leave --pin out")
-    if pin and n > len(os.sched_getaffinity(0)):
-        raise ConfigError(f"--workers {n} --pin: this process may use "
-                          f"{len(os.sched_getaffinity(0))} cores, so some workers would share "
-                          "one; give at most that many workers")
+    if pin and n > (cores := len(os.sched_getaffinity(0))):
+        raise ConfigError(f"--workers {n} --pin: this process may use {cores} cores, so some "
+                          "workers would share one; give at most that many workers")
     import jax
 
     if n > 1 and jax.default_backend() != "cpu":

@@ -143,7 +143,6 @@ def test_workers_running_at_once_get_different_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(workers, "_start", start)
     monkeypatch.setattr(workers.time, "sleep", lambda s: None)
     workers.run_groups(tmp_path, ["a", "b", "c", "d"], 2, True, [])
-    assert [name for name, _ in started] == ["a", "b", "c", "d"]
     # c and d take the core b gave back while a still holds its own
     assert started == [("a", 5), ("b", 7), ("c", 7), ("d", 7)]
     started.clear()  # unpinned: no core named, so the workers share them all
