@@ -29,9 +29,10 @@ CPU_ENV = "JAXDEPTH_WORKER_CPU"
 
 
 def pin_worker() -> None:
-    """In a worker, before XLA starts: keep to the one core the parent gave it (Linux)."""
+    """In a worker, before XLA starts: keep to the one core the parent gave it (the parent
+    names one only where check_workers found sched_setaffinity)."""
     cpu = os.environ.get(CPU_ENV)
-    if cpu is not None and hasattr(os, "sched_setaffinity"):
+    if cpu is not None:
         os.sched_setaffinity(0, {int(cpu)})
 
 
