@@ -72,7 +72,10 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
     from jaxdepth.tasks.open_run import saved_config
 
     def task_of(run_dir: Path):
-        cfg = Config.from_dict(saved_config(run_dir))
+        try:
+            cfg = Config.from_dict(saved_config(run_dir))
+        except ConfigError as e:  # a saved config this version cannot read: name the file
+            raise ConfigError(f"{run_dir / 'config.json'}: {e}", field=e.field) from None
         cfgs = trial_configs(cfg)
         cfg = cfgs[0] if len(cfgs) == 1 else cfg  # a solo run: {seed} paths as it trained
         return cfg, task_for(cfg), len(cfgs)
@@ -126,6 +129,7 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    from jaxdepth.errors import exit_process
+    from jaxdepth.errors import exit_process, quiet_interrupts
 
+    quiet_interrupts(__name__)  # a Ctrl-C while jax is imported: one line, not a traceback
     exit_process(main(sys.argv[1:]))

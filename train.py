@@ -36,8 +36,9 @@ def _train(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from jaxdepth.errors import exit_process
+    from jaxdepth.errors import exit_process, quiet_interrupts
     from jaxdepth.runtime import tune_malloc
 
+    quiet_interrupts(__name__)  # a Ctrl-C while jax is imported: one line, not a traceback
     tune_malloc()  # the process is ours: before jax allocates anything
     exit_process(main(sys.argv[1:]))

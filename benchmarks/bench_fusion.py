@@ -293,7 +293,7 @@ def grid_benchmark(args) -> dict:
     runs = two_ways(base, {"cached": ["--backbone", backbone],
                            "uncached": ["--backbone", backbone, "--finetune", "fusion.cache=false",
                                         *last_list(base, "--finetune")]},
-                    work, lambda out: fewshot_units(out / "results.jsonl"))
+                    work, lambda out: fewshot_units(out))
     speedup = runs["uncached"]["wall_s"] / runs["cached"]["wall_s"]
     same = runs["uncached"]["results"] == runs["cached"]["results"]
     apart = drift(runs["cached"]["results"], runs["uncached"]["results"])

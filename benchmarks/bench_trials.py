@@ -74,7 +74,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import json
 import shlex
 import statistics
 import sys
@@ -374,9 +373,10 @@ WAYS = {"sequential": ["--sequential"], "trials": []}
 def sweep_units(out: Path) -> dict:
     """{"pretrain L<d> s<seed>": {valid_ppl, valid_loss}, "finetune <task> L<d> s<seed>
     <init>": {dev_loss, id_accuracy, gen_accuracy, lexical, structural}} of a sweep directory."""
+    from jaxdepth.analysis.results import load_rows
+
     units = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in load_rows(out):
         if r["kind"] == "pretrain":
             units[f"pretrain L{r['depth']} s{r['seed']}"] = {
                 k: r[k] for k in ("valid_ppl", "valid_loss")}
@@ -411,7 +411,7 @@ def experiments(args, work: Path, report) -> dict:
         base = fewshot_grid_command(args.ner_dir, args.grid_extra)
         backbone = args.backbone or fewshot_backbone(base, work / "grid")
         out["grid"] = experiment("grid", base + ["--backbone", backbone], work,
-                                 lambda d: fewshot_units(d / "results.jsonl"), GRID_TARGET)
+                                 lambda d: fewshot_units(d), GRID_TARGET)
         out["grid"]["backbone"] = backbone
         report(out)
     if "slice" in args.parts:

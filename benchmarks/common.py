@@ -187,11 +187,12 @@ class TrainStep:
 
 # ----------------------------------------------------------------------------- experiments
 
-def fewshot_units(results: Path) -> dict:
+def fewshot_units(experiment: Path) -> dict:
     """{"method N=n trial=t": {best_dev_f1, test_f1, best_step}} of a few-shot grid's rows."""
+    from jaxdepth.analysis.results import load_rows
+
     out = {}
-    for line in Path(results).read_text().splitlines():
-        r = json.loads(line)
+    for r in load_rows(experiment):
         out[f"{r['method']} N={r['n_shot']} trial={r['seed']}"] = {
             k: r[k] for k in ("best_dev_f1", "test_f1", "best_step")}
     return out

@@ -82,8 +82,9 @@ def sweep45(out: Path, device: str | None, jobs: dict[str, dict]) -> dict | None
     wall, plan = load(out / "sweep45" / "wall.json"), load(out / "sweep45" / "sweep.json")
     if not wall or not plan:
         return None
-    rows = [json.loads(line) for line in (out / "sweep45" / "results.jsonl").read_text().splitlines()
-            if line.strip()] if (out / "sweep45" / "results.jsonl").exists() else []
+    from jaxdepth.analysis.results import load_rows
+
+    rows = load_rows(out / "sweep45")
     units = len(plan["seeds"]) * (len(plan["depths"]) * (1 + len(plan["tasks"]))
                                   + len(plan["scratch"]) * len(plan["tasks"]))
     return {"wall_s": wall["wall_s"], "seeds": len(plan["seeds"]), "depths": plan["depths"],

@@ -188,6 +188,25 @@ def run_main(body: Callable[[], int], debug: bool) -> int:
         return EXIT_RUN_FAILED if isinstance(e, RunFailed) else EXIT_USER_ERROR
 
 
+def _interrupted_outside_training(signum: int, frame) -> None:
+    name = signal.Signals(signum).name
+    print(f"{name}: stopped with no training step in progress, so nothing to save; rerun the "
+          f"same command to go on", file=sys.stderr, flush=True)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def quiet_interrupts(module_name: str) -> None:
+    """For a command's own process (its ``__main__``, before its heavy imports: jax takes
+    about a second to import): a Ctrl-C outside training (during start-up, data preparation,
+    between an experiment's units) is one line and death by SIGINT (130 in a shell), not a
+    KeyboardInterrupt traceback. Training installs its own handler (trainer/signals.py), which
+    stops after a step and saves it, and puts this one back when it ends. Does nothing when
+    the module is imported (a notebook, a test)."""
+    if module_name == "__main__" and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupted_outside_training)
+
+
 def exit_process(code: int) -> NoReturn:
     """End a command's process with `code` (its ``__main__``: the entry point owns the process).
 

@@ -174,6 +174,13 @@ def test_eval_on_a_run_without_a_checkpoint(tmp_path, eval_main, capsys):
     one_line_error(err, code, f"no complete checkpoint in {tmp_path / 'checkpoints'}")
 
 
+def test_eval_on_a_config_of_an_unknown_layout_names_the_file(tmp_path, eval_main, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"version": 999}))
+    code, _, err = call(eval_main, ["--run", tmp_path], capsys)
+    assert one_line_error(err, code, "") == (
+        f"config error: {tmp_path / 'config.json'}: version: must be 1, 2, 3, 4 or 5, got 999")
+
+
 @pytest.mark.fake_devices
 def test_a_flipped_bit_anywhere_is_caught_by_the_fingerprints():
     from jaxdepth.trainer.fingerprint import fingerprints, mismatches

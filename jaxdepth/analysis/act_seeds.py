@@ -14,6 +14,10 @@ Each run is a trials run (every ``trials/<k>/analysis/table1.json``) or a solo r
 """
 from __future__ import annotations
 
+from ..errors import quiet_interrupts
+
+quiet_interrupts(__name__)  # run as a command: before the imports that start jax
+
 import argparse
 import json
 import sys

@@ -112,7 +112,7 @@ def _save(fig, path) -> Path:
 
 def write_report(rows: Sequence[Mapping[str, Any]], out: str | Path) -> dict[str, Path]:
     if not rows:
-        raise FileNotFoundError("no finished units to report (results.jsonl is empty)")
+        raise FileNotFoundError("no finished units to report (no result in results/)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}

@@ -1,6 +1,7 @@
-"""Turn the depth sweep's `results.jsonl` into Table 3 and Figures 2-7 (Petty et al.).
+"""Turn the depth sweep's results into Table 3 and Figures 2-7 (Petty et al.).
 
-A sweep appends one JSON object per line to `results.jsonl`:
+A sweep writes one JSON object per finished unit, ``results/<unit>.json`` (a sweep of an
+earlier version appended them, one per line, to ``results.jsonl``; both are read):
 
   * ``kind="pretrain"``: one per (size_class, depth, seed): ``d_model``, ``d_ff``, ``params``,
     ``valid_ppl``, ``valid_loss``, ``step``, and ``grammatical`` on the embedded grammar.
@@ -16,9 +17,13 @@ Runs are resumable and append, so the same run can appear twice; `dedupe` keeps 
 Extra keys are ignored throughout. Confidence intervals are the 95% Student-t intervals of the
 mean over seeds (`exact_match.mean_ci95`); with a single seed the CI is None (blank in tables).
 
-CLI: ``python -m jaxdepth.analysis.report RESULTS.jsonl --out DIR``.
+CLI: ``python -m jaxdepth.analysis.report SWEEP_DIR --out DIR`` (or a results.jsonl).
 """
 from __future__ import annotations
+
+from ..errors import quiet_interrupts
+
+quiet_interrupts(__name__)  # run as a command: before the imports that start jax
 
 import argparse
 import csv
@@ -132,21 +137,26 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
         info = arch.get(key, {})
         p = ppl.get(key)
         ratio = info.get("ratio")
-        seeds = p["n"] if p else max((a[t][key]["n"] for a in (idacc, gen) for t in task_list
-                                      if key in a[t]), default="")
+        seeds = max(([p["n"]] if p else []) + [a[t][key]["n"] for a in (idacc, gen)
+                                               for t in task_list if key in a[t]], default="")
+
+        def cell(a, scale, digits):  # a sweep mid-way: a cell over fewer seeds says how many
+            fewer = "" if a["n"] == seeds else f" (n={a['n']})"
+            return _fmt(a["mean"], a["ci95"], scale, digits) + fewer
+
         md = [key[0], key[1], _fmt_int(info.get("d_model")), _fmt_int(info.get("d_ff")),
               _fmt_int(info.get("params")), "" if ratio is None else f"{ratio:.3f}",
-              seeds, "" if p is None else _fmt(p["mean"], p["ci95"], 1, 2)]
+              seeds, "" if p is None else cell(p, 1, 2)]
         cs = [key[0], key[1], info.get("d_model"), info.get("d_ff"), info.get("params"), ratio]
         cs += _stat_cells(p)
         if gram:
             g = gram.get(key)
-            md.append("" if g is None else _fmt(g["mean"], g["ci95"], 100.0, 1))
+            md.append("" if g is None else cell(g, 100.0, 1))
             cs += _stat_cells(g)
         for table, scale, digits in ((gen, 100.0, 1), (idacc, 100.0, 1), (idloss, 1.0, 3)):
             for t in task_list:
                 a = table[t].get(key)
-                md.append("" if a is None else _fmt(a["mean"], a["ci95"], scale, digits))
+                md.append("" if a is None else cell(a, scale, digits))
                 cs += _stat_cells(a)
         md_lines.append(md)
         csv_lines.append(cs)
@@ -201,8 +211,8 @@ def equal_loss_table(rows: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
 # Report
 
 
-def write_report(results_path: str | Path, out_dir: str | Path) -> dict[str, Path]:
-    """Read, dedupe and write every table and figure of the sweep into `out_dir`.
+def write_report(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> dict[str, Path]:
+    """Dedupe the sweep's rows and write every table and figure of them into `out_dir`.
 
     Writes ``table3.md/.csv`` (init="final"), ``table3_matched.md/.csv`` and
     ``table3_scratch.md/.csv`` if matched or from-scratch rows exist,
@@ -211,7 +221,7 @@ def write_report(results_path: str | Path, out_dir: str | Path) -> dict[str, Pat
     ``fig4_...``, ``fig5_...`` when lexical/structural data exist, ``fig6_...`` when matched rows
     exist, ``fig7b_...`` when equal_loss rows exist). Returns {file name: path}.
     """
-    rows = dedupe(load_rows(results_path))
+    rows = dedupe(rows)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
@@ -270,15 +280,15 @@ def write_report(results_path: str | Path, out_dir: str | Path) -> dict[str, Pat
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxdepth.analysis.report",
-        description="Tables (Markdown, CSV) and figures (PNG) of a depth sweep's results.jsonl.")
-    parser.add_argument("results", help="results.jsonl written by the sweep")
+        description="Tables (Markdown, CSV) and figures (PNG) of a depth sweep's results.")
+    parser.add_argument("results", help="the sweep's directory (or a results.jsonl)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an error as well as its one line")
     args = parser.parse_args(argv)
 
     def body() -> int:
-        written = write_report(args.results, args.out)
+        written = write_report(load_rows(args.results), args.out)
         for name in sorted(written):
             print(written[name])
         return 0

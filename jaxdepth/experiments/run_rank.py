@@ -5,6 +5,10 @@ analysis/rank.py), for any checkpoint of a decoder run:
 """
 from __future__ import annotations
 
+from ..errors import quiet_interrupts
+
+quiet_interrupts(__name__)  # run as a command: before the imports that start jax
+
 import argparse
 import sys
 from pathlib import Path

@@ -3,7 +3,10 @@
 `--workers N` starts each group of a stage (a depth's pretraining or fine-tuning on a task;
 with --sequential one seed of it) as `python -m jaxdepth.experiments.depth_sweep run --out DIR
 --group NAME`, at most N at once in the stage's order, its output in DIR/logs/NAME.log. Each
-appends its own rows to DIR/results.jsonl (under a file lock). Workers get XLA's one-thread
+writes its units' results (DIR/results/<unit>.json). A worker stops with a save when its parent
+dies, and the parent forwards SIGTERM and SIGINT to its workers (_Forward); the workers stay in
+the parent's process group, so a terminal's Ctrl-C or `kill -STOP` reaches them all. Workers
+get XLA's one-thread
 flags (ONE_THREAD), which jax 0.10 follows for its Eigen ops but not for its matmuls: those
 still use every core. So unpinned workers share the cores and compute what one process does,
 but for the last bits of some Eigen ops; with `pin` each keeps to a core of its own, with one
@@ -13,27 +16,47 @@ measurements). A run resumes bit for bit only as it started, pinned or not.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from ..config import ConfigError
-from ..errors import RunFailed
+from ..errors import Interrupted, RunFailed
 
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 # The core a pinned worker keeps to. XLA's CPU client sizes its thread pool by the cores the
 # process may run on; with ONE_THREAD alone a worker's matmul loop ran at 180% CPU on 2 cores.
 CPU_ENV = "JAXDEPTH_WORKER_CPU"
+# The parent's pid: a worker stops when it is gone (as_worker).
+PARENT_ENV = "JAXDEPTH_WORKER_PARENT"
 
 
-def pin_worker() -> None:
+def as_worker() -> None:
     """In a worker, before XLA starts: keep to the one core the parent gave it (the parent
-    names one only where check_workers found sched_setaffinity)."""
+    names one only where check_workers found sched_setaffinity), and stop as on SIGTERM (a
+    save and exit 3 while training) when the parent dies, however it dies: a worker left
+    training unsupervised would hold its unit's lock against the rerun."""
     cpu = os.environ.get(CPU_ENV)
     if cpu is not None:
         os.sched_setaffinity(0, {int(cpu)})
+    parent = os.environ.get(PARENT_ENV)
+    if parent is not None:
+        threading.Thread(target=_watch_parent, args=(int(parent),), daemon=True,
+                         name="parent-watch").start()
+
+
+def _watch_parent(parent: int) -> None:
+    """SIGTERM to this process, once, when its parent is gone (it is then re-parented).
+    A watch rather than Linux's parent-death signal, which comes once per thread of a
+    multi-threaded parent as they die (jax's parent has many), a second SIGTERM that would
+    stop the worker without its save."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _cores(n: int) -> list[int]:
@@ -72,6 +95,7 @@ def _start(out: Path, name: str, flags: list[str], cpu: int | None
     env.pop(CPU_ENV, None)  # a worker started unpinned must not inherit a core
     if cpu is not None:
         env[CPU_ENV] = str(cpu)
+    env[PARENT_ENV] = str(os.getpid())
     cmd = [sys.executable, "-m", "jaxdepth.experiments.depth_sweep", "run", "--out", str(out),
            "--group", name, *flags]
     with open(log, "a") as f:
@@ -83,34 +107,101 @@ def _last_line(log: Path) -> str:
     return lines[-1] if lines else "(no output)"
 
 
+class _Forward:
+    """SIGTERM and SIGINT to the parent while its workers run: the first stops every running
+    worker as that signal would stop a run (SIGTERM to each: it saves its step and exits 3)
+    and starts no other; the same signal again stops them at once, without saving. The
+    workers stay in the parent's process group, so a Ctrl-C in the terminal reaches them
+    directly too, and `kill -STOP -- -PGID` pauses the whole sweep."""
+
+    def __init__(self, running: dict) -> None:
+        self.running, self.signum, self.again = running, 0, False
+        self._previous: dict = {}
+
+    def __enter__(self) -> "_Forward":
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, previous in self._previous.items():
+            signal.signal(s, signal.SIG_DFL if previous is None else previous)
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if not self.signum:
+            self.signum = signum
+            print(f"{name}: stopping the running units {', '.join(self.running) or '(none)'} "
+                  f"after their current step, once each has saved it (send it again to stop "
+                  f"them at once, without saving)", file=sys.stderr, flush=True)
+        elif signum == self.signum and not self.again:
+            self.again = True
+            print(f"{name} again: stopping the running units at once, without saving",
+                  file=sys.stderr, flush=True)
+        else:
+            return
+        for proc, *_ in self.running.values():
+            proc.send_signal(signal.SIGTERM)
+
+
+_STOPPED = re.compile(r"^stopped at step (\d+) by SIG\w+: checkpoint of step \d+ saved")
+
+
+def _how_it_stopped(proc: subprocess.Popen, log: Path) -> str:
+    """A worker stopped by a signal the parent forwarded, in a few words."""
+    code = proc.returncode
+    if code == 0:
+        return "finished"
+    if code == 3:
+        last = next((m for line in reversed(log.read_text(errors="replace").splitlines())
+                     if (m := _STOPPED.match(line))), None)
+        return f"step {last.group(1)} saved" if last else "stopped, its step saved"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}, nothing in progress saved"
+    return f"exit {code}: {_last_line(log)}"
+
+
 def run_groups(out: Path, names: list[str], n: int, pin: bool, flags: list[str]) -> None:
     """Run the named groups of one stage, n at a time (each on a core of its own if `pin`),
     each with the command-line `flags`; return when all are done. A group that fails lets the
-    running ones finish, starts no other, and raises RunFailed naming it."""
-    waiting, running, failed = list(names), {}, []
+    running ones finish, starts no other, and raises RunFailed naming it. SIGTERM or SIGINT
+    stops the running ones, each with a save (_Forward), and raises Interrupted naming them."""
+    waiting, running, failed, stopped = list(names), {}, [], []
     free = _cores(n) if pin else [None] * n
-    try:
-        while waiting or running:
-            while waiting and len(running) < n and not failed:
-                name, cpu = waiting.pop(0), free.pop(0)
-                running[name] = (*_start(out, name, flags, cpu), time.perf_counter(), cpu)
-                print(f"{name}: started (log {running[name][1]})", flush=True)
-            time.sleep(0.5)
-            for name, (proc, log, t0, cpu) in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                del running[name]
-                free.append(cpu)
-                if proc.returncode:
-                    failed.append(f"{name} (exit {proc.returncode}: {_last_line(log)}; log {log})")
-                else:
-                    print(f"{name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
-            if failed and not running:
-                break
-    finally:  # interrupted: each worker saves its step and stops (trainer/signals.py)
-        for proc, *_ in running.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc, *_ in running.values():
-            proc.wait()
+    with _Forward(running) as stop:
+        try:
+            while waiting or running:
+                while waiting and len(running) < n and not failed and not stop.signum:
+                    name, cpu = waiting.pop(0), free.pop(0)
+                    running[name] = (*_start(out, name, flags, cpu), time.perf_counter(), cpu)
+                    print(f"{name}: started (log {running[name][1]})", flush=True)
+                time.sleep(0.5)
+                for name, (proc, log, t0, cpu) in list(running.items()):
+                    if proc.poll() is None:
+                        continue
+                    del running[name]
+                    free.append(cpu)
+                    if stop.signum:
+                        stopped.append(f"{name} ({_how_it_stopped(proc, log)})")
+                    elif proc.returncode:
+                        failed.append(f"{name} (exit {proc.returncode}: {_last_line(log)}; "
+                                      f"log {log})")
+                    else:
+                        print(f"{name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+                if (failed or stop.signum) and not running:
+                    break
+        finally:  # an error of the parent's own: each worker saves its step and stops
+            for proc, *_ in running.values():
+                proc.send_signal(signal.SIGTERM)
+            for proc, *_ in running.values():
+                proc.wait()
+    if stop.again:  # as a run stopped twice: the process dies by the signal
+        signal.signal(stop.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), stop.signum)
+    if stop.signum:
+        raise Interrupted(f"stopped by {signal.Signals(stop.signum).name}: "
+                          f"{'; '.join(stopped) or 'no unit was running'}; rerun the same "
+                          f"command to resume")
     if failed:
         raise RunFailed(f"{'; '.join(failed)}; run the command again to resume")

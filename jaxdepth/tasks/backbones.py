@@ -26,6 +26,7 @@ from ..models.backbone import strip_to_backbone
 from ..models.encoder import Encoder
 from ..models.fused import FusedModel
 from ..models.fusions import fusion_method
+from ..data.download import registered_model, verify_pretrained
 from ..models.hf_import import CONFIG_FILE, config_from_hf, load_hf_encoder
 from .task_base import TaskBase
 from .registry import load_model, task_for
@@ -76,6 +77,8 @@ def load_backbone(cfg: Config, mesh) -> tuple[eqx.Module, eqx.Module | None, int
     """(backbone with task.init_from's weights, its trained MLM head or None, step or None)."""
     src = cfg.task.init_from
     if is_hf_dir(src):
+        if (name := registered_model(src)) is not None:  # the downloader's: its bytes, checked
+            verify_pretrained(src, name)
         with _hf_errors(src):
             encoder, _, _ = load_hf_encoder(src)
         return encoder, None, None

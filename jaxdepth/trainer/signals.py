@@ -14,8 +14,8 @@ from jax.experimental import multihost_utils
 
 class StopSignals:
     """SIGTERM (a cluster's preemption) and SIGINT (Ctrl-C) while training: the first asks the
-    loop to stop after the step in progress and save it (``signum`` is then set); a second
-    exits at once, without saving, by the signal's default action. Installed only on the main
+    loop to stop after the step in progress and save it (``signum`` is then set); the same
+    signal again exits at once, without saving, by the signal's default action. Installed only on the main
     thread (the only one Python lets set handlers); the previous handlers come back on exit."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -39,6 +39,12 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
+        if self.signum and self.signum != signum:
+            # Another signal asking for the same stop: a Ctrl-C reaches a sweep's workers from
+            # the terminal and again as the SIGTERM their parent forwards (experiments/workers).
+            print(f"{name}: already stopping after the current step "
+                  f"({signal.Signals(self.signum).name})", file=sys.stderr, flush=True)
+            return
         if self.signum:
             print(f"{name} again: exiting at once, without saving", file=sys.stderr, flush=True)
             signal.signal(signum, signal.SIG_DFL)

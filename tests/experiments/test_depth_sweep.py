@@ -25,12 +25,17 @@ def _jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _results(out):
+    """The sweep's rows, one file per finished unit."""
+    return [json.loads(p.read_text()) for p in sorted((out / "results").glob("*.json"))]
+
+
 @pytest.mark.slow
 def test_sweep_end_to_end(tmp_path, capsys):
     out = tmp_path / "sweep"
     sweep = Sweep.open(out, PLAN)
     sweep.run()
-    rows = _jsonl(out / "results.jsonl")
+    rows = _results(out)
     family = depth_family("tiny")
     pre = {r["depth"]: r for r in rows if r["kind"] == "pretrain"}
     assert sorted(pre) == [1, 2]
@@ -64,7 +69,7 @@ def test_sweep_end_to_end(tmp_path, capsys):
     mngr.close()
     assert saved == [4, 8, 12]  # every checkpoint kept, each with a validation perplexity
     want = next((s for s in saved if logged[s] <= ref), None)
-    matched = {r["depth"]: r for r in _jsonl(out / "results.jsonl")
+    matched = {r["depth"]: r for r in _results(out)
                if r["kind"] == "finetune" and r["init"] == "matched"}
     assert matched[1]["init_step"] == 12
     if want is None:
@@ -78,7 +83,7 @@ def test_sweep_end_to_end(tmp_path, capsys):
                   _jsonl(out / "finetune" / "passivization" / f"L{d}-s0" / "evals.jsonl")]
               for d in (1, 2)}
     threshold = max(min(v for _, v in c) for c in curves.values())
-    eq = {r["depth"]: r for r in _jsonl(out / "results.jsonl") if r["kind"] == "equal_loss"}
+    eq = {r["depth"]: r for r in _results(out) if r["kind"] == "equal_loss"}
     for d, c in curves.items():
         assert eq[d]["threshold"] == pytest.approx(threshold)
         assert eq[d]["step"] == next(s for s, v in c if v <= threshold)
@@ -95,10 +100,10 @@ def test_sweep_end_to_end(tmp_path, capsys):
     assert "fresh weights" in (out / "report" / "table3_scratch.md").read_text()
 
     # reruns are no-ops; another plan for the same directory is refused
-    n = len(_jsonl(out / "results.jsonl"))
+    n = len(_results(out))
     capsys.readouterr()
     assert main(["run", "--out", str(out)]) == 0
-    assert len(_jsonl(out / "results.jsonl")) == n
+    assert len(_results(out)) == n
     # 2 pretrainings, 2 fine-tunings and 1 control: said, not silent
     assert f"all 5 units of {out} are done" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="seeds"):
@@ -126,9 +131,9 @@ def test_a_resumed_finetuning_unit_records_the_step_it_started_from(tmp_path, mo
         Sweep.open(out, plan).run()
     monkeypatch.setattr(Sweep, "finetune_config", whole)
     Sweep.open(out, None).run()  # resumes the unit from its step 2
-    rows = _jsonl(out / "results.jsonl")
-    assert [(r["kind"], r["step"] if r["kind"] == "pretrain" else r["init_step"])
-            for r in rows] == [("pretrain", 4), ("finetune", 4)]
+    rows = _results(out)
+    assert sorted((r["kind"], r["step"] if r["kind"] == "pretrain" else r["init_step"])
+                  for r in rows) == [("finetune", 4), ("pretrain", 4)]
 
 
 def test_a_sweep_on_a_directory_in_use_is_one_line(tmp_path, capsys):

@@ -144,7 +144,7 @@ def _key(cfg):
 
 
 def _lines(exp: Experiment) -> list[dict]:
-    return [json.loads(line) for line in exp.results.read_text().splitlines() if line.strip()]
+    return [json.loads(p.read_text()) for p in sorted(exp.results.glob("*.json"))]
 
 
 @pytest.fixture
@@ -187,7 +187,8 @@ def test_results_hold_what_each_unit_wrote(finished):
     exp, fake = finished
     lines = _lines(exp)
     assert len(lines) == 16
-    assert [(r["method"], r["mode"], r["n_shot"], r["seed"]) for r in lines] == _all_units()
+    assert (sorted((r["method"], r["mode"], r["n_shot"], r["seed"]) for r in lines)
+            == sorted(_all_units()))
     runs = {_key(c): c.run.dir for c in fake.cfgs}
     for r in lines:
         key = (r["method"], r["mode"], r["n_shot"], r["seed"])
@@ -203,13 +204,13 @@ def test_results_hold_what_each_unit_wrote(finished):
 
 def test_second_run_trains_nothing_and_adds_no_row(finished, tmp_path, ner_dir, monkeypatch):
     exp, _ = finished
-    before = exp.results.read_text()
+    before = {p.name: p.read_text() for p in exp.results.iterdir()}
     again = FakeTrain()
     monkeypatch.setattr(ff, "_timed", again)
     Experiment.open(tmp_path / "exp", _plan(ner_dir)).run()
     Experiment.open(tmp_path / "exp", None).run()  # the saved plan, as `run --out DIR`
     assert again.cfgs == []
-    assert exp.results.read_text() == before
+    assert {p.name: p.read_text() for p in exp.results.iterdir()} == before
 
 
 def test_interrupted_run_resumes_with_only_the_missing_units(tmp_path, ner_dir, monkeypatch):
@@ -227,7 +228,8 @@ def test_interrupted_run_resumes_with_only_the_missing_units(tmp_path, ner_dir, 
     Experiment.open(out, _plan(ner_dir)).run()
     assert [_key(c) for c in fake.cfgs] == _all_units()[k:]
     lines = _lines(exp)
-    assert [(r["method"], r["mode"], r["n_shot"], r["seed"]) for r in lines] == _all_units()
+    assert (sorted((r["method"], r["mode"], r["n_shot"], r["seed"]) for r in lines)
+            == sorted(_all_units()))
     assert all(r["test_f1"] == test_f1(r["method"], r["mode"], r["n_shot"], r["seed"])
                for r in lines)
 
@@ -313,7 +315,7 @@ def test_interrupted_pretraining_runs_again(tmp_path, ner_dir, monkeypatch):
                 pretrain=PRESETS["miniature"]["pretrain"])
     with pytest.raises(RuntimeError):
         Experiment.open(out, plan).run()
-    assert (out / "pretrain_corpus.txt").is_file() and not (out / "results.jsonl").exists()
+    assert (out / "pretrain_corpus.txt").is_file() and not (out / "results").exists()
     fake = FakeTrain()
     monkeypatch.setattr(ff, "_timed", fake)
     Experiment.open(out, plan).run()

@@ -22,7 +22,7 @@ PLAN = ["--size", "tiny", "--depths", "1,2", "--seeds", "0", "--tasks", "passivi
 
 
 def _rows(out):
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    rows = [json.loads(p.read_text()) for p in (out / "results").glob("*.json")]
     return {(r["kind"], r["depth"]): r for r in rows}
 
 
@@ -106,7 +106,7 @@ def test_a_worker_keeps_to_the_core_its_parent_gave_it():
     from jaxdepth.experiments import workers
 
     cpu = max(os.sched_getaffinity(0))
-    code = ("from jaxdepth.experiments.workers import pin_worker; import os; pin_worker(); "
+    code = ("from jaxdepth.experiments.workers import as_worker; import os; as_worker(); "
             "print(sorted(os.sched_getaffinity(0)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, workers.CPU_ENV: str(cpu)}).stdout
@@ -175,7 +175,7 @@ def test_a_worker_pins_itself_before_its_group_runs(tmp_path, monkeypatch):
     from jaxdepth.experiments import workers
 
     order = []
-    monkeypatch.setattr(workers, "pin_worker", lambda: order.append("pin"))
+    monkeypatch.setattr(workers, "as_worker", lambda: order.append("pin"))
     monkeypatch.setattr(Sweep, "run", lambda self, group: order.append(f"run {group}"))
     assert main(["run", "--out", str(tmp_path / "s"), "--group", "pretrain-L1", *PLAN]) == 0
     assert order == ["pin", "run pretrain-L1"]

@@ -117,6 +117,34 @@ print("not reached", flush=True)
         "SIGTERM again: exiting at once, without saving"]
 
 
+def test_another_signal_while_stopping_is_the_same_stop():
+    """A Ctrl-C reaches a sweep's worker from the terminal, then as the SIGTERM its parent
+    forwards: still the one stop with its save; only the same signal again exits at once."""
+    script = """
+import os, signal, time
+from jaxdepth.trainer.signals import StopSignals
+
+with StopSignals() as stop:
+    os.kill(os.getpid(), signal.SIGINT)
+    while not stop.signum:
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.5)
+    print("stopping on", stop.signum, flush=True)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(60)
+"""
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                         text=True, env=subprocess_env(), timeout=240)
+    assert res.returncode == -signal.SIGINT, res.stderr[-3000:]
+    assert res.stdout.splitlines() == [f"stopping on {int(signal.SIGINT)}"]
+    assert res.stderr.splitlines() == [
+        "SIGINT: stopping after the current step, once its checkpoint is saved (send it again "
+        "to exit at once, without saving)",
+        "SIGTERM: already stopping after the current step (SIGINT)",
+        "SIGINT again: exiting at once, without saving"]
+
+
 def _train_py(tokenizer, run, prelude: str, steps: int,
               cache_dir=None) -> subprocess.CompletedProcess:
     """train.py run as its own __main__, for `steps` steps, in a process that first runs
