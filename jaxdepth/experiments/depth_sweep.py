@@ -319,7 +319,7 @@ class Sweep(PlannedExperiment):
                          "params": param_count(cfg.model), "valid_ppl": s["valid_ppl"],
                          "valid_loss": s["valid_loss"], "step": s["step"],
                          "grammatical": s.get("grammatical"),  # embedded grammar only
-                         "run_dir": str(cfg.run.dir)})
+                         "run_dir": self.relative(cfg.run.dir)})
 
         self._as_trials(f"pretrain L{depth}", {s: self.pretrain_config(depth, s) for s in todo},
                         {s: self.pretrain_dir(depth, s) for s in todo}, pretrained)
@@ -361,7 +361,7 @@ class Sweep(PlannedExperiment):
                 "dev_loss": s["dev_loss"],
                 **{k: s.get(k) for k in ("id_accuracy", "gen_accuracy", "lexical", "structural",
                                          "by_type")},
-                "unk_examples": s["unk"]["examples_with_unk"], "run_dir": str(run_dir)}
+                "unk_examples": s["unk"]["examples_with_unk"], "run_dir": self.relative(run_dir)}
 
     def finetune(self, task: str, depth: int, seed: int, init: str, init_step: int) -> dict:
         from ..tasks import train

@@ -189,7 +189,7 @@ class Experiment(PlannedExperiment):
                "best_dev_f1": rep["best_dev_f1"], "test_f1": rep["test_f1_at_best"],
                "best_step": rep["best_step"], "train_sentences": rep["train_sentences"],
                "curve": [[r["step"], r["dev_f1"], r["test_f1"]] for r in rep["curve"]],
-               "run": cfg.run.dir}
+               "run": self.relative(cfg.run.dir)}
         self.record(self.unit(row), row)
 
 

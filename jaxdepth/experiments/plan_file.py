@@ -68,7 +68,7 @@ def provenance() -> dict:
     pinned = os.environ.get(CPU_ENV)
     return {"commit": _commit(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
             "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
-            "device_count": jax.device_count(), "cpu": _cpu_model(), "host": platform.node(),
+            "device_count": jax.device_count(), "cpu": _cpu_model(),
             "cores": cores, "pinned_cpu": None if pinned is None else int(pinned),
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
@@ -132,6 +132,12 @@ class PlannedExperiment:
         self.results.mkdir(parents=True, exist_ok=True)
         write_whole(self.results / f"{unit}.json",
                     json.dumps({**row, "provenance": provenance()}, indent=1) + "\n")
+
+    def relative(self, run_dir) -> str:
+        """A unit's run directory as its row records it: relative to the experiment's, so
+        that rows stay true when the directory moves (or are kept elsewhere, as the docs'
+        per-seed rows are)."""
+        return Path(run_dir).relative_to(self.out).as_posix()
 
     def set_aside(self) -> None:
         """Before a run: every damaged result record moved aside, bytes kept, so that its unit

@@ -198,7 +198,7 @@ def test_results_hold_what_each_unit_wrote(finished):
         assert r["best_step"] == 20 + key[3]
         assert r["train_sentences"] == 3 * key[2]
         assert r["curve"] == [[c["step"], c["dev_f1"], c["test_f1"]] for c in curve(*key)]
-        assert r["run"] == runs[key]
+        assert exp.out / r["run"] == Path(runs[key])  # relative to the experiment
     assert sorted(map(json.dumps, exp.rows())) == sorted(map(json.dumps, lines))
 
 

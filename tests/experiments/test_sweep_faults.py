@@ -37,10 +37,8 @@ needs_two_cores = pytest.mark.skipif(
 
 
 def _numbers(out: Path) -> dict:
-    """Each unit's numbers (provenance aside: the pinned core may differ), its run directory
-    relative to the sweep's."""
-    return {Sweep.unit(r): {k: (str(Path(v).relative_to(out)) if k == "run_dir" else v)
-                            for k, v in r.items() if k != "provenance"}
+    """Each unit's numbers (provenance aside: the pinned core may differ)."""
+    return {Sweep.unit(r): {k: v for k, v in r.items() if k != "provenance"}
             for r in load_rows(out)}
 
 
