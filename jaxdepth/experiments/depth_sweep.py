@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .plan_file import PlannedExperiment
 from ..errors import RunFailed, run_main
@@ -131,6 +131,16 @@ def _nested(flat: dict) -> dict:
         sec, _, name = key.partition(".")
         out.setdefault(sec, {})[name] = value
     return out
+
+
+class Group(NamedTuple):
+    """One program of a plan: its name (``--group``), what it trains, the units whose results
+    it writes, and the groups that must be done before it starts."""
+
+    name: str
+    train: Callable[[], None]
+    units: tuple[str, ...]
+    after: tuple[str, ...]
 
 
 class Sweep(PlannedExperiment):
@@ -244,62 +254,63 @@ class Sweep(PlannedExperiment):
         for seed, s in zip(seeds, summaries):
             on_done(seed, s)
 
-    def stages(self) -> list[list[tuple[str, Callable[[], None]]]]:
-        """The plan's units as two stages of named groups, each group one program: every
-        depth's pretraining, then every fine-tuning, which reads the pretrained runs. A group
-        is a depth's seeds as trials, or with `sequential` one seed (so that --workers can
-        spread a depth's seeds over its processes). The groups of a stage are independent of
-        each other, deepest first: on the CPU a family's deeper member is the slower one at
-        equal size, and a pool of workers ends a stage sooner when it starts the longest first."""
+    def schedule(self) -> list[Group]:
+        """The plan's groups of units, each one program, in the order they start. A group is
+        a depth's seeds as trials, or with `sequential` one seed's unit (so that --workers
+        can spread them over its processes). With `sequential` the plan goes seed by seed
+        (a seed's pretrainings, then its fine-tunings), so that a seed's units finish
+        together and a long sweep interrupted for good loses only the seeds in flight;
+        without, every depth's pretraining comes before every fine-tuning. A fine-tuning
+        group runs after the pretraining it starts from (from fresh weights too: it takes
+        that run's tokenizer). Deepest first: on the CPU a family's deeper member is the
+        slower one at equal size, and a pool of workers ends sooner starting the longest."""
         p = self.plan
         depths = sorted(p.family, reverse=True)
-        groups = [[s] for s in p.seeds] if self.sequential else [list(p.seeds)]
-
-        def name(stem: str, group: list[int], suffix: str = "") -> str:
-            return stem + (f"-s{group[0]}" if self.sequential else "") + suffix
-
-        pretrain = [(name(f"pretrain-L{d}", g), functools.partial(self.pretrain_seeds, d, g))
-                    for d in depths for g in groups]
-        finetune = []
-        for d in depths:
-            finetune += [(name(f"finetune-{task}-L{d}", g),
-                          functools.partial(self.finetune_seeds, task, d, "final", g))
-                         for task in p.tasks for g in groups]
-            if d in p.scratch:
-                finetune += [(name(f"finetune-{task}-L{d}", g, "-scratch"),
-                              functools.partial(self.finetune_seeds, task, d, "scratch", g))
-                             for task in p.tasks for g in groups]
-        return [pretrain, finetune]
+        schedule = []
+        for g in [[s] for s in p.seeds] if self.sequential else [list(p.seeds)]:
+            at = f"-s{g[0]}" if self.sequential else ""
+            pretrain = {d: Group(f"pretrain-L{d}{at}", functools.partial(self.pretrain_seeds, d, g),
+                                 tuple(self.unit(dict(kind="pretrain", depth=d, seed=s))
+                                       for s in g), ()) for d in depths}
+            schedule += pretrain.values()
+            for d in depths:
+                for init in ("final", "scratch") if d in p.scratch else ("final",):
+                    schedule += [Group(
+                        f"finetune-{task}-L{d}{at}" + ("-scratch" if init == "scratch" else ""),
+                        functools.partial(self.finetune_seeds, task, d, init, g),
+                        tuple(self.unit(dict(kind="finetune", task=task, depth=d, seed=s,
+                                             init=init)) for s in g),
+                        (pretrain[d].name,)) for task in p.tasks]
+        return schedule
 
     def groups(self) -> list[str]:
-        """The names of the plan's groups, stage by stage."""
-        return [name for stage in self.stages() for name, _ in stage]
+        """The names of the plan's groups, in the order they start."""
+        return [g.name for g in self.schedule()]
 
     def units(self) -> list[str]:
-        """The names of the units `run` trains (the result files it writes), in stage order."""
-        p = self.plan
-        key = [dict(kind="pretrain", depth=d, seed=s) for d in p.family for s in p.seeds]
-        for d in p.family:
-            key += [dict(kind="finetune", task=t, depth=d, seed=s, init=init)
-                    for init in ("final", "scratch") if init == "final" or d in p.scratch
-                    for t in p.tasks for s in p.seeds]
-        return [self.unit(k) for k in key]
+        """The names of the units `run` trains (the result files it writes), in the order
+        they start."""
+        return [u for g in self.schedule() for u in g.units]
 
     def run(self, group: str = "") -> None:
         """Every unit not done yet; `group` names the one group to run (a worker's share)."""
         if not group:  # the parent, before any worker starts
             self.set_aside()
         ran, rows = self.units_run, len(self.rows())
-        for stage in self.stages():
-            if group:
-                stage = [(name, fn) for name, fn in stage if name == group]
-            if self.workers > 1 and not group:
-                from .workers import run_groups
-                run_groups(self.out, [name for name, _ in stage], self.workers, self.pin,
-                           ["--sequential"] if self.sequential else [])
-            else:
-                for _, fn in stage:
-                    fn()
+        schedule = self.schedule()
+        if group:
+            next(g for g in schedule if g.name == group).train()
+        elif self.workers > 1:
+            from .workers import run_groups
+            done = {self.unit(r) for r in self.rows()}
+            todo = [g for g in schedule if not set(g.units) <= done]
+            names = {g.name for g in todo}
+            run_groups(self.out, [(g.name, tuple(a for a in g.after if a in names))
+                                  for g in todo], self.workers, self.pin,
+                       ["--sequential"] if self.sequential else [])
+        else:
+            for g in schedule:
+                g.train()
         if not group and self.units_run == ran and len(self.rows()) == rows:
             print(f"all {len(self.units())} units of {self.out} are done (results/); nothing "
                   f"to run", flush=True)

@@ -1,17 +1,18 @@
-"""An experiment's independent groups of units, trained N at a time in processes of their own.
+"""An experiment's groups of units, trained N at a time in processes of their own.
 
-`--workers N` starts each group of a stage (a depth's pretraining or fine-tuning on a task;
+`--workers N` starts each group of the plan (a depth's pretraining or fine-tuning on a task;
 with --sequential one seed of it) as `python -m jaxdepth.experiments.depth_sweep run --out DIR
---group NAME`, at most N at once in the stage's order, its output in DIR/logs/NAME.log. Each
-writes its units' results (DIR/results/<unit>.json). A worker stops with a save when its parent
-dies, and the parent forwards SIGTERM and SIGINT to its workers (_Forward); the workers stay in
-the parent's process group, so a terminal's Ctrl-C or `kill -STOP` reaches them all. Workers
-get XLA's one-thread
-flags (ONE_THREAD), which jax 0.10 follows for its Eigen ops but not for its matmuls: those
-still use every core. So unpinned workers share the cores and compute what one process does,
-but for the last bits of some Eigen ops; with `pin` each keeps to a core of its own, with one
-core's rounding, which is what makes a second worker pay on a small CPU (docs/depth.md, the
-measurements). A run resumes bit for bit only as it started, pinned or not.
+--group NAME`, at most N at once, each once the groups it needs are done (a fine-tuning after
+its pretraining), its output in DIR/logs/NAME.log. Each writes its units' results
+(DIR/results/<unit>.json). A worker stops with a save when its parent dies, and the parent
+forwards SIGTERM and SIGINT to its workers (_Forward); the workers stay in the parent's
+process group, so a terminal's Ctrl-C or `kill -STOP` reaches them all. Workers get XLA's
+one-thread flags (ONE_THREAD), which jax 0.10 follows for its Eigen ops but not for its
+matmuls: those still use every core. So unpinned workers share the cores and compute what
+one process does, but for the last bits of some Eigen ops; with `pin` each keeps to a core of
+its own, with one core's rounding, which is what makes a second worker pay on a small CPU
+(docs/depth.md, the measurements). A run resumes bit for bit only as it started, pinned or
+not.
 """
 from __future__ import annotations
 
@@ -162,18 +163,25 @@ def _how_it_stopped(proc: subprocess.Popen, log: Path) -> str:
     return f"exit {code}: {_last_line(log)}"
 
 
-def run_groups(out: Path, names: list[str], n: int, pin: bool, flags: list[str]) -> None:
-    """Run the named groups of one stage, n at a time (each on a core of its own if `pin`),
-    each with the command-line `flags`; return when all are done. A group that fails lets the
-    running ones finish, starts no other, and raises RunFailed naming it. SIGTERM or SIGINT
-    stops the running ones, each with a save (_Forward), and raises Interrupted naming them."""
-    waiting, running, failed, stopped = list(names), {}, [], []
+def run_groups(out: Path, groups: list[tuple[str, tuple[str, ...]]], n: int, pin: bool,
+               flags: list[str]) -> None:
+    """Run the named groups, each after the groups it names (every one of them in `groups`),
+    n at a time (each on a core of its own if `pin`), each with the command-line `flags`, the
+    first ready one in list order next; return when all are done. A group that fails lets
+    the running ones finish, starts no other, and raises RunFailed naming it. SIGTERM or
+    SIGINT stops the running ones, each with a save (_Forward), and raises Interrupted naming
+    them."""
+    waiting, running, finished, failed, stopped = list(groups), {}, set(), [], []
     free = _cores(n) if pin else [None] * n
     with _Forward(running) as stop:
         try:
             while waiting or running:
-                while waiting and len(running) < n and not failed and not stop.signum:
-                    name, cpu = waiting.pop(0), free.pop(0)
+                while len(running) < n and not failed and not stop.signum:
+                    ready = next((g for g in waiting if set(g[1]) <= finished), None)
+                    if ready is None:
+                        break
+                    waiting.remove(ready)
+                    name, cpu = ready[0], free.pop(0)
                     running[name] = (*_start(out, name, flags, cpu), time.perf_counter(), cpu)
                     print(f"{name}: started (log {running[name][1]})", flush=True)
                 time.sleep(0.5)
@@ -188,6 +196,7 @@ def run_groups(out: Path, names: list[str], n: int, pin: bool, flags: list[str])
                         failed.append(f"{name} (exit {proc.returncode}: {_last_line(log)}; "
                                       f"log {log})")
                     else:
+                        finished.add(name)
                         print(f"{name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
                 if (failed or stop.signum) and not running:
                     break

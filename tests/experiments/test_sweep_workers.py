@@ -48,27 +48,61 @@ def test_two_workers_give_the_rows_of_one_process(tmp_path, capsys):
     assert "nothing to run" in capsys.readouterr().out
 
 
-def test_a_stage_s_groups_are_a_depth_s_trials_or_one_seed_each_deepest_first(tmp_path):
+def test_the_groups_are_a_depth_s_trials_or_one_seed_each_deepest_first(tmp_path):
     plan = Plan(size="tiny", depths=(1, 2, 4), seeds=(0, 1), tasks=("passivization",),
                 scratch=(4,))
     sweep = Sweep.open(tmp_path / "s", plan)
-    pretrain, finetune = ([name for name, _ in stage] for stage in sweep.stages())
-    assert pretrain == ["pretrain-L4", "pretrain-L2", "pretrain-L1"]
-    assert finetune == ["finetune-passivization-L4", "finetune-passivization-L4-scratch",
-                        "finetune-passivization-L2", "finetune-passivization-L1"]
-    sweep.sequential = True
-    pretrain, finetune = ([name for name, _ in stage] for stage in sweep.stages())
-    assert pretrain == [f"pretrain-L{d}-s{s}" for d in (4, 2, 1) for s in (0, 1)]
-    assert finetune == ["finetune-passivization-L4-s0", "finetune-passivization-L4-s1",
-                        "finetune-passivization-L4-s0-scratch",
-                        "finetune-passivization-L4-s1-scratch",
-                        "finetune-passivization-L2-s0", "finetune-passivization-L2-s1",
-                        "finetune-passivization-L1-s0", "finetune-passivization-L1-s1"]
+    assert [(g.name, g.after) for g in sweep.schedule()] == [
+        ("pretrain-L4", ()), ("pretrain-L2", ()), ("pretrain-L1", ()),
+        ("finetune-passivization-L4", ("pretrain-L4",)),
+        ("finetune-passivization-L4-scratch", ("pretrain-L4",)),
+        ("finetune-passivization-L2", ("pretrain-L2",)),
+        ("finetune-passivization-L1", ("pretrain-L1",))]
+    assert sweep.schedule()[0].units == ("pretrain-L4-s0", "pretrain-L4-s1")
+    sweep.sequential = True  # seed by seed: a seed's units finish together
+    schedule = sweep.schedule()
+    assert [(g.name, g.after) for g in schedule[:7]] == [
+        ("pretrain-L4-s0", ()), ("pretrain-L2-s0", ()), ("pretrain-L1-s0", ()),
+        ("finetune-passivization-L4-s0", ("pretrain-L4-s0",)),
+        ("finetune-passivization-L4-s0-scratch", ("pretrain-L4-s0",)),
+        ("finetune-passivization-L2-s0", ("pretrain-L2-s0",)),
+        ("finetune-passivization-L1-s0", ("pretrain-L1-s0",))]
+    assert [g.name for g in schedule[7:]] == [g.name.replace("-s0", "-s1")
+                                              for g in schedule[:7]]
+    assert schedule[4].units == ("finetune-passivization-L4-s0-scratch",)
+    assert sweep.units() == [u for g in schedule for u in g.units]
     # each group trains only its own seeds
     calls = []
     sweep.pretrain_seeds = lambda depth, seeds: calls.append((depth, seeds))
-    dict(sweep.stages()[0])["pretrain-L2-s1"]()
+    next(g for g in sweep.schedule() if g.name == "pretrain-L2-s1").train()
     assert calls == [(2, [1])]
+
+
+def test_a_group_starts_once_the_groups_it_needs_are_done(tmp_path, monkeypatch):
+    from jaxdepth.experiments import workers
+
+    started, polls = [], {}
+
+    class Worker:
+        returncode = 0
+
+        def __init__(self, name):
+            self.name = name
+
+        def poll(self):  # a pretraining runs for 3 polls, a fine-tuning for 1
+            polls[self.name] = polls.get(self.name, 0) + 1
+            return 0 if polls[self.name] > (3 if self.name.startswith("pre") else 1) else None
+
+    def start(out, name, flags, cpu):
+        started.append(name)
+        return Worker(name), tmp_path / f"{name}.log"
+
+    monkeypatch.setattr(workers, "_start", start)
+    monkeypatch.setattr(workers.time, "sleep", lambda s: None)
+    workers.run_groups(tmp_path, [("pre-a", ()), ("fine-a1", ("pre-a",)), ("fine-a2", ("pre-a",)),
+                                  ("pre-b", ()), ("fine-b1", ("pre-b",))], 2, False, [])
+    # fine-a1 waits for pre-a: the second worker takes pre-b, the first ready in order
+    assert started == ["pre-a", "pre-b", "fine-a1", "fine-a2", "fine-b1"]
 
 
 @pytest.mark.slow
@@ -142,11 +176,11 @@ def test_workers_running_at_once_get_different_cores(tmp_path, monkeypatch):
 
     monkeypatch.setattr(workers, "_start", start)
     monkeypatch.setattr(workers.time, "sleep", lambda s: None)
-    workers.run_groups(tmp_path, ["a", "b", "c", "d"], 2, True, [])
+    workers.run_groups(tmp_path, [(name, ()) for name in "abcd"], 2, True, [])
     # c and d take the core b gave back while a still holds its own
     assert started == [("a", 5), ("b", 7), ("c", 7), ("d", 7)]
     started.clear()  # unpinned: no core named, so the workers share them all
-    workers.run_groups(tmp_path, ["a", "b", "c"], 2, False, [])
+    workers.run_groups(tmp_path, [(name, ()) for name in "abc"], 2, False, [])
     assert [cpu for _, cpu in started] == [None, None, None]
 
 
