@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -221,4 +222,42 @@ def equal_loss_generalization(rows, path, size_class=None) -> tuple[Path, dict]:
     fig, ax = _lines_vs_depth(series, "equal-loss rows that reached the threshold")
     thr_text = ", ".join(str(t) for t in thresholds)
     ax.set_title(f"Generalization at equal ID loss (≤ {thr_text}) vs depth\n({sc}, 95% CI)")
+    return _save(fig, path), series
+
+
+def every_seed(rows, path, size_class=None, init: str = "final") -> tuple[Path, dict]:
+    """Every seed's score, per task (one panel each), split (in distribution, lexical,
+    structural) and depth, as a strip with the mean marked: the spread and any plateau a mean
+    hides. Series: {task: {split: {depth: [score by seed order]}}}."""
+    rows, sc = _select(rows, size_class)
+    splits = {"id_accuracy": "in distribution", "lexical": "lexical", "structural": "structural"}
+    series: dict = {}
+    for t in tasks(rows, "finetune", {"init": init}):
+        for k in splits:
+            for a in aggregate(rows, "finetune", k, where={"task": t, "init": init}):
+                series.setdefault(t, {}).setdefault(k, {})[a["depth"]] = a["values"]
+    n = max(1, len(series))
+    fig, axes = plt.subplots(1, n, figsize=(max(6.0, 5.0 * n), 4.5), squeeze=False)
+    rng = np.random.default_rng(0)  # the jitter only: the same picture every time
+    for ax, (t, parts) in zip(axes[0], series.items()):
+        depths = sorted({d for by_depth in parts.values() for d in by_depth})
+        width = 0.8 / max(1, len(depths))
+        for i, k in enumerate(splits):
+            for j, d in enumerate(depths):
+                values = parts.get(k, {}).get(d, [])
+                x = i + (j - (len(depths) - 1) / 2) * width
+                ax.scatter(x + rng.uniform(-0.3, 0.3, len(values)) * width, values, s=10,
+                           alpha=0.6, color=f"C{j}", label=f"{d} layers" if i == 0 else None)
+                if values:
+                    ax.hlines(np.mean(values), x - width / 2.5, x + width / 2.5, color="k")
+        ax.set_xticks(range(len(splits)))
+        ax.set_xticklabels(list(splits.values()))
+        ax.set_ylabel("exact-match accuracy")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(t)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    if not series:
+        _no_data(axes[0][0], "fine-tuning rows")
+    fig.suptitle(f"Every seed ({sc}, init={init}, {_seeds(rows, 'finetune')}; bar: mean)")
     return _save(fig, path), series

@@ -28,11 +28,12 @@ quiet_interrupts(__name__)  # run as a command: before the imports that start ja
 import argparse
 import csv
 import io
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from jaxdepth.analysis import plots
+from jaxdepth.analysis import depth_contrast, plots
 
 from jaxdepth.analysis.results import (_index, _matches, _sort_key, aggregate,  # noqa: F401
                                       architecture, dedupe, load_rows, relative_perplexity,
@@ -216,10 +217,12 @@ def write_report(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> dict
 
     Writes ``table3.md/.csv`` (init="final"), ``table3_matched.md/.csv`` and
     ``table3_scratch.md/.csv`` if matched or from-scratch rows exist,
-    ``equal_loss.md/.csv`` if equal_loss rows exist, ``relative_perplexity.csv``, and per size
-    class the PNG figures of `plots` (``fig2_perplexity_vs_depth_<size>.png``, ``fig3_...``,
-    ``fig4_...``, ``fig5_...`` when lexical/structural data exist, ``fig6_...`` when matched rows
-    exist, ``fig7b_...`` when equal_loss rows exist). Returns {file name: path}.
+    ``contrast.md/.json`` (depth_contrast: the declared contrasts of consecutive depths) and
+    ``equal_loss.md/.csv`` if such rows exist, ``relative_perplexity.csv``, and per size class
+    the PNG figures of `plots` (``fig2_perplexity_vs_depth_<size>.png``, ``fig3_...``,
+    ``fig4_...`` and ``fig_every_seed_...``, ``fig5_...`` when lexical/structural data exist,
+    ``fig6_...`` when matched rows exist, ``fig7b_...`` when equal_loss rows exist). Returns
+    {file name: path}.
     """
     rows = dedupe(rows)
     out = Path(out_dir)
@@ -242,6 +245,10 @@ def write_report(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> dict
             md, cs = table3(rows, init)
             save(f"table3_{init}.md", md)
             save(f"table3_{init}.csv", cs)
+    if has("finetune", init="final"):  # the declared contrasts of depth (depth_contrast.py)
+        contrast = depth_contrast.analyse(rows)
+        save("contrast.md", depth_contrast.markdown(contrast))
+        save("contrast.json", json.dumps(contrast, indent=1) + "\n")
     if "equal_loss" in kinds:
         md, cs = equal_loss_table(rows)
         save("equal_loss.md", md)
@@ -261,6 +268,7 @@ def write_report(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> dict
                         ("fig3_relative_perplexity", plots.relative_perplexity, {})]
         if has("finetune", size_class=sc, init="final"):
             figures.append(("fig4_generalization_vs_depth", plots.generalization_vs_depth, {}))
+            figures.append(("fig_every_seed", plots.every_seed, {}))
             if any(r.get("kind") == "finetune" and r.get("init") == "final"
                    and (r.get("lexical") is not None or r.get("structural") is not None)
                    for r in sc_rows):

@@ -193,6 +193,7 @@ def test_write_report_and_plot_series(tmp_path):
     pngs = {n for n in written if n.endswith(".png")}
     assert pngs == {f"fig{k}_tiny.png" for k in (
         "2_perplexity_vs_depth", "3_relative_perplexity", "4_generalization_vs_depth",
+        "_every_seed",
         "5_lexical_vs_structural", "6_matched_generalization",
         "7b_equal_loss_generalization")}
     assert all(_is_png(written[n]) for n in pngs)
