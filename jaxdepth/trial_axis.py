@@ -1,5 +1,6 @@
-"""The trial axis: K models of the same shapes stacked on a leading axis (a run's trials,
-trainer/trials.py), and ``Models``, which evaluates one model or K of them with one call.
+"""The trial axis: a run's K >= 1 trials stacked on a leading axis (trainer/state.py), a
+function of one trial applied to every one of them (``over_trials``), and ``Models``, which
+evaluates one model or K of them with one call.
 
 Here, outside trainer/ and analysis/, so that both may use it (analysis/act_stats.py evaluates
 ``Models``; the trainer imports analysis, not the other way round).
@@ -7,7 +8,7 @@ Here, outside trainer/ and analysis/, so that both may use it (analysis/act_stat
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -18,40 +19,65 @@ def select(tree, k: int):
     return jax.tree.map(lambda x: x[k] if eqx.is_array(x) else x, tree)
 
 
+def stack(trees: Sequence) -> Any:
+    """K pytrees of the same structure as one, their arrays stacked on a leading axis."""
+    return jax.tree.map(lambda *xs: jax.numpy.stack(xs) if eqx.is_array(xs[0]) else xs[0],
+                        *trees)
+
+
 TRIAL_AXIS = "trials"  # the vmapped axis's name, for a function that reduces over trials
 
 
+def over_trials(fn: Callable, k: int, stacked: Sequence[bool],
+                axis_name: str | None = TRIAL_AXIS) -> Callable:
+    """fn, a function of one trial, applied to each of k trials: the arguments marked in
+    `stacked` hold every trial on a leading axis (their arrays: other leaves are static), the
+    others are every trial's alike; each output array comes back with the trial axis.
+
+    The one place where a run of one trial computes otherwise than a run of several: k > 1
+    vmaps fn over the trial axis; k = 1 calls fn on the trial itself, its axis taken off the
+    arguments and put back on the outputs. A vmap of one would change XLA's kernels, and with
+    them the last bits of what a solo run computes on the CPU."""
+    if k > 1:
+        return eqx.filter_vmap(fn, in_axes=tuple(eqx.if_array(0) if s else None
+                                                 for s in stacked), axis_name=axis_name)
+
+    def one(*args):
+        out = fn(*(select(a, 0) if s else a for a, s in zip(args, stacked)))
+        return jax.tree.map(lambda x: x[None] if eqx.is_array(x) else x, out)
+    return one
+
+
 @functools.cache
-def _over_trials(fn: Callable, n_args: int, shares: bool) -> Callable:
-    # one program per device function and argument shapes, as the solo function has; the
-    # arrays every trial shares (Models.shared) enter once, unbatched
+def _jitted(fn: Callable, k: int, n_args: int, shares: bool) -> Callable:
+    # one program per device function, trial count and argument shapes; the arrays every
+    # trial shares (Models.shared) enter once, unbatched
     if shares:
         def call(stacked, shared, *args):
             return fn(eqx.combine(stacked, shared), *args)
     else:
         def call(stacked, shared, *args):
             return fn(stacked, *args)
-    return eqx.filter_jit(eqx.filter_vmap(call, in_axes=(eqx.if_array(0), None) + (None,) * n_args,
-                                          axis_name=TRIAL_AXIS))
+    return eqx.filter_jit(over_trials(call, k, (True, False) + (False,) * n_args))
 
 
 def shared_spec(shared) -> Any:
-    """Filter spec of the leaves `shared` holds (Models.shared, TrialState.shared)."""
+    """Filter spec of the leaves `shared` holds (Models.shared, TrainState.shared)."""
     return jax.tree.map(lambda x: x is not None, shared, is_leaf=lambda x: x is None)
 
 
 class Models:
-    """The model(s) an evaluation runs: one (a solo run) or a run's K trials, stacked on a
-    leading axis. ``models(fn, *args)`` gives one output of ``fn(model, *args)`` per trial:
-    for one model it is that call, unchanged; for K it is one call of fn vmapped over the
-    trial axis, the arguments (a batch, prompts) shared. So a task writes its evaluation once
-    and a run with trials evaluates every trial in one program per device function. `fn`
-    must be a module-level function (its vmapped program is cached by identity) taking its
-    arguments positionally.
+    """The model(s) an evaluation runs: one model, or a run's K trials stacked on a leading
+    axis. ``models(fn, *args)`` gives one output of ``fn(model, *args)`` per model: one
+    model, or one trial of K, is that call, unchanged; K > 1 is one call of fn vmapped over
+    the trial axis (over_trials), the arguments (a batch, prompts) shared. So a task writes
+    its evaluation once and a run with trials evaluates every trial in one program per device
+    function. `fn` must be a module-level function (its vmapped program is cached by
+    identity) taking its arguments positionally.
 
     shared: with trials, the arrays every trial holds alike (a frozen pretrained backbone),
     kept once: a model-shaped pytree holding them, None elsewhere, where the stacked model
-    holds None (trainer/trials.py)."""
+    holds None (trainer/state.py)."""
 
     def __init__(self, model: eqx.Module, n_trials: int | None = None, shared=None):
         self.model, self.n_trials, self.shared = model, n_trials, shared
@@ -61,22 +87,26 @@ class Models:
 
     @property
     def axis_name(self) -> str | None:
-        """The trial axis's name inside ``models(fn, ...)``; None for one model."""
-        return None if self.n_trials is None else TRIAL_AXIS
+        """The trial axis's name inside ``models(fn, ...)``; None where fn sees one model."""
+        return TRIAL_AXIS if len(self) > 1 else None
 
     def __call__(self, fn: Callable, *args) -> list:
-        if self.n_trials is None:
-            return [fn(self.model, *args)]
-        out = _over_trials(fn, len(args), self.shared is not None)(self.model, self.shared,
-                                                                      *args)
+        if len(self) == 1:  # one model: the call itself (over_trials' rule for k = 1)
+            return [fn(self.one(0), *args)]
+        out = _jitted(fn, self.n_trials, len(args), self.shared is not None)(
+            self.model, self.shared, *args)
         return [select(out, k) for k in range(self.n_trials)]
 
     def one(self, k: int) -> eqx.Module:
-        """Trial k's model (the model itself for a solo run)."""
+        """Model k (the model itself when it is one, unstacked)."""
         if self.n_trials is None:
             return self.model
         one = select(self.model, k)
         return one if self.shared is None else eqx.combine(one, self.shared)
+
+    def pick(self, k: int) -> "Models":
+        """Model k alone."""
+        return Models(self.one(k))
 
     def map(self, f: Callable[[eqx.Module], eqx.Module]) -> "Models":
         """f applied to the model(s); f may change static fields only (with_options)."""

@@ -22,7 +22,8 @@ from jaxdepth.config import Config, MeshConfig
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import make_mesh
-from jaxdepth.trainer.step import state_shardings
+from jaxdepth.trainer import checkpoint as ckpt
+from jaxdepth.trainer.state import state_shardings
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"
@@ -142,8 +143,9 @@ def committed_steps(run_dir) -> list[int]:
 
 
 def load_state(run_dir, step: int | None = None):
-    """(step, TrainState) of a checkpoint, restored onto one device with the package's own
-    abstract state (built from the config saved in the checkpoint)."""
+    """(step, state as the checkpoint holds it: a run of one without its trial axis) of a
+    checkpoint, restored onto one device with the package's own abstract state (built from
+    the config saved in the checkpoint)."""
     mngr = ocp.CheckpointManager(Path(run_dir).absolute() / "checkpoints")
     try:
         step = mngr.latest_step() if step is None else step
@@ -151,10 +153,10 @@ def load_state(run_dir, step: int | None = None):
         saved = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
         cfg = Config.from_dict(saved)
         mesh = make_mesh(MeshConfig(data=1, model=1))
-        abstract, shardings = state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh,
-                                              task_for(cfg))
+        layout, shardings = ckpt.layouts(*state_shardings(
+            [cfg], make_optimizer(cfg.optim, cfg.run.steps), mesh, task_for(cfg)))
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                              abstract, shardings)
+                              layout, shardings)
         state = mngr.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target))).state
     finally:

@@ -500,7 +500,7 @@ def test_readers_restore_the_model_only(finished):
     from jaxdepth.trainer import checkpoint as ckpt
     from jaxdepth.trainer.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
-    from jaxdepth.trainer.step import state_shardings
+    from jaxdepth.trainer.state import state_shardings
 
     run = finished[0]
     model, cfg, step = ckpt.load_model(run, task_for)
@@ -512,7 +512,7 @@ def test_readers_restore_the_model_only(finished):
     try:
         mesh = make_mesh(MeshConfig(data=1))
         state = ckpt._restore_model(mngr, STEPS, *state_shardings(
-            cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh, task_for(cfg)))
+            [cfg], make_optimizer(cfg.optim, cfg.run.steps), mesh, task_for(cfg)))
     finally:
         mngr.close()
     assert all(leaf is Ellipsis for leaf in jax.tree.leaves(state.opt_state))  # never read

@@ -165,7 +165,7 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
     def evaluates_alike(self, tasks) -> bool:
         return all(same_arrays(t.prepared.valid, self.prepared.valid) for t in tasks)
 
-    def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
+    def evaluate(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Table 1 and Fig. 2 statistics of each trial (the forward vmapped over them)."""
         each = evaluate_act_each(models, self.prepared.valid, use_while=self.adaptive)
         return [t.finish_evaluation(res, step, final) for t, res in zip(tasks, each)]

@@ -133,7 +133,7 @@ class LMTask(DecoderTask):
     def evaluates_alike(self, tasks) -> bool:
         return all(same_arrays(t.prepared.valid, self.prepared.valid) for t in tasks)
 
-    def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
+    def evaluate(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Validation perplexity of each trial, in one vmapped pass over the batches; the
         share of grammatical samples (data.corpus grammar), trial by trial."""
         out = []

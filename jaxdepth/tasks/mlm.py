@@ -80,10 +80,13 @@ class MLMTask(MLMCorpus):
     def objective(self):
         return mlm_objective()
 
-    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
-        res = mlm_perplexity(model, self.prepared.valid)
-        return res, (f"MLM loss {res['mlm_loss']:.4f}, accuracy {res['mlm_accuracy']:.4f}, "
-                     f"perplexity {res['mlm_perplexity']:.3f}")
+    def evaluate(self, models, tasks, step: int, sharding, final: bool) -> list:
+        out = []
+        for k, t in enumerate(tasks):
+            res = mlm_perplexity(models.one(k), t.prepared.valid)
+            out.append((res, f"MLM loss {res['mlm_loss']:.4f}, accuracy "
+                             f"{res['mlm_accuracy']:.4f}, perplexity {res['mlm_perplexity']:.3f}"))
+        return out
 
     EVAL_READS = frozenset({"step", "data", "batch", "out"})
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import json
 from dataclasses import dataclass
-from functools import partial
+
 import logging
 from pathlib import Path
 from typing import Any, ClassVar
@@ -475,7 +475,7 @@ class NERTask(FusionTask):
                    and all(alike(t, s) for s in SPLITS)
                    for t in tasks)
 
-    def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
+    def evaluate(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Dev and test F1 of each trial (tagged side by side, vmapped); each trial's task
         keeps its own curve and writes its own files."""
         p = self.prepared

@@ -102,7 +102,7 @@ class PrefixLMTask(DecoderTask):
                    and t.prepared.geometry == p.geometry
                    and t.prepared.data.tokenizer.model_proto == proto for t in tasks)
 
-    def evaluate_all(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
+    def evaluate(self, models: Models, tasks, step: int, sharding, final: bool) -> list:
         """Dev loss and exact match of each trial (decoded side by side, vmapped); each
         trial's task appends to its own evals.jsonl and writes its own predictions."""
         p = self.prepared

@@ -156,7 +156,10 @@ class ProbeTask(EncoderTask):
                 for i, name in enumerate(ROLE_NAMES) if (roles == i).any()}
         return res
 
-    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
+    def evaluate(self, models, tasks, step: int, sharding, final: bool) -> list:
+        return [t._evaluate(models.one(k), step, final) for k, t in enumerate(tasks)]
+
+    def _evaluate(self, model, step: int, final: bool) -> tuple[dict, str]:
         model = _no_dropout(model)
         dev = self._score(model, "dev")
         res = {"dev_accuracy": dev["accuracy"], "dev_iterations": dev["mean_iterations"]}

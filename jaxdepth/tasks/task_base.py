@@ -10,7 +10,6 @@ import jax
 import numpy as np
 
 from ..config import Config
-from ..trial_axis import Models
 
 
 _RUNNERS: dict[type, type] = {}  # run kind -> the Task class that runs it
@@ -29,8 +28,7 @@ class TaskBase:
 
     Each task also says what eval.py does with one of its checkpoints
     (``evaluate_checkpoint(run, request)``, reading the request's ``EVAL_READS``:
-    checkpoint_eval.py's CheckpointEval) and where a trial writes its outputs
-    (``write_outputs_to``, trainer/trial_task.py); what train.py prints of its summary is
+    checkpoint_eval.py's CheckpointEval); what train.py prints of its summary is
     jaxdepth/summary_text.py's."""
 
     # The run kind (jaxdepth/run_kinds/) this class runs: config.py decides a config's kind
@@ -73,14 +71,19 @@ class TaskBase:
     def model_ready(self, model) -> None:
         pass
 
-    # Evaluation. A kind that writes ``evaluate_all(models: Models, tasks, ...)`` (one list
-    # entry per trial; trainer/trial_task.py) evaluates one model through it too, so that a
-    # solo run and trials evaluated vmapped (which the trial machinery decides,
-    # trainer/run_trials.py) run the same code; a kind without it writes ``evaluate``.
+    # What a run of several trials asks (trainer/trials.py, state.py): by default every trial
+    # holds all of its arrays, its shapes follow from its config, and each trial is evaluated
+    # alone (``evaluate`` of one model); a kind whose trials can do better says so.
 
-    def evaluate(self, model, step: int, sharding, final: bool) -> tuple[dict, str]:
-        """(metrics, one-line message) of one model at an evaluation point."""
-        return self.evaluate_all(Models(model), [self], step, sharding, final)[0]
+    @staticmethod
+    def share_shapes(tasks: list) -> None:
+        pass
+
+    def trial_shared(self, model):
+        return None
+
+    def evaluates_alike(self, tasks) -> bool:
+        return False
 
 
 def same_arrays(a, b) -> bool:

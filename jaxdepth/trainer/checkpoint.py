@@ -16,12 +16,16 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
+import equinox as eqx
 import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxtyping import Array
 
 from ..config import Config, ConfigError, MeshConfig, resumable_fields
 from ..errors import UserError, describe, one_line, os_error_reason, warn
@@ -29,7 +33,8 @@ from ..files import write_whole
 from .fingerprint import fingerprints, mismatches
 from .optim import make_optimizer
 from .sharding import make_mesh
-from .step import state_shardings
+from .state import TrainState, state_shardings
+from ..trial_axis import shared_spec
 
 CORRUPT_DIR = "checkpoints-corrupt"
 
@@ -52,6 +57,102 @@ class CorruptCheckpoint(Exception):
 CONFIG_KEY = "config"
 
 
+# How a checkpoint holds the state: the one place besides trial_axis.over_trials where a run
+# of one trial is told apart. A run of one is saved without its trial axis, as every
+# checkpoint written before trials existed holds it (and resumes with it); K > 1 trials as
+# they have been saved since trials existed. Orbax keys a checkpoint by these attribute
+# names, not by the classes.
+
+
+class OneTrial(eqx.Module):
+    """A checkpoint of a run of one trial: its state without the trial axis."""
+
+    step: Array
+    model: Any
+    opt_state: Any
+    key: Array
+
+
+class Stacked(eqx.Module):
+    """A checkpoint of K > 1 trials: their state on the trial axis (the shared arrays
+    apart)."""
+
+    state: OneTrial
+    hparams: dict
+    frozen: Array
+    shared: Any = None
+
+
+def _squeeze(leaf):
+    """One leaf of a run of one without its trial axis: an array, its abstract shape or its
+    sharding."""
+    if isinstance(leaf, NamedSharding):
+        return NamedSharding(leaf.mesh, P(*leaf.spec[1:]))
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)
+    return leaf[0]
+
+
+def _layout(t: TrainState, k: int):
+    """What a checkpoint holds of a state of k trials: `t` may hold its arrays, their
+    abstract shapes or their shardings."""
+    own = OneTrial(t.step, t.model, t.opt_state, t.key)
+    if k > 1:
+        return Stacked(own, t.hparams, t.frozen, t.shared)
+    one = jax.tree.map(_squeeze, own)
+    if t.shared is not None:
+        one = OneTrial(one.step, eqx.combine(one.model, t.shared), one.opt_state, one.key)
+    return one
+
+
+def layouts(abstract: TrainState, shardings: TrainState):
+    """(abstract shapes, shardings) of the saved layout of a state shaped like `abstract`."""
+    k = abstract.frozen.shape[0]
+    return _layout(abstract, k), _layout(shardings, k)
+
+
+def from_layout(saved, abstract: TrainState, shardings: TrainState) -> TrainState:
+    """The state a checkpoint's `saved` layout holds, placed with `shardings`."""
+    if isinstance(saved, Stacked):
+        return TrainState(saved.state.step, saved.state.model, saved.state.opt_state,
+                          saved.state.key, saved.hparams, saved.frozen, saved.shared)
+    model, shared = saved.model, None
+    if abstract.shared is not None:
+        shared, model = eqx.partition(model, shared_spec(abstract.shared))
+
+    @eqx.filter_jit(donate="all")
+    def expand(one, shared):
+        own = jax.tree.map(lambda x: x[None], one)
+        return eqx.filter_shard(TrainState(own.step, own.model, own.opt_state, own.key, {},
+                                           jax.numpy.zeros(1, bool), shared), shardings)
+
+    return expand(OneTrial(saved.step, model, saved.opt_state, saved.key), shared)
+
+
+def _data_text(batches) -> str:
+    """The text a checkpoint holds of the trials' data-iterator states (grain's handler
+    writes ``json.dumps(state, indent=4)`` of its own iterators' states, a loader's JSON bytes
+    as they are): a run of one the state of its iterator, K > 1 {"trials": [each state]}."""
+    states = batches.states()
+    if len(states) == 1:
+        s = states[0]
+        return json.dumps(s, indent=4) if isinstance(s, dict) else s.decode()
+    return json.dumps({"trials": [json.loads(s) if isinstance(s, bytes) else s
+                                  for s in states]}, indent=4)
+
+
+def data_states(saved, k: int) -> list:
+    """Each of the K trials' data-iterator state, from what read_data_state read."""
+    if k == 1:
+        return [saved]
+    held = saved.get("trials") if isinstance(saved, dict) else None
+    if not isinstance(held, list) or len(held) != k:
+        raise ValueError(f"the checkpoint's data state holds "
+                         f"{len(held) if isinstance(held, list) else 'no'} trials' "
+                         f"iterators, not {k}")
+    return held
+
+
 def data_key(process_index: int, process_count: int) -> str:
     """The fingerprints key of a process's data-iterator state: grain's file name for it."""
     return f"data/process_{process_index}-of-{process_count}.json"
@@ -67,16 +168,12 @@ def _config_digest(config: dict) -> str:
 
 
 class _SavedText:
-    """What grain's CheckpointSave writes for a data iterator, computed once, so its digest is
-    the digest of the file: grain writes ``get_state().decode()`` of anything but its own
-    iterators."""
+    """What grain's CheckpointSave writes for the data iterators, computed once, so its
+    digest is the digest of the file: grain writes ``get_state().decode()`` of anything but
+    its own iterators."""
 
-    def __init__(self, data_iter):
-        state = data_iter.get_state()
-        # grain's handler: json.dumps(state, indent=4) for its dataset iterators, the state's
-        # own bytes for a DataLoader's
-        self.text = (json.dumps(state, indent=4) if isinstance(data_iter, grain.DatasetIterator)
-                     else state.decode())
+    def __init__(self, batches):
+        self.text = _data_text(batches)
 
     def get_state(self) -> bytes:
         return self.text.encode()
@@ -103,12 +200,16 @@ def open_manager(run_dir: Path, keep: int | None = None,
     return ocp.CheckpointManager(run_dir.absolute() / "checkpoints", options=options)
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state, data_iter, cfg: Config) -> None:
-    data = _SavedText(data_iter)
+def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, batches,
+         cfg: Config) -> None:
+    """Save `state` (in its saved layout) and the data iterators' states (trials.Batches, or
+    anything with ``states()``) as checkpoint `step`, asynchronously."""
+    data = _SavedText(batches)
     config = cfg.to_dict()
-    record = {**fingerprints(state), **_data_digests(data.text), CONFIG_KEY: _config_digest(config)}
+    saved = _layout(state, state.n_trials)
+    record = {**fingerprints(saved), **_data_digests(data.text), CONFIG_KEY: _config_digest(config)}
     mngr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
+        state=ocp.args.StandardSave(saved),
         data=grain.checkpoint.CheckpointSave(data),
         config=ocp.args.JsonSave(config),
         fingerprints=ocp.args.JsonSave(record)), force=True)
@@ -242,26 +343,39 @@ def read_data_state(mngr: ocp.CheckpointManager, step: int) -> dict:
     return probe.state
 
 
-def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, data_iter=None):
-    """Restore the state (placed with the given shardings) and, if given, the data iterator
-    in place."""
+def restore(mngr: ocp.CheckpointManager, step: int, abstract: TrainState,
+            shardings: TrainState) -> TrainState:
+    """The state of checkpoint `step` (verified against its fingerprints: CorruptCheckpoint),
+    placed with `shardings`. A checkpoint of K > 1 trials written before the shared arrays
+    were kept once (jaxdepth up to commit ebc47d7: K stacked copies of a frozen backbone) has
+    another tree: it is refused saying so, not converted."""
+    layout, placed = layouts(abstract, shardings)
     target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings)
-    items = {"state": ocp.args.StandardRestore(target)}
-    if data_iter is not None:
-        items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-    return mngr.restore(step, args=ocp.args.Composite(**items)).state
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), layout, placed)
+    try:
+        saved = mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target))).state
+    except Exception as e:
+        # Orbax names the tree that differs; only the layout of `shared` is known to change
+        if not isinstance(layout, Stacked) or layout.shared is None \
+                or "do not match" not in str(e) or "shared" not in str(e):
+            raise
+        raise ValueError("written before the trials kept their frozen backbone once (it holds "
+                         "a copy per trial): resume or export it with jaxdepth at commit "
+                         "ebc47d7 or earlier") from None
+    verify(mngr, step, saved)
+    return from_layout(saved, abstract, shardings)
 
 
 def _restore_model(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings):
-    """The state with only its model read (every other leaf is left unread, as Ellipsis): a
-    reader needs neither the optimizer moments nor their memory."""
+    """The saved layout with only its model read (every other leaf is left unread, as
+    Ellipsis): a reader needs neither the optimizer moments nor their memory."""
     def target(path, a, s):
         if path[0].name != "model":
             return ocp.PLACEHOLDER
         return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
 
-    item = jax.tree_util.tree_map_with_path(target, abstract_state, shardings)
+    item = jax.tree_util.tree_map_with_path(target, *layouts(abstract_state, shardings))
     args = jax.tree.map(lambda t: t if t is ocp.PLACEHOLDER else ocp.ArrayRestoreArgs(
         sharding=t.sharding, global_shape=t.shape, dtype=t.dtype), item,
         is_leaf=lambda t: t is ocp.PLACEHOLDER)
@@ -349,9 +463,9 @@ def load_model(run_dir, task_for, step: int | None = None, mesh=None, mesh_cfg=N
         placed = dataclasses.replace(cfg, mesh=mesh_cfg or MeshConfig(data=mesh.shape["data"],
                                                                      model=mesh.shape["model"]))
         tx = make_optimizer(cfg.optim, cfg.run.steps)
-        state = _restore_model(mngr, s, *state_shardings(placed, tx, mesh, task_for(placed)))
-        verify(mngr, s, state)
-        return state.model, cfg
+        saved = _restore_model(mngr, s, *state_shardings([placed], tx, mesh, task_for(placed)))
+        verify(mngr, s, saved)
+        return saved.model, cfg
 
     try:
         steps = sorted(mngr.all_steps())

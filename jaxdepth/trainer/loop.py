@@ -33,7 +33,7 @@ from .run_lock import run_lock
 from .sharding import batch_sharding, make_mesh, to_global
 from .signals import StopSignals
 from .task import Task
-from .run_trials import Trials
+from .trials import Trials
 
 
 def barrier(name: str) -> None:
@@ -55,11 +55,11 @@ def restore_or_init(trials: Trials, tx, mngr, data_iter):
         fresh = False
     else:
         (state, fresh), data_state = trials.init(tx, abstract, shardings), None
-    models = trials.models(state)
+    models = state.models()
     for k, t in enumerate(trials.tasks):
         t.model_ready(models.one(k))
     if data_state is not None:
-        data_iter.set_state(data_state)
+        data_iter.set_states(ckpt.data_states(data_state, trials.k))
     data_iter.start_prefetch()  # loader threads or workers start while the step compiles
     return state, shardings, fresh
 
@@ -69,9 +69,7 @@ def _restore(trials: Trials, mngr, abstract, shardings):
     def restore_one(step: int):
         ckpt.saved_config(mngr, step)  # a checkpoint is read whole: its config and data
         data_state = ckpt.read_data_state(mngr, step)  # state too, before anything moves
-        state = trials.restore(mngr, step, abstract, shardings)
-        ckpt.verify(mngr, step, state)
-        return state, data_state
+        return ckpt.restore(mngr, step, abstract, shardings), data_state
 
     run_dir = Path(trials.cfgs[0].run.dir)
     where = run_dir / "checkpoints"  # as the user gave it, not Orbax's absolute path
@@ -170,13 +168,13 @@ def _start(cfg: Config, tasks: list[Task], run_dir: Path, primary: bool) -> _Run
     trials = Trials(cfgs, tasks, mesh)
     trials.prepare(run_dir, primary, barrier=lambda: barrier("prepare_data"))
     tx = make_optimizer(cfgs[0].optim, cfg.run.steps)
-    data_iter = trials.iterator()
+    data_iter = trials.batches()
     state, shardings, fresh = restore_or_init(trials, tx, mngr, data_iter)
-    start = int(np.asarray(state.step).flat[0])  # [K] when stacked
+    start = int(np.asarray(state.step).flat[0])  # [K]: the same in every trial
     if primary:
         ckpt.write_config(run_dir, cfg)
     # the first call refuses a step that cannot fit the device or the process's memory
-    step_fn = trials.make_step(tx, shardings, on_compile=step_check(cfg, mesh))
+    step_fn = trials.make_step(shardings, on_compile=step_check(cfg, mesh))
     end = cfg.run.steps if not cfg.run.stop_after else min(cfg.run.steps,
                                                             start + cfg.run.stop_after)
     return _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter,
@@ -199,7 +197,7 @@ def _check_resume(cfg: Config, mngr, run_dir: Path) -> None:
 def _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter, start, end,
             fresh) -> _Run:
     """The run with its hooks, each built from what it reads."""
-    task, model = trials.tasks[0], trials.models(state).one(0)
+    task, model = trials.tasks[0], state.models().one(0)
     # what the model answers for itself (models/declared.py), the step's share of it the task's
     flops_per_token = model.flops_per_token(cfg.data.seq_len, **task.step_flops)
     n_params = model.param_count()
@@ -281,11 +279,11 @@ def _finish(run: _Run) -> dict:
                                         run.throughput.tokens_per_step)
             if "tokens_per_s" in measured:
                 measured["mfu"] = run.throughput.mfu(measured["tokens_per_s"])
-        models = trials.models(run.state)
+        models = run.state.models()
         summary.update(trials.summary(
             {**measured, **run.throughput.figures}, run.facts, run.records.history,
             [t.summary(models.one(k)) for k, t in enumerate(trials.tasks)],
-            trials.frozen(run.state)))
+            np.asarray(jax.device_get(run.state.frozen))))
     summary.update(run_dir=str(run.run_dir), checkpoints=str(run.run_dir / "checkpoints"),
                    metrics=str(run.run_dir / "metrics.jsonl"),
                    tensorboard=str(run.run_dir / "tb"))

@@ -44,7 +44,6 @@ import jax
 
 from ..config import Config
 from ..errors import UserError
-from .trials import per_trial
 
 SKIP_ENV = "JAXDEPTH_SKIP_MEMORY_CHECK"
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit value (or near it).
@@ -203,7 +202,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
              on_host: bool = True) -> Estimate:
     """A rough estimate from the config and the state's sizes: within about 25% of XLA's for
     the decoder of the default run on a CPU (and with 4x its batch, 2x seq_len, 4x d_ff or
-    d_model, 3x the layers, each remat mode, accum_steps 4); up to 1.6x XLA's for the tests'
+    d_model, 3x the layers, each remat mode, accum_steps 4); up to 1.7x XLA's for the tests'
     tiny model (d_model 64, 2 layers), where XLA fuses away a larger share.
 
     Per token of a micro-batch and per layer, in elements of the compute dtype: without remat
@@ -220,9 +219,8 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     mesh.model), frozen parts (no gradient), and any model other than the decoder and the
     ACT family beyond its model section's dimensions."""
     layers, d, f, h, remat, chunk = cfg.model_spec.dims()
-    whole = state
-    trials, state, batch = per_trial(state, batch)
-    rows, seq = next(iter(batch.values())).shape[:2]
+    trials = state.n_trials
+    rows, seq = next(iter(batch.values())).shape[1:3]  # one trial's rows: [K, B, T, ...]
     tokens = rows // cfg.optim.accum_steps * seq / data_shards  # per device and micro-batch
     width = 2 if cfg.model.compute_dtype == "bfloat16" and not on_host else 4
     whole_layer = 16 * d + 8 * f + 3 * h * seq
@@ -233,7 +231,7 @@ def analytic(cfg: Config, state, batch, devices_sharing: int, data_shards: int,
     acts = tokens * width * kept * trials
     acts += 3 * 4 * cfg.vocab_size * (min(chunk, tokens) if chunk else tokens)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array)))
-    state_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(whole, eqx.is_array)))
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(state, eqx.is_array)))
     per_device = param_bytes / data_shards if cfg.mesh.fsdp else param_bytes
     grads = per_device * (3 if cfg.optim.accum_steps > 1 else 2)
     return Estimate(int((acts + grads) * devices_sharing), state_bytes, "config")
@@ -279,7 +277,7 @@ def _where(mesh) -> tuple[list, bool, int]:
 
 def step_check(cfg: Config, mesh, limit_of: Callable[[list], Limit | None] | None = None
                ) -> Callable | None:
-    """The `on_compile` of trainer/step.py's make_train_step: given the step compiled for its
+    """The `on_compile` of trainer/state.py's make_step: given the step compiled for its
     first call (None where it cannot be compiled ahead), raises DoesNotFit before that call
     runs if it cannot fit. None when JAXDEPTH_SKIP_MEMORY_CHECK is set. limit_of(devices)
     replaces the limit (tests)."""
@@ -291,7 +289,7 @@ def step_check(cfg: Config, mesh, limit_of: Callable[[list], Limit | None] | Non
         fallback = analytic(cfg, state, batch, sharing, mesh.shape["data"], on_host)
         estimate = None if compiled is None else xla_estimate(compiled, sharing)
         limit = (limit_of or (lambda ds: host_limit() if on_host else device_limit(ds)))(devices)
-        rows = next(iter(per_trial(state, batch)[2].values())).shape[0]
+        rows = next(iter(batch.values())).shape[1]
         check(cfg, estimate or fallback, fallback if estimate else None, limit, rows)
 
     return check_compiled
@@ -299,7 +297,7 @@ def step_check(cfg: Config, mesh, limit_of: Callable[[list], Limit | None] | Non
 
 def describe(step_fn: Callable, cfg: Config, mesh, state, batch) -> dict:
     """Both estimates and the limit, in bytes, without running the step (benchmarks, tests):
-    step_fn is make_train_step's, whose ``lower`` compiles it ahead."""
+    step_fn is state.make_step's, whose ``lower`` compiles it ahead."""
     devices, on_host, sharing = _where(mesh)
     out = {"config": analytic(cfg, state, batch, sharing, mesh.shape["data"], on_host).new}
     xla = xla_estimate(step_fn.lower(state, batch).compile(), sharing)

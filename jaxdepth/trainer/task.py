@@ -5,8 +5,9 @@ The trainer (loop, step, checkpoint) never names a model class or a task: it bui
 reads the data, computes the objective and evaluates only through these methods. What trains,
 dropout, the parameter count and FLOPs per token are the model's own answers
 (models/declared.py: Declared).
-Implementations live in ``jaxdepth/tasks/`` (one module per kind of run) and are chosen by
-``jaxdepth.tasks.task_for(config)``.
+Implementations live in ``jaxdepth/tasks/`` (one module per kind of run, on
+``tasks/task_base.py``'s defaults) and are chosen by ``jaxdepth.tasks.task_for(config)``. The
+trainer calls nothing else of a task.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from typing import Any, Callable, Protocol
 import equinox as eqx
 import grain
 from jaxtyping import Array
+
+from ..trial_axis import Models
 
 
 # (fn, totals): totals(batch) gives the normalisers of a whole batch (e.g. its target-token
@@ -54,11 +57,34 @@ class Task(Protocol):
 
     def objective(self) -> Objective: ...
 
-    def evaluate(self, model: eqx.Module, step: int, sharding,
-                 final: bool) -> tuple[dict, str]:
-        """The model's (metrics, one-line message) at an evaluation point. (K trials that
-        evaluate alike are evaluated in one vmapped pass instead, by what the trial
-        machinery asks: trainer/trial_task.py's EvaluatesAlike.)"""
+    def evaluate(self, models: Models, tasks: list["Task"], step: int, sharding,
+                 final: bool) -> list[tuple[dict, str]]:
+        """Each model's (metrics, one-line message) at an evaluation point, tasks[k] the task
+        of models' model k (this one first). One model (``Models(model), [self]``), or K
+        trials whose tasks evaluate alike (``evaluates_alike``): the device work runs once over
+        all of them, and each trial's task still writes its own outputs."""
+
+    def evaluates_alike(self, tasks: list["Task"]) -> bool:
+        """Whether every trial's task evaluates on the same inputs as this one, so that one
+        ``evaluate`` may run the device work over their stacked models."""
+
+    @staticmethod
+    def share_shapes(tasks: list["Task"]) -> None:
+        """After every trial's prepare: make the trials' tasks agree on the sizes their
+        stacked batches and their one compiled step share, where a task derives them from its
+        data (tasks/ner.py: bounds on the word slots in use), so that each trial still
+        computes what its solo run does. A run of one calls it too: nothing changes."""
+
+    def trial_shared(self, model: eqx.Module) -> Any:
+        """Filter spec of the arrays that every trial holds alike and that never train
+        (task.init_from's frozen backbone), so that they are stored once, not K times
+        (state.py); None: each trial holds all of its arrays. Asked only when every trial
+        has the same task.init_from."""
+
+    def write_outputs_to(self, directory: Path) -> None:
+        """Write what the task outputs while training (evaluations, analyses, predictions,
+        caches) there, not in the run directory prepare was given: each trial of several
+        has its own. Called after prepare."""
 
     def summary(self, model: eqx.Module) -> dict:
         """What summary.json adds for this kind of run."""

@@ -27,16 +27,18 @@ from . import checkpoint as ckpt
 from . import trials as tr
 from .optim import make_optimizer
 from .sharding import make_mesh
+from .state import state_shardings
 
 
 class _SavedState:
-    """A data iterator's saved state, handed to checkpoint.save in place of the iterator."""
+    """A trial's saved data-iterator state, handed to checkpoint.save in place of the run's
+    iterators."""
 
     def __init__(self, state):
         self.state = state
 
-    def get_state(self) -> bytes:
-        return json.dumps(self.state, indent=4).encode()
+    def states(self) -> list:
+        return [self.state]
 
 
 # Files only ever replaced whole, through a temporary file renamed over them (save_tokens,
@@ -156,7 +158,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
         _check_destination(run, k, dest)
         mesh = make_mesh(MeshConfig(data=1))
         tx = make_optimizer(cfgs[0].optim, cfg.run.steps)
-        abstract, shardings = tr.trial_shardings(cfgs, tx, mesh, task_for(cfgs[0]))
+        abstract, shardings = state_shardings(cfgs, tx, mesh, task_for(cfgs[0]))
         fresh = not (dest / MARKER).is_file()  # no export of this trial here yet
         dest.mkdir(parents=True, exist_ok=True)
         _mark(dest, run, k)
@@ -168,14 +170,12 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
                 if step in done:
                     continue
                 try:
-                    data = ckpt.read_data_state(mngr, step)
-                    state = tr.restore(mngr, step, abstract, shardings)
-                    ckpt.verify(mngr, step, state)
+                    data = ckpt.data_states(ckpt.read_data_state(mngr, step), len(cfgs))
+                    state = ckpt.restore(mngr, step, abstract, shardings)
                 except Exception as e:
                     unreadable.append((step, ckpt.unreadable_because(e)))
                     continue
-                ckpt.save(solo, step, state.trial(k),
-                          _SavedState(data["trials"][k]), cfgs[k])
+                ckpt.save(solo, step, state.trial(k), _SavedState(data[k]), cfgs[k])
                 solo.wait_until_finished()
             exported = bool(solo.all_steps())
         finally:

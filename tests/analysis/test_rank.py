@@ -120,14 +120,17 @@ def _save_checkpoint(run_dir, steps):
     from jaxdepth.tasks import task_for
     from jaxdepth.trainer import checkpoint as ckpt
     from jaxdepth.trainer.optim import make_optimizer
-    from jaxdepth.trainer.step import init_state
+    from jaxdepth.trainer.state import init_one
+    from jaxdepth.trainer.trials import Batches
+    from jaxdepth.trial_axis import stack
 
     cfg = Config.from_dict({"model": {"vocab_size": 32, "d_model": 16, "n_layers": 2, "d_ff": 24},
                             "data": {"seq_len": 8, "batch_size": 2},
                             "run": {"dir": "runs/rank-test", "steps": 10}})
-    state = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps), task_for(cfg))
+    state = stack([init_one(cfg, make_optimizer(cfg.optim, cfg.run.steps), task_for(cfg))])
     tokens = np.random.default_rng(0).integers(0, 32, size=200).astype(np.int32)
-    it = lm_iterator(lm_dataset(tokens, seq_len=8, global_batch=2, seed=0), prefetch=0)
+    it = Batches([lm_iterator(lm_dataset(tokens, seq_len=8, global_batch=2, seed=0),
+                              prefetch=0)])
     mngr = ckpt.open_manager(run_dir)
     for s in steps:
         ckpt.save(mngr, s, state, it, cfg)

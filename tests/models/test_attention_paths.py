@@ -17,9 +17,8 @@ from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.checkpoint import check_compatible
 from jaxdepth.trainer.losses import lm_loss_sums
-from jaxdepth.trainer.optim import make_optimizer
-from jaxdepth.trainer.sharding import batch_sharding, make_mesh
-from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
+from jaxdepth.trainer.sharding import make_mesh
+from jaxdepth.trainer.state import batch_sharding, start
 
 
 def bf16_grad_promotion(compute_dtype: str = "bfloat16"):
@@ -183,18 +182,16 @@ def test_bf16_train_step_keeps_float32_params_optimizer_state_and_loss():
                      optim=OptimConfig(name="adamw", lr=1e-3, schedule="constant", warmup_steps=0),
                      run=RunConfig(steps=1))
         mesh = make_mesh(cfg.mesh)
-        tx = make_optimizer(cfg.optim, cfg.run.steps)
-        task = task_for(cfg)
-        _, shardings = state_shardings(cfg, tx, mesh, task)
-        state = sharded_init(cfg, tx, mesh, task, shardings)
+        state, step, _ = start([cfg], [task_for(cfg)], mesh)  # one trial, on its trial axis
         before = jax.tree.map(np.asarray, eqx.filter(state.model, eqx.is_array))
-        toks = np.random.default_rng(0).integers(3, CFG.vocab_size, (8, T + 1), dtype=np.int32)
-        batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:],
-                 "weights": np.ones((8, T), np.float32)}
-        batch = {k: jax.device_put(v, batch_sharding(mesh)) for k, v in batch.items()}
+        toks = np.random.default_rng(0).integers(3, CFG.vocab_size, (1, 8, T + 1),
+                                                 dtype=np.int32)
+        batch = {"inputs": toks[..., :-1], "targets": toks[..., 1:],
+                 "weights": np.ones((1, 8, T), np.float32)}
+        batch = {k: jax.device_put(v, batch_sharding(mesh, 1)) for k, v in batch.items()}
         with bf16_grad_promotion(model_cfg.compute_dtype):
-            state, metrics = make_train_step(cfg, tx, mesh, shardings, task)(state, batch)
-        return before, state, metrics
+            state, metrics = step(state, batch)
+        return before, state, {k: v[0] for k, v in metrics.items()}
 
     _, _, m32 = one_step(CFG)
     before, state, m16 = one_step(

@@ -1,6 +1,6 @@
 """FusedModel (models/fused.py) and the fusion backbones (models/backbone.py), end to end.
 
-FE vs FT through the real train step (trainer/step.py): which arrays move, which get optimizer
+FE vs FT through the real train step (trainer/state.py): which arrays move, which get optimizer
 moments, and that the step's gradient is the gradient of the NER objective w.r.t. the fusion
 module and head alone. Gathering before fusion equals gathering after it; layer_states equals
 every backbone's layer outputs recomputed layer by layer; fusion_param_count equals the arrays
@@ -36,7 +36,7 @@ from jaxdepth.tasks import task_for
 from jaxdepth.tasks.ner import ner_objective
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import make_mesh
-from jaxdepth.trainer.step import init_state, make_train_step, state_shardings
+from jaxdepth.trainer.state import init_one, start, state_shardings
 
 B, T, P, D, V = 4, 16, 5, 32, 64
 # The shape of ner_cfg's backbone, so eager initialisation ops compiled once serve every test.
@@ -105,15 +105,18 @@ def ner_cfg(ner_dir, method, mode):
 
 
 def state_and_step(cfg):
-    """The library's initial state and train step. This is sharded_init's state, but run
-    eagerly (its small random-init ops are cached across tests, where sharded_init compiles
-    one program per config) and then placed in the step's layout, so the step compiles once."""
-    mesh = make_mesh(cfg.mesh)
-    tx = make_optimizer(cfg.optim, cfg.run.steps)
-    task = task_for(cfg)  # NERTask: its objective is ner_objective()
-    _, sh = state_shardings(cfg, tx, mesh, task)
-    state = eqx.filter_shard(init_state(cfg, tx, task), sh)
-    return state, make_train_step(cfg, tx, mesh, sh, task)
+    """The library's initial state (trainer/state.py: one trial on its trial axis) and its
+    train step, taking and giving a batch and metrics of that one trial."""
+    state, step, _ = start([cfg], [task_for(cfg)], make_mesh(cfg.mesh))
+
+    def one(state, batch):
+        state, m = step(state, {k: v[None] for k, v in batch.items()})
+        return state, {k: v[0] for k, v in m.items()}
+    return state, one
+
+
+def model_of(state):
+    return state.models().one(0)
 
 
 def backbone_of(model):
@@ -130,14 +133,14 @@ def fusion_and_head(model):
 def test_fe_trains_only_fusion_and_head(ner_dir, method):
     cfg = ner_cfg(ner_dir, method, "fe")
     state, step = state_and_step(cfg)
-    model0 = state.model
+    model0 = model_of(state)
     assert isinstance(model0, FusedModel) and model0.mode == "fe" and model0.method == method
     batch = make_inputs()
 
     # The independent gradient: only fusion + head differentiated, the same dropout key as the
     # step's single micro-batch (fold_in(fold_in(key, step), 0)).
     fn, totals = ner_objective()
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.key), 0), 0)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.key[0]), 0), 0)
     params, static = eqx.partition(model0, model0.trainable_spec())  # what the train step differentiates
     g = eqx.filter_jit(eqx.filter_grad(
         lambda p: fn(eqx.combine(p, static), batch, key, totals(batch))[0]))(params)
@@ -165,11 +168,11 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
     np.testing.assert_allclose(float(metrics["grad_norm"]), want_norm, rtol=1e-5)
     for _ in range(2):
         state, _ = step(state, batch)
-    assert int(state.step) == 3
+    assert int(state.step[0]) == 3
 
-    bb1 = arrays(backbone_of(state.model))
+    bb1 = arrays(backbone_of(model_of(state)))
     assert len(bb1) == len(bb0) and all(np.array_equal(a, b) for a, b in zip(bb0, bb1))
-    fh1 = arrays(fusion_and_head(state.model))
+    fh1 = arrays(fusion_and_head(model_of(state)))
     changed = [not np.array_equal(a, b) for a, b in zip(fh0, fh1)]
     # Every trainable fusion/head array moved; Base+n's attention key bias has an exactly zero
     # gradient (softmax is shift-invariant) and no weight decay, so it is left out.
@@ -179,13 +182,13 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
     if method == "base+n":
         assert any(".layers.ff_in.w" in n for n in moved)
     if method == "dwatt":
-        assert np.array_equal(np.asarray(state.model.fusion.k_pos.value), kpos0)
+        assert np.array_equal(np.asarray(model_of(state).fusion.k_pos.value), kpos0)
 
 
 def test_base_n_fe_spec_and_update(ner_dir):
     """Base+n in FE: its fresh layers are what trains (with the head); the backbone is not."""
     cfg = ner_cfg(ner_dir, "base+n", "fe")
-    model0 = init_state(cfg, make_optimizer(cfg.optim, cfg.run.steps), task_for(cfg)).model
+    model0 = init_one(cfg, make_optimizer(cfg.optim, cfg.run.steps), task_for(cfg)).model
     assert isinstance(model0.fusion, BasePlusN) and model0.fusion.n == 1
     spec = model0.trainable_spec()
     assert not any(jax.tree.leaves(spec.backbone))
@@ -232,7 +235,7 @@ def test_fe_computes_no_backbone_gradient():
 def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
     cfg = ner_cfg(ner_dir, "dwatt", "ft")
     state, step = state_and_step(cfg)
-    model0 = state.model
+    model0 = model_of(state)
     assert model0.mode == "ft"
     spec = model0.trainable_spec()
     assert all(jax.tree.leaves(eqx.filter(spec.backbone, lambda x: x is not None)))
@@ -244,11 +247,11 @@ def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
     batch = make_inputs(3)
     for _ in range(3):
         state, _ = step(state, batch)
-    bb1 = arrays(state.model.backbone)
+    bb1 = arrays(model_of(state).backbone)
     changed = [not np.array_equal(a, b) for a, b in zip(bb0, bb1)]
     # Every backbone array is used (token-type row 0 by every token), so every one moves.
     assert all(changed), f"{sum(changed)} of {len(changed)} backbone arrays changed"
-    assert np.array_equal(np.asarray(state.model.fusion.k_pos.value), kpos0)
+    assert np.array_equal(np.asarray(model_of(state).fusion.k_pos.value), kpos0)
 
 
 # ------------------------------------------------------------- 4: gather before / gather after
@@ -497,34 +500,36 @@ def test_base_n_layer_copies_the_backbone_activation_and_eps(arch):
 
 
 def test_pretrained_weights_enter_the_sharded_init(ner_dir, caplog):
-    """Task.initial_model's weights go into the jitted init (trainer/step.py sharded_init):
+    """Task.initial_model's weights go into the jitted init (trainer/state.py initialise):
     the state holds them exactly, fresh arrays elsewhere, optimizer moments for them (FT),
     and every leaf is committed to the state's sharding (else the step compiles twice)."""
-    from jaxdepth.trainer.step import sharded_init
+    from jaxdepth.trainer.state import abstract_model, initialise, make_step
 
     cfg = ner_cfg(ner_dir, "dwatt", "ft")
     mesh = make_mesh(cfg.mesh)
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     task = task_for(cfg)
-    abstract, sh = state_shardings(cfg, tx, mesh, task)
-    fresh = init_state(cfg, tx, task)
+    abstract, sh = state_shardings([cfg], tx, mesh, task)
+    fresh = init_one(cfg, tx, task)
     backbone = randomize(fresh.model.backbone, seed=7)  # stands for pretrained weights
-    state = sharded_init(cfg, tx, mesh, task, sh,
-                         eqx.tree_at(lambda m: m.backbone, abstract.model, backbone))
-    for got, want in zip(arrays(state.model.backbone), arrays(backbone)):
+    state = initialise([cfg], tx, task, sh,
+                       eqx.tree_at(lambda m: m.backbone, abstract_model(abstract), backbone))
+    for got, want in zip(arrays(model_of(state).backbone), arrays(backbone)):
         np.testing.assert_array_equal(got, want)
-    for got, want in zip(arrays(fusion_and_head(state.model)), arrays(fusion_and_head(fresh.model))):
+    for got, want in zip(arrays(fusion_and_head(model_of(state))),
+                         arrays(fusion_and_head(fresh.model))):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert not np.allclose(arrays(backbone)[0], arrays(fresh.model.backbone)[0])
     want = eqx.tree_at(lambda m: m.backbone, fresh.model, backbone)
     want_opt = tx.init(eqx.filter(want, want.trainable_spec()))
     for got, w in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(want_opt)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(w), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(got)[0], np.asarray(w), rtol=1e-6, atol=1e-7)
     # the step takes the state as its own outputs come: one compilation for two steps
-    step = make_train_step(cfg, tx, mesh, sh, task)
+    step = make_step([cfg], mesh, sh, [task])
+    stacked = lambda b: {k: v[None] for k, v in b.items()}  # noqa: E731  (one trial's axis)
     with jax.log_compiles():
         with caplog.at_level(logging.WARNING):
-            state, _ = step(state, make_inputs())
-            step(state, make_inputs(1))
+            state, _ = step(state, stacked(make_inputs()))
+            step(state, stacked(make_inputs(1)))
     assert sum("jit(step)" in r.getMessage() and "Finished XLA compilation" in r.getMessage()
                for r in caplog.records) == 1

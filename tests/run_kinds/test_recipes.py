@@ -100,7 +100,7 @@ def test_another_optimizer_without_a_learning_rate_is_refused():
 def test_a_learning_rate_given_per_trial_satisfies_another_optimizer(tmp_path):
     """Every trial of --trials.lr has its own learning rate, so naming another optimizer than
     the recipe's needs no --optim.lr: each trial trains that optimizer at its own rate."""
-    from jaxdepth.trainer.trials import hparams
+    from jaxdepth.trainer.state import hparams
     cfg = parse_args(["--optim.name", "adamw", "--trials.lr", "1e-3,2e-3"])
     trials = trial_configs(cfg)
     assert [(c.optim.name, c.optim.lr, c.optim.b2) for c in trials] == \

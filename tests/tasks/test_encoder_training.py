@@ -43,15 +43,17 @@ def batch():
 
 def _state_and_step(cfg, mesh_cfg=MeshConfig(data=1)):
     from jaxdepth.tasks import task_for
-    from jaxdepth.trainer.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
-    from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
+    from jaxdepth.trainer.state import start
 
     mesh = make_mesh(mesh_cfg)
-    tx = make_optimizer(cfg.optim, cfg.run.steps)
-    task = task_for(cfg)  # EncoderPretrainTask: its objective is encoder_objective(cfg)
-    _, sh = state_shardings(cfg, tx, mesh, task)
-    return sharded_init(cfg, tx, mesh, task, sh), make_train_step(cfg, tx, mesh, sh, task), mesh
+    # EncoderPretrainTask: its objective is encoder_objective(cfg)
+    state, step, _ = start([cfg], [task_for(cfg)], mesh)
+
+    def one(state, batch):  # a run of one: its batch and metrics on a trial axis of one
+        state, m = step(state, {k: v[None] for k, v in batch.items()})
+        return state, {k: v[0] for k, v in m.items()}
+    return state, one, mesh
 
 
 def test_objective_equals_the_model_loss(batch):
@@ -59,9 +61,10 @@ def test_objective_equals_the_model_loss(batch):
 
     cfg = _cfg(act={"halting_bias_init": -0.5})
     state, _, _ = _state_and_step(cfg)
+    model = state.models().one(0)
     fn, totals = encoder_objective(cfg)
-    value, metrics = fn(state.model, batch, None, totals(batch))
-    want, parts = act.loss(state.model, batch)  # the model's own loss (models/act.py)
+    value, metrics = fn(model, batch, None, totals(batch))
+    want, parts = act.loss(model, batch)  # the model's own loss (models/act.py)
     np.testing.assert_allclose(float(value), float(want), rtol=1e-6)
     for k in ("mlm", "sop", "ponder"):
         np.testing.assert_allclose(float(metrics[k]), float(parts[k]), rtol=1e-6)
@@ -73,7 +76,7 @@ def test_objective_equals_the_model_loss(batch):
         logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
         return -np.take_along_axis(logp, np.asarray(labels)[..., None], -1)[..., 0]
 
-    m = state.model
+    m = model
     out = m(batch["tokens"], batch["segments"], batch["mask"])
     w = np.asarray(batch["mlm_weights"], np.float64)
     mlm_ce = xent(m.mlm_logits(out.h_BTD, batch["mlm_positions"]), batch["mlm_ids"])
@@ -174,22 +177,23 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
             from jaxdepth.data.corpus.pipeline import lm_iterator
             from jaxdepth.tasks import task_for
             from jaxdepth.trainer.loop import restore_or_init
-            from jaxdepth.trainer.run_trials import Trials
             from jaxdepth.trainer.optim import make_optimizer
             from jaxdepth.trainer.sharding import make_mesh
-            from jaxdepth.trainer.step import init_state
+            from jaxdepth.trainer.state import init_one
+            from jaxdepth.trainer.trials import Batches, Trials
 
             task_ = task_for(cfg)
             task_.prepare(run, True, lambda: None)
             tx = make_optimizer(cfg.optim, cfg.run.steps)
             trials = Trials([cfg], [task_], make_mesh(cfg.mesh))
             state, _, _ = restore_or_init(trials, tx, ckpt.open_manager(run, 1),
-                                          lm_iterator(task_.dataset()))
-            for a, b in zip(jax.tree.leaves(eqx.filter(state.model.encoder, eqx.is_array)),
+                                          Batches([lm_iterator(task_.dataset())]))
+            model = state.models().one(0)
+            for a, b in zip(jax.tree.leaves(eqx.filter(model.encoder, eqx.is_array)),
                             jax.tree.leaves(eqx.filter(enc, eqx.is_array))):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-            fresh = eqx.filter_jit(lambda: init_state(cfg, tx, task_))()  # compiled, as the run's
-            np.testing.assert_array_equal(np.asarray(state.model.head.w),
+            fresh = eqx.filter_jit(lambda: init_one(cfg, tx, task_))()  # compiled, as the run's
+            np.testing.assert_array_equal(np.asarray(model.head.w),
                                           np.asarray(fresh.model.head.w))
         s = train(cfg)
         assert s["init_step"] == 6

@@ -128,14 +128,16 @@ def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
     tx = make_optimizer(cfg.optim, cfg.run.steps)
     mngr = ckpt.open_manager(tmp_path / "ft", 1)
     from jaxdepth.data.corpus.pipeline import lm_iterator
-    from jaxdepth.trainer.run_trials import Trials
+    from jaxdepth.trainer.trials import Batches, Trials
 
     state, _, _ = restore_or_init(Trials([cfg], [task], mesh), tx, mngr,
-                                  lm_iterator(task.dataset()))
+                                  Batches([lm_iterator(task.dataset())]))
     want, _, _ = load_model(pre, 2)
-    for a, b in zip(jax.tree.leaves(state.model), jax.tree.leaves(want)):
+    model = state.models().one(0)
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert state.model.cfg.dropout == 0.1 and int(state.step) == 0  # this run's options, fresh optimizer
+    # this run's options, a fresh optimizer
+    assert model.cfg.dropout == 0.1 and int(state.step[0]) == 0
     assert (tmp_path / "ft" / "data" / "tokenizer.model").read_bytes() == \
         (pre / "data" / "tokenizer.model").read_bytes()  # one tokenizer for both
     with pytest.raises(ConfigError, match="model.d_ff: 80 here but 64"):

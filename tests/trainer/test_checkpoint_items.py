@@ -123,7 +123,7 @@ def test_a_checkpoint_without_the_new_fingerprints_is_taken_as_before(
 def forced_metrics(monkeypatch):
     """forced_metrics(step -> {metric: value}) makes the train step report those values (the
     state is trained as ever); returns the metrics each step really had, by step."""
-    from jaxdepth.trainer.run_trials import Trials
+    from jaxdepth.trainer.trials import Trials
 
     real, seen = Trials.make_step, {}
 
@@ -131,11 +131,12 @@ def forced_metrics(monkeypatch):
         def make_step(self, *a, **k):
             fn = real(self, *a, **k)
 
-            def step(state, batch):
+            def step(state, batch):  # a run of one: [1] arrays
                 state, m = fn(state, batch)
-                s = int(state.step)
-                seen[s] = {k: float(v) for k, v in m.items()}
-                return state, {**m, **{k: jnp.float32(v) for k, v in forced(s).items()}}
+                s = int(state.step[0])
+                seen[s] = {k: float(v[0]) for k, v in m.items()}
+                return state, {**m, **{k: jnp.full(1, v, jnp.float32)
+                                       for k, v in forced(s).items()}}
             return step
 
         monkeypatch.setattr(Trials, "make_step", make_step)

@@ -7,7 +7,7 @@ or evaluated state is laid out differently from a fresh one. Timing cannot tell 
 so the traces are counted: JAX reports every trace of a jitted function at top level as a
 ``/jax/core/compile/jaxpr_trace_duration`` monitoring event, and the test counts the events
 that happen while the loop's step function is running. The loop gets its step function from
-``make_train_step``, which the test wraps in the loop module.
+``Trials.make_step``, which the test wraps.
 
 Runs (in-process, tiny models, 4 steps per invocation with an evaluation and a checkpoint after
 the second): the decoder LM (tiny-L2 shrunk, as tests/trainer/test_training.py runs it), stopped with
@@ -27,7 +27,7 @@ from _train_helpers import base_args, committed_steps, step_losses
 from jaxdepth.cli import parse_args
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import loop
-from jaxdepth.trainer.run_trials import Trials
+from jaxdepth.trainer.trials import Trials
 
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

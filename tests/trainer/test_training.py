@@ -26,7 +26,7 @@ from jaxdepth.data.corpus.tokenizer import train_tokenizer
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import make_mesh
-from jaxdepth.trainer.step import state_shardings
+from jaxdepth.trainer.state import state_shardings
 
 VOCAB = 512  # tiny-L2's vocabulary
 
@@ -88,12 +88,14 @@ def test_sharded_equals_single_device(tmp_path, tokenizer, single_device_run, fs
     # (tensor parallel) and, with FSDP, over "data".
     mesh = make_mesh(cfg.mesh)
     assert dict(mesh.shape) == {"data": 4, "model": 2}
-    _, sh = state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh, task_for(cfg))
+    _, sh = state_shardings([cfg], make_optimizer(cfg.optim, cfg.run.steps), mesh,
+                            task_for(cfg))
     p_axes = [_spec_axes(s) for s in jax.tree.leaves(sh.model)]
     assert any("model" in a for a in p_axes)
     assert any("data" in a for a in p_axes) == fsdp
     assert any("model" in _spec_axes(s) for s in jax.tree.leaves(sh.opt_state))
-    assert sh.model.embed.spec[0] == "model"  # vocab 512 over the 2-way model axis
+    # after the trial axis (one trial: not sharded): vocab 512 over the 2-way model axis
+    assert sh.model.embed.spec[:2] == (None, "model")
     assert sh.model.blocks.mlp.wi_0.spec[-1] == "model"  # d_ff 256
 
     summary = train(cfg)
@@ -392,14 +394,15 @@ def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path)
     cfg = Config.from_dict(json.loads((straight_run / "config.json").read_text()))
     mngr = ckpt.open_manager(straight_run, read_only=True)
     mesh = make_mesh(MeshConfig(data=1))
-    state = ckpt.restore(mngr, RESUME_STEPS, *state_shardings(cfg, make_optimizer(cfg.optim, cfg.run.steps), mesh,
-                                                              task_for(cfg)))
+    state = ckpt.restore(mngr, RESUME_STEPS, *state_shardings(
+        [cfg], make_optimizer(cfg.optim, cfg.run.steps), mesh, task_for(cfg)))
     mngr.close()
+    model = state.models().one(0)
     tok = Tokenizer.load(straight_run / "data" / "tokenizer.model")
     stream = []
     for doc in ("the cat saw a dog .", "some birds slept ."):
         stream += tok.encode(doc) + [1]
-    logits = np.asarray(state.model(jnp.asarray([stream[:-1]], jnp.int32)))[0].astype(np.float64)
+    logits = np.asarray(model(jnp.asarray([stream[:-1]], jnp.int32)))[0].astype(np.float64)
     logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
     nll = -logp[np.arange(len(stream) - 1), stream[1:]].mean()
     assert got["tokens"] == len(stream) - 1

@@ -339,7 +339,7 @@ def test_trials_evaluation_is_per_trial_on_the_cpu_unless_asked(tmp_path, tokeni
     """trials.evaluation auto: trial by trial on the CPU (K independent programs overlap
     there, measured faster than one vmapped program); an unknown value is refused."""
     from jaxdepth.tasks import task_for
-    from jaxdepth.trainer.run_trials import Trials
+    from jaxdepth.trainer.trials import Trials
 
     cfg = parse_args(lm_args(tmp_path / "r", tokenizer, **{"run.seeds": "0,1",
                                                            "trials.evaluation": "auto"}))
@@ -455,15 +455,15 @@ def test_ner_fe_trials_of_several_shots_equal_their_solo_runs(runs, ner_args):
 
 def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
     """Two seed trials over one pretrained backbone (task.init_from, fusion.mode fe) keep its
-    arrays once, without a trial axis (TrialState.shared), in memory and in the checkpoint,
+    arrays once, without a trial axis (TrainState.shared), in memory and in the checkpoint,
     while the head and fusion are stacked; each trial still equals its solo run (losses, dev
     and test F1, evaluated vmapped), and an exported trial holds the whole model."""
     from jaxdepth.config import Config
     from jaxdepth.tasks import load_model, task_for
     from jaxdepth.trainer import checkpoint as ckpt
-    from jaxdepth.trainer import trials as tr
     from jaxdepth.trainer.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
+    from jaxdepth.trainer.state import TrainState, state_shardings
     from jaxdepth.trainer.trial_export import export_trial
 
     pre = runs("ner-solo1", lambda run: ner_args(run, **{"task.n_shot": 1}))
@@ -478,8 +478,8 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
 
     cfg = Config.from_dict(json.loads((trials / "config.json").read_text()))
     cfgs = trial_configs(cfg)
-    abstract, shardings = tr.trial_shardings(cfgs, make_optimizer(cfgs[0].optim, 4),
-                                             make_mesh(MeshConfig(data=1)), task_for(cfgs[0]))
+    abstract, shardings = state_shardings(cfgs, make_optimizer(cfgs[0].optim, 4),
+                                          make_mesh(MeshConfig(data=1)), task_for(cfgs[0]))
     mngr = ckpt.open_manager(trials, read_only=True)
     try:
         state = ckpt.restore(mngr, 4, abstract, shardings)
@@ -490,12 +490,12 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
         return jax.tree.leaves(eqx.filter(tree, eqx.is_array))
 
     pretrained = arrays(load_model(pre)[0].backbone)
-    assert not arrays(state.state.model.backbone)  # not in the stacked model
+    assert not arrays(state.model.backbone)  # not in the stacked model
     shared = arrays(state.shared.backbone)
     assert [a.shape for a in shared] == [a.shape for a in pretrained]  # no trial axis
     for a, b in zip(shared, pretrained):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    stacked = arrays(state.state.model)
+    stacked = arrays(state.model)
     assert stacked and all(a.shape[0] == 2 for a in stacked)
     assert not arrays(state.shared.head) and not arrays(state.shared.fusion)
 
@@ -503,16 +503,15 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
     # line that says so, and left where it is
     import jax.numpy as jnp
 
-    from jaxdepth.trainer.step import TrainState
     from jaxdepth.trainer.trial_export import _SavedState
 
     old = runs.root / "ner-shared-old-layout"
     shutil.copytree(trials, old)
     shutil.rmtree(old / "checkpoints")
     copies = jax.tree.map(lambda x: jnp.stack([x, x]), state.shared)
-    s = state.state
-    layout = tr.TrialState(TrainState(s.step, eqx.combine(s.model, copies), s.opt_state, s.key),
-                           state.hparams, state.frozen)
+    s = state
+    layout = TrainState(s.step, eqx.combine(s.model, copies), s.opt_state, s.key, s.hparams,
+                        s.frozen)  # nothing shared: the backbone on the trial axis
     mngr = ckpt.open_manager(old, 1)
     data = json.loads((trials / "checkpoints" / "4" / "data" / "process_0-of-1.json").read_text())
     ckpt.save(mngr, 4, layout, _SavedState(data), cfg)
@@ -540,7 +539,7 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
 
     dest = export_trial(trials, 1, task_for)
     exported, _, _ = load_model(dest)
-    for a, b in zip(arrays(exported), arrays(state.trial(1).model), strict=True):
+    for a, b in zip(arrays(exported), arrays(state.models().one(1)), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for a, b in zip(arrays(exported.backbone), pretrained, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -846,26 +845,26 @@ def test_one_seed_is_the_solo_run(lm):
 @pytest.mark.fake_devices
 def test_the_trial_axis_goes_over_data_when_the_trials_divide_it(data, k, axis):
     from jaxdepth.tasks import task_for
-    from jaxdepth.trainer import trials as tr
+    from jaxdepth.trainer import state as st
     from jaxdepth.trainer.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
-    from jaxdepth.trainer.step import state_shardings
 
     mesh = make_mesh(MeshConfig(data=data))
-    assert tr.trial_axis(mesh, k) == axis
+    assert st.trial_mesh_axis(mesh, k) == axis
     cfgs = trial_configs(parse_args(["--preset", "tiny-L2", "--run.seeds",
                                      ",".join(map(str, range(k)))]))
     task = task_for(cfgs[0])
     tx = make_optimizer(cfgs[0].optim, cfgs[0].run.steps)
-    abstract, sh = tr.trial_shardings(cfgs, tx, mesh, task)
-    _, one = state_shardings(cfgs[0], tx, mesh, task)
-    got, want = jax.tree.leaves(sh.state), jax.tree.leaves(one)
+    abstract, sh = st.state_shardings(cfgs, tx, mesh, task)
+    _, one = st.state_shardings(cfgs[:1], tx, mesh, task)  # a run of one: its axis unsharded
+    own = lambda t: (t.step, t.model, t.opt_state, t.key)  # noqa: E731
+    got, want = jax.tree.leaves(own(sh)), jax.tree.leaves(own(one))
     assert len(got) == len(want) > 0
     for s, w in zip(got, want):  # the solo layout behind a leading trial axis
-        assert tuple(s.spec) == (axis, *w.spec), (s.spec, w.spec)
+        assert w.spec[0] is None and tuple(s.spec) == (axis, *w.spec[1:]), (s.spec, w.spec)
     assert tuple(sh.frozen.spec) == (axis,) and abstract.frozen.shape == (k,)
     # batches [K, B, ...]: a trial per device, or each trial's rows over data
-    assert tuple(tr.batch_sharding(mesh, k).spec) == (("data",) if axis else (None, "data"))
+    assert tuple(st.batch_sharding(mesh, k).spec) == (("data",) if axis else (None, "data"))
 
 
 @pytest.mark.fake_devices

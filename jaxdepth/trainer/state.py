@@ -1,0 +1,381 @@
+"""A run's train state (one eqx.Module), its sharded initialisation, and its jitted step.
+
+Every run is K >= 1 trials (trials.py), each exactly the solo run its own config describes
+(trial_grid.trial_configs); a run without trials is K = 1. Their states are stacked on a
+leading trial axis, each initialised by one init program that takes the seed as an argument,
+and one trial's update (``make_update``) is applied to every trial (trial_axis.over_trials:
+vmapped when K > 1, called as it is on the one trial when K = 1) and jitted once. What varies
+between trials goes in as arrays: the seed (the key of the init and of dropout), the settings
+that vary (``hparams``: the learning-rate schedule and weight decay are built inside the step
+from them; dropout rates and ACT's ponder weight reach the model through
+trial_tracing.setting), and each trial's batches. A trial whose loss, gradient or updated
+parameters turn non-finite is frozen: its update is masked from then on and the others go
+on. The arrays every trial holds alike and never trains (Task.trial_shared: a frozen
+pretrained backbone) are kept once, outside the trial axis (``TrainState.shared``), and enter
+the step and the evaluation unbatched.
+
+With several devices the trial axis is sharded over the mesh's data axis when the trials
+divide over it (each device trains its own trials: no cross-device traffic); otherwise it is
+replicated and each trial keeps the solo run's data/model sharding.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import Array
+
+from ..config import Config
+from ..trial_axis import Models, over_trials, select, shared_spec, stack
+from ..trial_tracing import DROPOUT_SETTINGS, Keep, trial_values
+from . import sharding as shd
+from .optim import make_optimizer
+from .task import Task
+
+# Optimizer settings a trial may vary, as make_optimizer's keyword arguments.
+OPTIM_HPARAMS = {"optim.lr": "lr", "optim.weight_decay": "weight_decay"}
+
+
+class TrainState(eqx.Module):
+    """The K trials' state, every leaf on a leading trial axis [K, ...] but `shared`'s; one
+    trial's (select(state, k), or what the step's update sees) is the same type without it."""
+
+    step: Array  # int32[K]: optimizer steps taken (the same in every trial)
+    model: eqx.Module  # whatever the task builds; None where `shared` holds the array
+    opt_state: optax.OptState
+    key: Array  # uint32[K, 2] raw key data; dropout at step s uses fold_in(key, s)
+    # float32[K] per setting the trials vary: make_optimizer's keyword for an optimizer
+    # setting, the setting's name for one a model reads (a dropout rate as its keep
+    # probability 1 - rate); {} when nothing varies
+    hparams: dict
+    frozen: Array  # bool[K]: trials stopped by a non-finite value; their updates are masked
+    # the arrays every trial holds alike and never trains, once (no trial axis): a
+    # model-shaped pytree holding them, None elsewhere; None when the trials share nothing
+    shared: Any = None
+
+    @property
+    def n_trials(self) -> int:
+        return self.frozen.shape[0]
+
+    def models(self) -> Models:
+        """The K trials' models, for an evaluation."""
+        return Models(self.model, self.n_trials, self.shared)
+
+    def trial(self, k: int) -> "TrainState":
+        """Trial k alone, as a run of one (its trial axis of one, nothing shared)."""
+        one = select(self, k)
+        model = one.model if self.shared is None else eqx.combine(one.model, self.shared)
+        return stack([TrainState(one.step, model, one.opt_state, one.key, {}, one.frozen)])
+
+
+def init_one(cfg: Config, tx: optax.GradientTransformation, task: Task, given=None,
+             seed=None) -> TrainState:
+    """One trial's fresh state (no trial axis); `given`: a model-shaped pytree whose arrays
+    replace the fresh ones (None leaves stay fresh); seed: in place of cfg.run.seed (a
+    trial's, traced: the same key, so the same weights as a solo run of that seed)."""
+    key = jax.random.key(cfg.run.seed if seed is None else seed)
+    model = task.build_model(key=jax.random.fold_in(key, 0))
+    if given is not None:
+        model = jax.tree.map(lambda g, f: f if g is None else g, given, model,
+                             is_leaf=lambda x: x is None)
+    params = eqx.filter(model, model.trainable_spec())
+    return TrainState(jnp.int32(0), model, tx.init(params),
+                      jax.random.key_data(jax.random.fold_in(key, 1)), {}, jnp.bool_(False))
+
+
+def varying(cfgs: list[Config]) -> list[str]:
+    """The settings (``section.field``) whose values differ between the trials (task.seed
+    not, where it is every trial's run.seed)."""
+    from ..trial_grid import TRIAL_FIELDS
+
+    fields = [f for f, _ in TRIAL_FIELDS.values()] + ["run.seed"]
+    if all(c.task.seed == c.run.seed for c in cfgs):  # trials.task_seed "seed": the seed's
+        fields.remove("task.seed")
+    return [f for f in fields if len({value(c, f) for c in cfgs}) > 1]
+
+
+def value(cfg: Config, setting: str):
+    sec, name = setting.split(".")
+    return getattr(getattr(cfg, sec), name)
+
+
+def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
+    """float32[K] per varying setting the step reads (TrainState.hparams). A dropout rate is
+    carried as 1 - rate, computed in float64 as a solo run's Python float is."""
+    from ..trial_tracing import SCALAR_SETTINGS
+
+    out = {}
+    for f in varying(cfgs):
+        values = np.asarray([value(c, f) for c in cfgs], np.float64)
+        if f in OPTIM_HPARAMS:
+            out[OPTIM_HPARAMS[f]] = values.astype(np.float32)
+        elif f in DROPOUT_SETTINGS:
+            out[f] = (1.0 - values).astype(np.float32)
+        elif f in SCALAR_SETTINGS:
+            out[f] = values.astype(np.float32)
+    return out
+
+
+def trial_mesh_axis(mesh: Mesh, k: int) -> str | None:
+    """The mesh axis the trial axis is sharded over: "data" when the K trials divide over
+    more than one device of it (the model axis then stays within each trial), else None."""
+    n = mesh.shape["data"]
+    return "data" if n > 1 and k % n == 0 else None
+
+
+def _stacked(sharding: NamedSharding, axis: str | None) -> NamedSharding:
+    """A trial's leaf sharding with a leading trial axis; a trial axis over "data" takes that
+    axis from the leaf (an FSDP-sharded parameter is then whole within its trial)."""
+    inner = tuple(None if (a == axis or (isinstance(a, tuple) and axis in a)) else a
+                  for a in sharding.spec) if axis else tuple(sharding.spec)
+    return NamedSharding(sharding.mesh, P(axis, *inner))
+
+
+def batch_sharding(mesh: Mesh, k: int) -> NamedSharding:
+    """Batches [K, B, ...]: over the trials, or each trial's rows over the data axis."""
+    axis = trial_mesh_axis(mesh, k)
+    return NamedSharding(mesh, P(axis) if axis else P(None, "data"))
+
+
+def own_pretrained(cfgs: list[Config]) -> bool:
+    """Whether each trial starts from its own pretrained run (task.init_from "...{seed}")."""
+    return len({c.task.init_from for c in cfgs}) > 1
+
+
+def _shared_spec(cfgs: list[Config], task: Task, model) -> Any:
+    """Filter spec of the model's arrays that every trial shares (Task.trial_shared), or
+    None: never when the trials start from different pretrained runs."""
+    if own_pretrained(cfgs):
+        return None
+    spec = task.trial_shared(model)
+    return spec if spec is not None and any(jax.tree.leaves(spec)) else None
+
+
+def _split(state: TrainState, spec) -> tuple[TrainState, Any]:
+    """(state with the shared arrays taken out of its model, the shared arrays)."""
+    shared, own = eqx.partition(state.model, spec)
+    return eqx.tree_at(lambda s: s.model, state, own, is_leaf=lambda x: x is None), shared
+
+
+def _with_model(state: TrainState, model) -> TrainState:
+    return TrainState(state.step, model, state.opt_state, state.key, state.hparams,
+                      state.frozen, state.shared)
+
+
+def state_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
+    """(abstract state of the K trials, matching pytree of NamedShardings)."""
+    k, axis = len(cfgs), trial_mesh_axis(mesh, len(cfgs))
+    one = eqx.filter_eval_shape(lambda: init_one(cfgs[0], tx, task))
+    p_sh = shd.param_shardings(one.model, mesh, cfgs[0].mesh.fsdp)
+    spec = one.model.trainable_spec()
+    o_sh = shd.opt_state_shardings(tx, one.opt_state, eqx.filter(one.model, spec),
+                                   eqx.filter(p_sh, spec), mesh)
+    rep = shd.replicated(mesh)
+    solo = TrainState(rep, p_sh, o_sh, rep, {}, rep)
+    shared = shared_sh = None
+    spec = _shared_spec(cfgs, task, one.model)
+    if spec is not None:  # kept once, placed as a solo run places them
+        one, shared = _split(one, spec)
+        solo, shared_sh = _split(solo, spec)
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), one)
+    sh = jax.tree.map(lambda s: _stacked(s, axis), solo)
+    hp = {n: jax.ShapeDtypeStruct((k,), jnp.float32) for n in hparams(cfgs)}
+    vec = NamedSharding(mesh, P(axis))
+    return (TrainState(abstract.step, abstract.model, abstract.opt_state, abstract.key, hp,
+                       abstract.frozen, shared),
+            TrainState(sh.step, sh.model, sh.opt_state, sh.key, {n: vec for n in hp}, sh.frozen,
+                       shared_sh))
+
+
+def abstract_model(abstract: TrainState):
+    """One trial's abstract model (ShapeDtypeStruct leaves), shared arrays included."""
+    model = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), abstract.model)
+    return model if abstract.shared is None else eqx.combine(model, abstract.shared)
+
+
+def initialise(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) -> TrainState:
+    """The K fresh states, each trial's weights those of a solo run of its seed, placed with
+    `shardings` (state_shardings'). pretrained: the model with the task's pretrained arrays
+    (Task.initial_model of the abstract model; the leaves it leaves abstract are initialised
+    fresh), for every trial, or a list of them, trial k's the k-th; the arrays `shardings`
+    keeps once (TrainState.shared) are trial 0's, every trial's being the same.
+
+    One init program with the seed as an argument, called once per trial, then stacked: the
+    same weights as one vmap over the seeds (the seed is traced either way), but a vmapped
+    random init compiled about 3x slower on the CPU (12 s against 4 s for tiny-L2 at K=4),
+    the largest fixed cost of a small trials unit. The pretrained arrays enter the same
+    jitted init, so the fresh weights they replace are dead code XLA drops (a 22M-parameter
+    backbone's random init cost seconds of compile and run), and the state comes out committed
+    to its shardings, as the step's own outputs are (else the step compiles twice)."""
+    per_trial = isinstance(pretrained, list)  # each trial's own weights (task.init_from {seed})
+    given = [eqx.filter(p, eqx.is_array) for p in pretrained] if per_trial else (
+        [None if pretrained is None else eqx.filter(pretrained, eqx.is_array)] * len(cfgs))
+    one = eqx.filter_jit(lambda seed, g: init_one(cfgs[0], tx, task, g, seed=seed))
+    states = [one(jnp.int32(c.run.seed), g) for c, g in zip(cfgs, given)]
+    spec = None if shardings.shared is None else shared_spec(shardings.shared)
+
+    @eqx.filter_jit
+    def place(states, hp):
+        shared = None
+        if spec is not None:
+            states, shared = zip(*(_split(s, spec) for s in states))
+            shared = shared[0]
+        s = stack(states)
+        return eqx.filter_shard(TrainState(s.step, s.model, s.opt_state, s.key, hp, s.frozen,
+                                           shared), shardings)
+
+    return place(states, {n: jnp.asarray(v) for n, v in hparams(cfgs).items()})
+
+
+def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | None = None):
+    """update(state, batch, tx) -> (new state, metrics): one trial's optimizer step over its
+    global batch (a state and batch without the trial axis), split into
+    cfg.optim.accum_steps micro-batches, not yet jitted (make_step applies it to every trial).
+
+    The task's objective (see trainer/task.py) gives each micro-batch's share of the batch
+    objective; shares add up to the batch value, so the update does not depend on how the
+    batch is split. If its totals have a "divisor", the objective returns sums instead and the
+    summed gradient and metrics (except "tokens") are divided by it once. micro_sharding, if
+    given, places the micro-batches. dropout: whether to draw dropout keys (default: whether
+    its model has dropout)."""
+    accum = cfg.optim.accum_steps
+    objective_fn, total_fn = task.objective()
+    # Differentiates its first argument only: the arrays left in `static` (a frozen backbone)
+    # enter the objective as constants, so no gradient is computed for them at all.
+    grad_fn = eqx.filter_value_and_grad(
+        lambda p, static, *a: objective_fn(eqx.combine(p, static), *a), has_aux=True)
+
+    def split(x):  # row b goes to micro-batch b % accum, so every device feeds every micro-batch
+        x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+        return x if micro_sharding is None else jax.lax.with_sharding_constraint(x, micro_sharding)
+
+    def update(state: TrainState, batch, tx: optax.GradientTransformation):
+        key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+        totals = total_fn(batch)
+        micro = jax.tree.map(split, batch)
+        params, static = eqx.partition(state.model, state.model.trainable_spec())
+        # the model's static config says it (under trace), unless the trials decided
+        use_dropout = state.model.uses_dropout if dropout is None else dropout
+
+        def body(carry, xs):
+            g_acc, m_acc = carry
+            mb, i = xs
+            k = jax.random.fold_in(key, i) if use_dropout else None
+            (_, metrics), g = grad_fn(params, static, mb, k, totals)
+            g_acc = jax.tree.map(jnp.add, g_acc, g)
+            return (g_acc, jax.tree.map(jnp.add, m_acc, metrics)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        m_zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                               jax.eval_shape(lambda: grad_fn(params, static,
+                                                              jax.tree.map(lambda x: x[0], micro),
+                                                              None, totals)[0][1]))
+        (grads, sums), _ = jax.lax.scan(body, (zeros, m_zeros), (micro, jnp.arange(accum)))
+        if "divisor" in totals:
+            d = totals["divisor"]
+            grads = jax.tree.map(lambda g: g / d, grads)
+            sums = {k: (v if k == "tokens" else v / d) for k, v in sums.items()}
+        updates, opt_state = tx.update(grads, state.opt_state, params)
+        model = eqx.apply_updates(state.model, updates)
+        new = TrainState(state.step + 1, model, opt_state, state.key, state.hparams,
+                         state.frozen, state.shared)
+        # param_norm lets the loop refuse to checkpoint parameters the update made non-finite
+        # (the loss of this step was computed before the update, so it cannot tell).
+        metrics = dict(sums)
+        metrics.update(grad_norm=optax.tree.norm(grads),
+                       param_norm=optax.tree.norm(eqx.filter(model, eqx.is_array)))
+        return new, metrics
+
+    return update
+
+
+def with_compile_check(step, on_compile):
+    """run(state, batch) calling the jitted step(batch, state). on_compile(compiled, state,
+    batch), if given, sees the step compiled for its first call before that call runs, and
+    may refuse it by raising (trainer/memory.py); the jit cache serves the call, so the step
+    is still traced and compiled once. ``run.lower(state, batch)`` lowers the step without
+    running it."""
+    pending = [on_compile]
+
+    def run(state, batch):
+        if pending[0] is not None:
+            check, pending[0] = pending[0], None
+            check(step.lower(batch, state).compile(), state, batch)
+        return step(batch, state)
+
+    run.lower = lambda state, batch: step.lower(batch, state)
+    return run
+
+
+def _uses_dropout(task: Task) -> bool:
+    """Whether the trial's own model (its task's, built abstractly) has dropout: the step's
+    model is trial 0's, whose static rate may be 0 where another trial's is not."""
+    return eqx.filter_eval_shape(task.build_model, key=jax.random.key(0)).uses_dropout
+
+
+def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_compile=None):
+    """run(state, batch [K, B, ...]) -> (state, metrics: [K] arrays, with "frozen").
+
+    One jitted program: one trial's update applied to every trial (over_trials), each with
+    its own optimizer settings; a trial that is frozen, or whose loss, gradient norm or
+    updated parameters are not finite, keeps its state (and is frozen from then on). The
+    state is donated and the new one placed with `shardings`. The objective is trial 0's
+    task's; dropout keys are drawn when any trial's model has dropout (a trial at rate 0 then
+    keeps every unit, as its solo run does without a key). See with_compile_check for
+    on_compile and the returned function."""
+    cfg = cfgs[0]
+    axis = trial_mesh_axis(mesh, len(cfgs))
+    # within a trial, its rows over the data axis unless the trials took it
+    update = make_update(cfg, tasks[0], None if axis else NamedSharding(mesh, P(None, "data")),
+                         dropout=any(map(_uses_dropout, tasks)))
+
+    def one(state: TrainState, batch, shared):
+        mine = state  # this trial's own arrays
+        if shared is not None:  # the trial's whole model; only its own arrays come back
+            state = _with_model(state, eqx.combine(state.model, shared))
+        hp = state.hparams
+        tx = make_optimizer(cfg.optim, cfg.run.steps,
+                            **{n: v for n, v in hp.items() if n in OPTIM_HPARAMS.values()})
+        model_values = {n: Keep(v) if n in DROPOUT_SETTINGS else v
+                        for n, v in hp.items() if n not in OPTIM_HPARAMS.values()}
+        with trial_values(model_values):
+            new, m = update(state, batch, tx)
+        if shared is not None:  # never trained: the same arrays as went in
+            new, _ = _split(new, shared_spec(shared))
+        bad = ~(jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"])
+                & jnp.isfinite(m["param_norm"]))
+        stop = mine.frozen | bad
+        kept = jax.tree.map(lambda n, o: jnp.where(stop, o, n),
+                            eqx.filter(new, eqx.is_array), eqx.filter(mine, eqx.is_array))
+        new = eqx.combine(kept, new)
+        new = TrainState(mine.step + 1, new.model, new.opt_state, new.key, mine.hparams, stop)
+        return new, {**m, "frozen": stop}
+
+    per_trial = over_trials(one, len(cfgs), (True, True, False), axis_name=None)
+
+    @eqx.filter_jit(donate="all-except-first")
+    def step(batch, state: TrainState):
+        own = TrainState(state.step, state.model, state.opt_state, state.key, state.hparams,
+                         state.frozen)
+        new, m = per_trial(own, batch, state.shared)
+        new = TrainState(new.step, new.model, new.opt_state, new.key, new.hparams, new.frozen,
+                         state.shared)
+        return eqx.filter_shard(new, shardings), m
+
+    return with_compile_check(step, on_compile)
+
+
+def start(cfgs: list[Config], tasks: list[Task], mesh: Mesh, pretrained=None,
+          on_compile=None) -> tuple[TrainState, Any, TrainState]:
+    """(fresh state, step, shardings) of the K trials of cfgs, each with its task, built as
+    the training loop builds them but without its data, hooks and checkpoints: what a
+    benchmark or a test steps with batches of its own ([K, B, ...])."""
+    tx = make_optimizer(cfgs[0].optim, cfgs[0].run.steps)
+    _, shardings = state_shardings(cfgs, tx, mesh, tasks[0])
+    state = initialise(cfgs, tx, tasks[0], shardings, pretrained)
+    return state, make_step(cfgs, mesh, shardings, tasks, on_compile), shardings
