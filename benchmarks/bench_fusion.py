@@ -1,8 +1,9 @@
 """Train-step cost of layer fusion: FE and FT with Base, Base+n, Concat and DWAtt (docs/design.md §4).
 
 Every configuration is the NER fusion job's real train step, built as ``train.py`` builds it
-(``make_optimizer`` AdamW, ``make_mesh``, ``state_shardings``, ``sharded_init``,
-``make_train_step`` with the NER task's objective), on one backbone: a fresh ``model.arch=encoder``
+(``make_optimizer`` AdamW, ``make_mesh``, trainer/state.py's ``state_shardings``,
+``init_one`` and ``make_step`` with the NER task's objective, one trial on its trial axis), on
+one backbone: a fresh ``model.arch=encoder``
 of the given shape (every configuration is initialised from the same seed, so the backbone
 weights are identical; the JSON records that this was checked), or a Hugging Face BERT/RoBERTa
 directory (``--hf``, loaded with the NER task's ``initial_model``). The batch is synthetic and
@@ -65,7 +66,9 @@ from jaxdepth.models.fusions import fusion_methods, own_settings
 from jaxdepth.tasks import task_for, train
 from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
-from jaxdepth.trainer.step import init_state, make_train_step, state_shardings
+from jaxdepth.trainer.state import batch_sharding as trial_batch_sharding
+from jaxdepth.trainer.state import init_one, make_step, state_shardings
+from jaxdepth.trial_axis import stack
 
 # Every registered method and mode (a new fusion method is timed without editing this file).
 METHODS = fusion_methods()
@@ -321,7 +324,7 @@ def _run(args, ner_dir: str) -> dict:
     if args.batch % mesh.shape["data"]:
         raise SystemExit(f"--batch {args.batch} is not divisible by the data axis "
                          f"({mesh.shape['data']} devices); pick a multiple")
-    b_sh = batch_sharding(mesh)
+    b_sh, trial_sh = batch_sharding(mesh), trial_batch_sharding(mesh, 1)
 
     steps, states, first_call, bb_ref, same_backbone, hf_step = {}, {}, {}, None, True, None
     hf_backbone = None
@@ -334,21 +337,23 @@ def _run(args, ner_dir: str) -> dict:
                 task = task_for(cfg)
             except ConfigError as e:
                 raise SystemExit(f"--seq-len {args.seq_len}: {e}") from None
-            _, shardings = state_shardings(cfg, tx, mesh, task)
-            # init_state run eagerly then placed (what sharded_init does, minus compiling one
+            _, shardings = state_shardings([cfg], tx, mesh, task)  # one trial, on its axis
+            # init_one run eagerly then placed (what initialise does, minus compiling one
             # init program per configuration, which costs more than the benchmark itself)
-            state = eqx.filter_shard(init_state(cfg, tx, task), shardings)
+            state = eqx.filter_shard(stack([init_one(cfg, tx, task)]), shardings)
             if args.hf:  # the task's loader once; every configuration gets its own copy
                 if hf_backbone is None:
-                    model = task.initial_model(mesh, state.model)
+                    model = task.initial_model(mesh, state.models().one(0))
                     hf_step, hf_backbone = task.init_step, model.backbone
-                state = eqx.tree_at(lambda s: s.model.backbone, state, _copy_arrays(hf_backbone))
+                state = eqx.tree_at(lambda s: s.model.backbone, state, jax.tree.map(
+                    lambda x: x[None], _copy_arrays(hf_backbone)))
                 state = eqx.filter_shard(state, shardings)
+            backbone = state.models().one(0).backbone
             if bb_ref is None:
-                bb_ref = _copy_arrays(state.model.backbone)  # for the backbone-only timings
+                bb_ref = _copy_arrays(backbone)  # for the backbone-only timings
             else:
-                same_backbone &= _same_arrays(bb_ref, state.model.backbone)
-            steps[name] = make_train_step(cfg, tx, mesh, shardings, task)
+                same_backbone &= _same_arrays(bb_ref, backbone)
+            steps[name] = make_step([cfg], mesh, shardings, [task])
             states[name] = state
 
     L, d = depth_and_width(bb_ref)
@@ -358,6 +363,7 @@ def _run(args, ner_dir: str) -> dict:
     batch_np = synthetic_batch(args.batch, args.seq_len, args.labelled, bcfg.vocab_size,
                                len(labels), args.seed)
     data = {k: jax.device_put(v, b_sh) for k, v in batch_np.items()}
+    one_trial = {k: jax.device_put(v[None], trial_sh) for k, v in batch_np.items()}
     bb_args = (data["tokens"], data["mask"], data["segments"])
     fwd, vag = backbone_fns(bb_ref)
     print(f"fusion step benchmark: backbone {'HF ' + args.hf if args.hf else 'fresh encoder'} "
@@ -370,7 +376,7 @@ def _run(args, ner_dir: str) -> dict:
             return fwd(bb_ref, *bb_args)
         if name == "backbone_value_and_grad":
             return vag(bb_ref, *bb_args)
-        states[name], metrics = steps[name](states[name], data)
+        states[name], metrics = steps[name](states[name], one_trial)
         return states[name], metrics
 
     names = [config_name(m, mode) for mode in MODES for m in methods] + list(BACKBONE_PATHS)
@@ -379,7 +385,7 @@ def _run(args, ner_dir: str) -> dict:
     def warm(name):  # the first call compiles; it is not timed
         out, first_call[name] = timed(call, name)
         if name not in BACKBONE_PATHS:
-            losses[name] = float(out[1]["loss"])
+            losses[name] = float(out[1]["loss"][0])
         print(f"  compiled {name}: first call {first_call[name]:.2f} s", flush=True)
 
     t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """Train-step benchmark across a parameter-matched depth family (docs/design.md §2 (d), §6, §7).
 
 For every member of a size class (``--family``, Eq. 1 ``d_ff``) this builds the real train
-step exactly as ``train.py`` does (``make_optimizer`` -> AdamW, ``make_mesh``,
-``sharded_init``, ``state_shardings``, ``make_train_step``) and measures:
+step exactly as ``train.py`` does (``make_mesh``, trainer/state.py's ``start``: AdamW, the
+state of one trial on its trial axis, the jitted step) and measures:
 
 - compile time: the tracing + lowering + XLA compile of the step (JAX's own compile-duration
   events, recorded during the first call) and the wall time of that first call;
@@ -102,7 +102,6 @@ def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 1
         train_step()
     jax.block_until_ready((train_step.state, train_step.metrics))
     times = [timed(train_step)[1] for _ in range(steps)]
-    metrics = train_step.metrics
     mem, mem_kind = peak_memory()
 
     tokens = batch * seq_len
@@ -123,7 +122,7 @@ def bench_member(model: ModelConfig, *, seq_len: int, batch: int, steps: int = 1
         "mfu": tps * fpt / (peak_flops * mesh_.size),
         "peak_flops_per_device": peak_flops, "peak_source": peak_source,
         "peak_memory_bytes": mem, "peak_memory_kind": mem_kind,
-        "final_loss": float(metrics["loss"]),
+        "final_loss": train_step.loss(),
     }
 
 

@@ -7,14 +7,14 @@ iteration bound M) and each K (``--ks``), the script builds the
 config train.py builds from ``--preset NAME --run.seeds 0,...,K-1`` (``cli.parse_args``; the
 lm recipe's optimizer, data.seq_len 128 and data.batch_size 32 unless ``--seq-len`` /
 ``--batch`` say otherwise) and the K-trial step exactly as the training loop does
-(``trial_configs``, one ``task_for`` per trial, ``make_optimizer``, ``trial_shardings``,
-``trials_init``, ``make_trials_step``, ``trials.batch_sharding``), and, once per model, the
-solo step of trial 0's config (``state_shardings``, ``sharded_init``, ``make_train_step``).
+(``trial_configs``, one ``task_for`` per trial, trainer/state.py's ``start`` and
+``batch_sharding``), and, once per model, the solo step of trial 0's config (the same, a run
+of one trial).
 
 Batches: with ``--data grammar`` (the default) they are the real ones, drawn from the
 embedded grammar corpus prepared once in a temporary folder (``--grammar-docs`` documents,
 the default run's 20,000 unless told) through each trial's own data iterator
-(``TrialIterator`` over ``lm_iterator(task.dataset())``, so each trial sees its own seed's
+(``Batches`` over ``lm_iterator(task.dataset())``, so each trial sees its own seed's
 order); ``--data random`` synthesises token batches of the same shape instead (the step time
 does not depend on the token values). ``--batches`` (4) of them are placed on the device
 before timing and used in turn, so the data pipeline is not timed.
@@ -29,8 +29,8 @@ side by side beat K solo runs one after another), ``trials_per_s`` = K / trial_s
 and achieved FLOP/s (the model's ``flops_per_token`` for its task's step, as the loop counts;
 the measured fp32 1024^3 matmul rate is recorded beside it for scale). The issue's target, "K = 8 tiny-model trials cost <= 3x one
 trial's step time", is ``target_k8_tiny_le_3x`` (with its ratio), null when tiny or K=8 was
-not run. Note that train.py runs a one-trial grid (``--run.seeds 0``) as a solo run; K=1 here
-is the vmapped trial step with one trial, i.e. what the trials machinery itself costs.
+not run. A run of one trial (K = 1, the solo step) calls the trial's update on the trial
+itself, where K > 1 vmaps it (trial_axis.over_trials).
 
 Memory: each step is checked on its first call as the training loop checks it
 (trainer/memory.py's ``step_check``); a K whose step cannot fit is listed under ``skipped``
@@ -40,7 +40,7 @@ JSON is rewritten after every K (``complete``: false until the end), so a run ki
 keeps what it measured.
 
 Evaluation (``--parts eval``): one evaluation point of K (``--eval-ks``) fresh tiny-L2 trials,
-``evaluate_all`` vmapped against each trial's ``Task.evaluate`` on its slice (the two
+``Task.evaluate`` over the stacked models against each trial's on its slice (the two
 ``trials.evaluation`` settings), interleaved, for prefix-LM fine-tuning on the grammar's
 passivization (dev loss and greedy exact match of ``--eval-examples`` per split) and LM
 validation perplexity; with the first (compiling) call's time and whether both give the same
@@ -95,12 +95,12 @@ from jaxdepth.config import Config
 from jaxdepth.trial_grid import trial_configs
 from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
-from jaxdepth.trainer import trials as tr
+from jaxdepth.trainer.trials import Batches
 from jaxdepth.trainer.mfu import measure_matmul_peak
 from jaxdepth.trainer.memory import DoesNotFit, step_check, xla_estimate
-from jaxdepth.trainer.optim import make_optimizer
-from jaxdepth.trainer.sharding import batch_sharding, make_mesh
-from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings
+from jaxdepth.trainer import sharding as shd
+from jaxdepth.trainer.sharding import make_mesh
+from jaxdepth.trainer.state import batch_sharding, start
 
 # name -> preset
 MODELS = {"tiny": "tiny-L2", "tiny4": "tiny-L4", "small": "small-L4", "act": "act-cpu"}
@@ -172,17 +172,16 @@ class Stepper:
         return ct.breakdown(), first, loss
 
 
-def host_batches(cfgs: list[Config], tasks: list, n: int, data: str, data_dir: Path | None,
-                 stacked: bool) -> list[dict]:
-    """n batches of numpy arrays: stacked over the trials ([K, B, ...]) or one trial's."""
+def host_batches(cfgs: list[Config], tasks: list, n: int, data: str,
+                 data_dir: Path | None) -> list[dict]:
+    """n batches of numpy arrays, stacked over the trials ([K, B, ...])."""
     if data == "random":
         rows = [[random_lm_batch(c, seed=1000 * i + c.run.seed) for c in cfgs] for i in range(n)]
-        return [({k: np.stack([b[k] for b in r]) for k in r[0]} if stacked else r[0])
-                for r in rows]
+        return [{k: np.stack([b[k] for b in r]) for k in r[0]} for r in rows]
     for t in tasks:  # every trial of a seed-only grid shares the run directory's data
         t.prepare(data_dir, True, barrier=lambda: None)
     its = [lm_iterator(t.dataset(), prefetch=0) for t in tasks]
-    it = tr.TrialIterator(its) if stacked else its[0]
+    it = Batches(its)
     try:
         return [next(it) for _ in range(n)]
     finally:
@@ -191,31 +190,15 @@ def host_batches(cfgs: list[Config], tasks: list, n: int, data: str, data_dir: P
                 i.close()
 
 
-def solo_stepper(cfg: Config, mesh, args, data_dir, record: dict) -> Stepper:
-    """The solo run of cfg (trial 0's config), as the training loop builds it."""
-    tx = make_optimizer(cfg.optim, cfg.run.steps)
-    task = task_for(cfg)
-    _, shardings = state_shardings(cfg, tx, mesh, task)
-    state = sharded_init(cfg, tx, mesh, task, shardings)
-    step_fn = make_train_step(cfg, tx, mesh, shardings, task,
-                              on_compile=memory_check(cfg, mesh, record))
-    b_sh = batch_sharding(mesh)
-    batches = [{k: jax.device_put(v, b_sh) for k, v in b.items()}
-               for b in host_batches([cfg], [task], args.batches, args.data, data_dir, False)]
-    return Stepper(step_fn, state, batches)
-
-
-def trials_stepper(cfgs: list[Config], mesh, args, data_dir, record: dict) -> Stepper:
-    """The K-trial step of cfgs, as the training loop builds it (run_trials.Trials)."""
-    tx = make_optimizer(cfgs[0].optim, cfgs[0].run.steps)
+def stepper(cfgs: list[Config], mesh, args, data_dir, record: dict) -> Stepper:
+    """The step of the K trials of cfgs (K = 1: the solo run), as the training loop builds
+    it (trainer/state.py)."""
     tasks = [task_for(c) for c in cfgs]
-    _, shardings = tr.trial_shardings(cfgs, tx, mesh, tasks[0])
-    state = tr.trials_init(cfgs, tx, tasks[0], shardings)
-    step_fn = tr.make_trials_step(cfgs, mesh, shardings, tasks,
-                                  on_compile=memory_check(cfgs[0], mesh, record))
-    b_sh = tr.batch_sharding(mesh, len(cfgs))
+    state, step_fn, _ = start(cfgs, tasks, mesh,
+                              on_compile=memory_check(cfgs[0], mesh, record))
+    b_sh = batch_sharding(mesh, len(cfgs))
     batches = [{k: jax.device_put(v, b_sh) for k, v in b.items()}
-               for b in host_batches(cfgs, tasks, args.batches, args.data, data_dir, True)]
+               for b in host_batches(cfgs, tasks, args.batches, args.data, data_dir)]
     return Stepper(step_fn, state, batches)
 
 
@@ -232,7 +215,7 @@ def bench_model(name: str, args, data_dir: Path | None, report) -> dict:
     shape = eqx.filter_eval_shape(task.build_model, key=jax.random.key(0))
     fpt = shape.flops_per_token(T, **task.step_flops)
     solo_mem: dict = {}
-    solo = solo_stepper(solo_cfg, mesh, args, data_dir, solo_mem)
+    solo = stepper([solo_cfg], mesh, args, data_dir, solo_mem)
     solo_compile, solo_first, solo_loss = solo.compile_and_warm(args.warmup)
     print(f"{name} ({preset}, T={T}, B={B}): solo step compiled in "
           f"{sum(solo_compile.values()):.2f} s", flush=True)
@@ -247,7 +230,7 @@ def bench_model(name: str, args, data_dir: Path | None, report) -> dict:
         cfgs = trial_configs(parse_args(train_args(preset, k, args)))
         assert len(cfgs) == k and [c.run.seed for c in cfgs] == list(range(k))
         mem: dict = {}
-        trial = trials_stepper(cfgs, mesh, args, data_dir, mem)
+        trial = stepper(cfgs, mesh, args, data_dir, mem)
         try:
             t_compile, t_first, t_loss = trial.compile_and_warm(args.warmup)
         except DoesNotFit as e:  # the loop would refuse this K too: say so, go on
@@ -327,10 +310,11 @@ def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
     stacked = jax.tree.map(lambda *xs: jax.numpy.stack(xs) if eqx.is_array(xs[0]) else xs[0],
                            *models)
     assert tasks[0].evaluates_alike(tasks), "the trials do not evaluate alike"
-    sh = batch_sharding(make_mesh(tasks[0].cfg.mesh))  # as the training loop evaluates
+    # as the training loop evaluates
+    sh = shd.batch_sharding(make_mesh(tasks[0].cfg.mesh))
     stacked = Models(stacked, k)
-    calls = {"vmapped": lambda: tasks[0].evaluate_all(stacked, tasks, 0, sh, False),
-             "trial_by_trial": lambda: [t.evaluate(stacked.one(i), 0, sh, False)
+    calls = {"vmapped": lambda: tasks[0].evaluate(stacked, tasks, 0, sh, False),
+             "trial_by_trial": lambda: [t.evaluate(stacked.pick(i), [t], 0, sh, False)[0]
                                         for i, t in enumerate(tasks)]}
     first = {n: timed(c)[1] for n, c in calls.items()}  # compiles
     results = {n: c() for n, c in calls.items()}
@@ -491,7 +475,7 @@ def main(argv: list[str] | None = None) -> dict:
     head = {
         "benchmark": "bench_trials", **environment(),
         "data": ("grammar: real batches of the embedded grammar corpus, each trial's own "
-                 "iterator (TrialIterator)" if args.data == "grammar" else
+                 "iterator (Batches)" if args.data == "grammar" else
                  "random: synthesised token batches of the step's shape"),
         "grammar_docs": args.grammar_docs if args.data == "grammar" else None,
         "ks_requested": args.ks, "steps": args.steps, "warmup": args.warmup,

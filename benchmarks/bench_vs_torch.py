@@ -215,11 +215,11 @@ class JaxSide(TrainStep):
     def __init__(self, cfg: Config, batch: dict):
         super().__init__(cfg, batch)
         self.initial_model = jax.tree.map(lambda x: np.array(x) if eqx.is_array(x) else x,
-                                          self.state.model)
+                                          self.state.models().one(0))
 
     def step(self) -> float:
-        _, metrics = self()
-        return float(jax.block_until_ready(metrics)["loss"])
+        jax.block_until_ready(self())
+        return self.loss()
 
 
 class TorchSide:

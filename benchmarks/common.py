@@ -33,9 +33,8 @@ import numpy as np  # noqa: E402
 
 from jaxdepth.config import Config  # noqa: E402
 from jaxdepth.tasks import task_for  # noqa: E402
-from jaxdepth.trainer.optim import make_optimizer  # noqa: E402
-from jaxdepth.trainer.sharding import batch_sharding, make_mesh  # noqa: E402
-from jaxdepth.trainer.step import make_train_step, sharded_init, state_shardings  # noqa: E402
+from jaxdepth.trainer.sharding import make_mesh  # noqa: E402
+from jaxdepth.trainer.state import batch_sharding, start  # noqa: E402
 
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
@@ -159,10 +158,10 @@ def random_lm_batch(cfg: Config, seed: int = 0) -> dict:
 
 
 class TrainStep:
-    """The real train step of cfg, built as train.py builds it (``make_mesh``,
-    ``make_optimizer``, ``task_for``, ``state_shardings``, ``sharded_init``,
-    ``make_train_step``), with its state and one batch placed on the mesh. Calling it takes one
-    step on that batch and returns (state, metrics), not waited for."""
+    """The real train step of cfg, built as train.py builds it (``make_mesh``, ``task_for``,
+    trainer/state.py's ``start``: one trial on its trial axis), with its state and one batch
+    placed on the mesh. Calling it takes one step on that batch and returns (state, metrics
+    of [1] arrays), not waited for; ``loss`` reads the last step's."""
 
     def __init__(self, cfg: Config, batch: dict):
         self.cfg = cfg
@@ -171,18 +170,17 @@ class TrainStep:
         if cfg.data.batch_size % data:
             raise ValueError(f"--batch {cfg.data.batch_size} is not divisible by the data axis "
                              f"({data} devices); pick a multiple")
-        self.tx = make_optimizer(cfg.optim, cfg.run.steps)
-        task = task_for(cfg)
-        _, shardings = state_shardings(cfg, self.tx, self.mesh, task)
-        self.state = sharded_init(cfg, self.tx, self.mesh, task, shardings)
-        self.step_fn = make_train_step(cfg, self.tx, self.mesh, shardings, task)
-        b_sh = batch_sharding(self.mesh)
-        self.batch = {k: jax.device_put(v, b_sh) for k, v in batch.items()}
+        self.state, self.step_fn, _ = start([cfg], [task_for(cfg)], self.mesh)
+        b_sh = batch_sharding(self.mesh, 1)
+        self.batch = {k: jax.device_put(np.asarray(v)[None], b_sh) for k, v in batch.items()}
         self.metrics = None
 
     def __call__(self):
         self.state, self.metrics = self.step_fn(self.state, self.batch)
         return self.state, self.metrics
+
+    def loss(self) -> float:
+        return float(np.asarray(self.metrics["loss"])[0])
 
 
 # ----------------------------------------------------------------------------- experiments

@@ -31,7 +31,7 @@ from common import arg_parser, environment, write_json  # noqa: E402
 
 from jaxdepth.experiments.depth_sweep import MINIATURE, Sweep  # noqa: E402
 from jaxdepth.tasks import train  # noqa: E402
-from jaxdepth.trainer import hooks, loop, run_trials  # noqa: E402
+from jaxdepth.trainer import hooks, loop, trials  # noqa: E402
 
 PHASES = ("data", "init", "first_step", "steps", "batches", "evaluation", "checkpoints", "rest")
 
@@ -65,7 +65,7 @@ class Phases:
         setattr(owner, name, timed)
 
     def _wrap_step(self):
-        real = run_trials.Trials.make_step
+        real = trials.Trials.make_step
         phases = self
 
         def make_step(self_, *args, **kwargs):
@@ -82,18 +82,18 @@ class Phases:
                 return out
             return step
 
-        self.patches.callback(setattr, run_trials.Trials, "make_step", real)
-        run_trials.Trials.make_step = make_step
+        self.patches.callback(setattr, trials.Trials, "make_step", real)
+        trials.Trials.make_step = make_step
 
     def _wrap_batches(self):
-        real = run_trials.Trials.iterator
+        real = trials.Trials.batches
         phases = self
 
-        def iterator(self_, *args, **kwargs):
+        def batches(self_, *args, **kwargs):
             it = real(self_, *args, **kwargs)
             base = type(it)
 
-            # a subclass made for this one iterator: the checkpoint still sees grain's type
+            # a subclass made for this one iterator, whose checkpointing it keeps
             class Timed(base):
                 def __next__(self):
                     t0 = time.perf_counter()
@@ -105,11 +105,11 @@ class Phases:
             it.__class__ = Timed
             return it
 
-        self.patches.callback(setattr, run_trials.Trials, "iterator", real)
-        run_trials.Trials.iterator = iterator
+        self.patches.callback(setattr, trials.Trials, "batches", real)
+        trials.Trials.batches = batches
 
     def __enter__(self):
-        self._wrap(run_trials.Trials, "prepare", "data")
+        self._wrap(trials.Trials, "prepare", "data")
         self._wrap(loop, "restore_or_init", "init")
         self._wrap(loop, "_steps", "loop")
         self._wrap(hooks.Evaluations, "__call__", "evaluation", state_arg=2)  # (self, step, state)
