@@ -10,7 +10,7 @@ so both sides train the same model on the same batch and their first losses must
 Three contestants run in ONE process, alternating blocks of steps (jax, torch eager,
 torch.compile, repeat) so that machine noise hits all of them alike:
 
-- ``jax``: the real train step (``make_train_step``, ``make_optimizer``, ``sharded_init``);
+- ``jax``: the real train step (trainer/state.py's ``start``: one trial on its trial axis);
 - ``torch_eager``: forward, ``backward()``, ``clip_grad_norm_``, ``AdamW.step()``;
 - ``torch_compile``: the same with the forward + loss under ``torch.compile`` (its failure is
   caught and reported; ``--no-compile`` skips it).

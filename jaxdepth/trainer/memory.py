@@ -16,7 +16,7 @@ pass, gradients, optimizer intermediates) after buffer reuse. The step adds
 is printed beside it and stands in where a backend gives no analysis; see its docstring.
 
 The step is compiled ahead through its own ``lower`` inside its first call
-(trainer/step.py's ``on_compile``), so JAX's caches serve that call: the check adds no trace
+(trainer/state.py's ``on_compile``), so JAX's caches serve that call: the check adds no trace
 and no compilation.
 
 The limit, on an accelerator: each device's ``memory_stats()["bytes_limit"]``, less what is in

@@ -147,7 +147,7 @@ def test_load_model_and_cli(tmp_path, capsys):
 
     model, got_cfg, step = load_model(run)
     assert step == 5 and got_cfg == cfg
-    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(state.model)):
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(state.models().one(0))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert load_model(run, step=3)[2] == 3
     with pytest.raises(ValueError, match=r"available: \[3, 5\]"):
@@ -162,7 +162,7 @@ def test_load_model_and_cli(tmp_path, capsys):
     assert run_rank.main(["--run", str(run), "--out", str(out)]) == 0
     with (out / "ff_rank.csv").open() as f:
         got = list(csv.DictReader(f))
-    expected = rank.ff_rank_table(state.model)
+    expected = rank.ff_rank_table(state.models().one(0))
     assert len(got) == 6
     for g, r in zip(got, expected):
         assert float(g["erank"]) == pytest.approx(r["erank"], rel=1e-12)

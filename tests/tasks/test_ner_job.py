@@ -415,6 +415,7 @@ def test_ner_result_on_a_process_that_does_not_write_evals_jsonl(ner_run, tmp_pa
     itself, so another process (on another host) reports the same best-of without reading a
     file it may not see, or see half written."""
     from jaxdepth.tasks import load_model, task_for
+    from jaxdepth.trial_axis import Models
 
     run, cfg, _ = ner_run
     elsewhere = tmp_path / "run"  # this process's view of the run: no evals.jsonl in it
@@ -423,7 +424,8 @@ def test_ner_result_on_a_process_that_does_not_write_evals_jsonl(ner_run, tmp_pa
     task = task_for(cfg)
     task.prepare(elsewhere, primary=False, barrier=lambda: None)
     model, _, _ = load_model(run)
-    results = [task.evaluate(model, step, None, final=step == 30)[0] for step in (10, 20, 30)]
+    results = [task.evaluate(Models(model), [task], step, None, final=step == 30)[0][0]
+               for step in (10, 20, 30)]
     assert not (elsewhere / "evals.jsonl").exists()
     # the same model at every point: the earliest step is the best one
     assert results[-1]["best_step"] == 10

@@ -184,13 +184,13 @@ def test_a_signal_during_the_final_evaluation_lets_the_finished_run_write_its_su
     run = tmp_path / "run"
     res = _train_py(tokenizer, run, """
 import os, signal
-from jaxdepth.tasks.task_base import TaskBase
-evaluate = TaskBase.evaluate
-def signalled(self, model, step, sharding, final):
+from jaxdepth.trainer.trials import Trials
+evaluate = Trials.evaluate
+def signalled(self, state, step, sharding, final):
     if final:
         os.kill(os.getpid(), signal.SIGTERM)
-    return evaluate(self, model, step, sharding, final)
-TaskBase.evaluate = signalled
+    return evaluate(self, state, step, sharding, final)
+Trials.evaluate = signalled
 """, steps=3, cache_dir=jit_cache)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stderr.splitlines()[-1:] == [
