@@ -6,8 +6,11 @@ each through that tree's own train.py in a subprocess (cwd and PYTHONPATH = the 
 CPU, one device, 30 steps, every step logged, an evaluation at step 15), into OUT/<run>/:
 
     python benchmarks/identity_runs.py --tree TREE --out OUT [--only run1,run2]
+    python benchmarks/identity_runs.py --tree TREE --out OUT --started-by OLD_TREE
 
-then compare two such directories, one row per run:
+(the second: OLD_TREE's train.py runs each to step 15, where it checkpoints and stops, and
+TREE's resumes it: what the runs and checkpoints an older tree wrote become), then compare
+two such directories, one row per run:
 
     python benchmarks/identity_runs.py --compare OUT_A OUT_B [--all-keys]
 
@@ -164,15 +167,27 @@ def command(tree: Path, out: Path, name: str) -> list[str]:
     return [sys.executable, str(tree / "train.py"), *args, *COMMON, "--run.dir", str(out / name)]
 
 
-def record(tree: Path, out: Path, names: list[str]) -> int:
+def _train(tree: Path, cmd: list[str], log: Path) -> int:
+    with open(log, "a") as f:
+        return subprocess.run(cmd, cwd=tree, env=subprocess_env(tree), stdout=f,
+                              stderr=subprocess.STDOUT).returncode
+
+
+def record(tree: Path, out: Path, names: list[str], started_by: Path | None = None) -> int:
+    """Each run by `tree`; with `started_by` (another tree), that tree's train.py runs it to
+    step STEPS // 2 (run.stop_after, a checkpoint there) and `tree`'s resumes it to STEPS:
+    its records and summary are then compared with an uninterrupted recording."""
     tree, out = tree.resolve(), out.resolve()
-    if not (tree / "train.py").is_file() or not (tree / "jaxdepth").is_dir():
-        sys.exit(f"--tree {tree}: not a jaxdepth tree (no train.py and jaxdepth/)")
+    for t in (tree, started_by):
+        if t is not None and not ((t / "train.py").is_file() and (t / "jaxdepth").is_dir()):
+            sys.exit(f"{t}: not a jaxdepth tree (no train.py and jaxdepth/)")
     out.mkdir(parents=True, exist_ok=True)
     write_ner_data(out / "_ner_data")
     log_path = out / "runs.json"
     log = json.loads(log_path.read_text()) if log_path.is_file() else {}
     log["tree"] = str(tree)
+    if started_by is not None:
+        log["started_by"] = str(started_by.resolve())
     failed = []
     for name in names:
         run_dir = out / name
@@ -189,9 +204,13 @@ def record(tree: Path, out: Path, names: list[str]) -> int:
         cmd = command(tree, out, name)
         run_dir.mkdir(parents=True, exist_ok=True)
         t0, c0 = time.perf_counter(), _children_cpu()
-        with open(run_dir / "train.log", "w") as f:
-            rc = subprocess.run(cmd, cwd=tree, env=subprocess_env(tree), stdout=f,
-                                stderr=subprocess.STDOUT).returncode
+        rc = 0
+        if started_by is not None:
+            first = command(started_by.resolve(), out, name)
+            rc = _train(started_by, [*first, "--run.stop_after", str(STEPS // 2)],
+                        run_dir / "train.log")
+        if rc == 0:
+            rc = _train(tree, cmd, run_dir / "train.log")
         wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
         # train.py writes both files into its run directory, which is OUT/<name> itself
         have = all((run_dir / f).is_file() for f in ("metrics.jsonl", "summary.json"))
@@ -325,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", type=Path, help="a jaxdepth source tree (holds train.py, jaxdepth/)")
     p.add_argument("--out", type=Path, help="where the runs go: OUT/<run>/")
     p.add_argument("--only", default="", help="comma-separated run names (default: all)")
+    p.add_argument("--started-by", type=Path, metavar="TREE",
+                   help="record: TREE runs each run to step 15 (a checkpoint there), then "
+                        "--tree resumes it: compare with an uninterrupted recording")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
                    help="compare two --out directories; prints a markdown table")
     p.add_argument("--all-keys", action="store_true",
@@ -338,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         p.error(f"unknown run(s) {', '.join(unknown)}; runs: {', '.join(RUNS)}")
-    return record(args.tree, args.out, names)
+    return record(args.tree, args.out, names, args.started_by)
 
 
 if __name__ == "__main__":
