@@ -244,17 +244,6 @@ class CosineStats:
         }
 
 
-def consecutive_cosine(states_MBTD, h0_BTD, mask, groups: Mapping[str, np.ndarray],
-                       iterations_run, N_BT=None) -> dict[str, Any]:
-    """Mean cosine similarity between h[n] and h[n + 1] for one batch (see `CosineStats`):
-    n = 0 .. M - 1 when h0_BTD is given (n = 0 is the pair (h0, h1)), else n = 1 .. M - 1.
-    Steps with n + 1 > iterations_run (constant repeats) are NaN. With N_BT, "running" /
-    "halted" split the tokens by whether they were updated at iteration n + 1."""
-    acc = CosineStats(np.shape(states_MBTD)[0], list(groups), include_h0=h0_BTD is not None)
-    acc.add(states_MBTD, h0_BTD, mask, groups, iterations_run, N_BT)
-    return acc.result()
-
-
 # ------------------------------------------------------------------------------- whole model
 
 @eqx.filter_jit

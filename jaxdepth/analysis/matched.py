@@ -65,14 +65,6 @@ def curve(rows: Iterable[Mapping], key: str) -> list[tuple[int, float]]:
     return [(s, float(_get(by_step[s], key))) for s in sorted(by_step)]
 
 
-def final_value(rows: Iterable[Mapping], key: str) -> float:
-    """key's value at the largest step that records it."""
-    c = curve(rows, key)
-    if not c:
-        raise ValueError(f"no row records {key!r}")
-    return c[-1][1]
-
-
 def matched_checkpoint(reference_ppl: float, ppl_curve: Sequence[tuple[int, float]],
                        saved_steps: Iterable[int]) -> Optional[int]:
     """First saved step whose recorded perplexity is <= reference_ppl; None if none reaches it.

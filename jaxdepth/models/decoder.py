@@ -126,7 +126,6 @@ class DecoderLM(Backbone):
         ``segment_ids_BT``: which packed document each position holds (seqio's
         decoder_segment_ids; not BERT's token types). Attention then stays inside a document;
         None is one stream, attended causally across document boundaries."""
-        cfg = self.cfg
         k_emb, k_layers, k_out = (None,) * 3 if key is None else jax.random.split(key, 3)
         x_BTD = self.embed.astype(self.compute_dtype)[tokens_BT]
         rate = self.dropout_rate
@@ -224,12 +223,6 @@ def prefill(model: DecoderLM, prompt_BT: Array, lengths_B: Array,
     logits_BTV, cache = model.extend(prompt_BT, cache)
     last = jnp.take_along_axis(logits_BTV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
     return last, KVCache(cache.k_LBSNH, cache.v_LBSNH, lengths_B.astype(jnp.int32))
-
-
-def greedy_generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
-                    eos_id: int = 1, pad_id: int = 0) -> Array:
-    """Greedy (argmax) continuation of right-padded prompts: ``generate`` without a key."""
-    return generate(model, prompt_BT, lengths_B, max_new, eos_id=eos_id, pad_id=pad_id)
 
 
 @eqx.filter_jit

@@ -33,10 +33,8 @@ from typing import Mapping
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 from ..model_specs import EncoderConfig
 from .encoder import Encoder
@@ -62,34 +60,6 @@ def read_safetensors(path: str | Path, names=None) -> dict[str, np.ndarray]:
     except SafetensorError as e:
         raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
     return {k: v.astype(np.float32) if v.dtype.name in _HALF else v for k, v in out.items()}
-
-
-def write_safetensors(path: str | Path, arrays: Mapping[str, np.ndarray],
-                      dtype: str | None = None, metadata: Mapping[str, str] | None = None) -> None:
-    """Write ``arrays``; ``dtype`` ("F32", "F16", "BF16") converts floating arrays on the way
-    (BF16 rounds to nearest even, as XLA converts)."""
-    to = {None: None, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
-    if dtype not in to:
-        raise ValueError(f"dtype must be None, 'F32', 'F16' or 'BF16', got {dtype!r}")
-    out = {}
-    for name, a in arrays.items():
-        a = np.ascontiguousarray(a)
-        if to[dtype] is not None and (np.issubdtype(a.dtype, np.floating)
-                                      or a.dtype.name == "bfloat16"):
-            a = a.astype(to[dtype])
-        out[name] = a
-    meta = {str(k): str(v) for k, v in (metadata or {}).items()} or None
-    save_file(out, str(path), metadata=meta)
-
-
-def save_hf_checkpoint(directory: str | Path, arrays: Mapping[str, np.ndarray], config: Mapping,
-                       *, dtype: str | None = None) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (HF layout) into ``directory``."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
-    write_safetensors(d / SAFETENSORS_FILE, arrays, dtype=dtype, metadata={"format": "pt"})
-    return d
 
 
 # ------------------------------------------------------------------------------- config mapping

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..task_names import TASKS
 
 
-_KINDS: Choices[type["RunKind"]] = Choices("run kind", "run kind", order=lambda cls: cls.ORDER)
+KINDS: Choices[type["RunKind"]] = Choices("run kind", "run kind", order=lambda cls: cls.ORDER)
 
 # Settings that several kinds read (``RunKind.READS``): the training corpus (data.corpus or the
 # embedded grammar, and how validation is split off it), the grammar's own documents, and how
@@ -67,7 +67,7 @@ class RunKind:
                 missing.append("claims")
             if missing:  # refused when it is defined, not when a config first reaches it
                 raise TypeError(f"run kind {cls.NAME!r} defines no {', '.join(missing)}")
-            _KINDS.add(cls)
+            KINDS.add(cls)
 
     @classmethod
     def claims(cls, cfg) -> bool:
@@ -96,7 +96,7 @@ def kind_of(cfg) -> type[RunKind]:
         raise ConfigError(f"task.pack: packs the examples of prefix-LM fine-tuning (task.name "
                           f"one of {', '.join(TASKS)}); task.name={cfg.task.name!r} has none "
                           f"to pack", field="task.pack")
-    claimed = [k for k in map(_KINDS, _KINDS.names()) if k.claims(cfg)]
+    claimed = [k for k in map(KINDS, KINDS.names()) if k.claims(cfg)]
     assert len(claimed) == 1, (f"run kinds {[k.NAME for k in claimed]} claim model.arch="
                                f"{cfg.model.arch!r}, task.name={cfg.task.name!r}")
     claimed[0].check(cfg)
@@ -107,23 +107,14 @@ def kinds_reading(setting: str) -> tuple[str, ...] | None:
     """The kinds that read ``setting`` ("section.field"), in ORDER; None: no kind declares it
     (``RunKind.READS``), so every kind reads it."""
     section = setting.split(".")[0]
-    kinds = [_KINDS(n) for n in _KINDS.names()]
+    kinds = [KINDS(n) for n in KINDS.names()]
     reading = tuple(k.NAME for k in kinds if setting in k.READS or section in k.READS)
     return reading or None
 
 
 def default_recipe() -> dict:
     """The recipe of an OptimConfig outside a Config: the default run's (``DEFAULT``)."""
-    return next(k for k in map(_KINDS, _KINDS.names()) if k.__dict__.get("DEFAULT")).RECIPE
-
-
-def run_kind(name: str) -> type[RunKind]:
-    """The kind called ``name``."""
-    return _KINDS(name)
-
-
-def kind_names() -> tuple[str, ...]:
-    return _KINDS.names()
+    return next(k for k in map(KINDS, KINDS.names()) if k.__dict__.get("DEFAULT")).RECIPE
 
 
 import_all(__name__, __path__)

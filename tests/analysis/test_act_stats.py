@@ -7,13 +7,24 @@ import equinox as eqx
 import numpy as np
 import pytest
 
-from jaxdepth.analysis.act_stats import (GROUPS, CosineStats, IterationStats, consecutive_cosine,
-                                         evaluate_act, format_table1, plot_cosine, token_groups,
+from jaxdepth.analysis.act_stats import (GROUPS, CosineStats, IterationStats, evaluate_act,
+                                         format_table1, plot_cosine, token_groups,
                                          write_cosine_table, write_table1)
 from jaxdepth.data.corpus.tokenizer import CLS_ID, SEP_ID
 from jaxdepth.models.act import ACTConfig, ACTEncoder, UntiedEncoder
 
 C, S = CLS_ID, SEP_ID
+
+
+def consecutive_cosine(states_MBTD, h0_BTD, mask, groups,
+                       iterations_run, N_BT=None):
+    """Mean cosine similarity between h[n] and h[n + 1] for one batch (see `CosineStats`):
+    n = 0 .. M - 1 when h0_BTD is given (n = 0 is the pair (h0, h1)), else n = 1 .. M - 1.
+    Steps with n + 1 > iterations_run (constant repeats) are NaN. With N_BT, "running" /
+    "halted" split the tokens by whether they were updated at iteration n + 1."""
+    acc = CosineStats(np.shape(states_MBTD)[0], list(groups), include_h0=h0_BTD is not None)
+    acc.add(states_MBTD, h0_BTD, mask, groups, iterations_run, N_BT)
+    return acc.result()
 
 
 def hand_batch():

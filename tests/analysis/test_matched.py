@@ -6,6 +6,15 @@ import pytest
 from jaxdepth.analysis import matched
 
 
+def final_value(rows, key):
+    """key's value at the largest step that records it."""
+    c = matched.curve(rows, key)
+    if not c:
+        raise ValueError(f"no row records {key!r}")
+    return c[-1][1]
+
+
+
 def _write(path, rows, torn=True):
     lines = [json.dumps(r) for r in rows]
     if torn:
@@ -33,10 +42,10 @@ def test_read_jsonl_and_curve(tmp_path):
     assert rows == METRICS  # torn line dropped, everything else kept in order
     assert matched.curve(rows, "valid_ppl") == [(100, 12.0), (200, 10.0), (300, 9.7), (400, 8.5)]
     assert matched.curve(rows, "loss") == [(100, 3.0), (410, 2.0)]
-    assert matched.final_value(rows, "valid_ppl") == 8.5
+    assert final_value(rows, "valid_ppl") == 8.5
     assert matched.curve(rows, "nothing") == []
     with pytest.raises(ValueError):
-        matched.final_value(rows, "nothing")
+        final_value(rows, "nothing")
 
 
 def test_read_jsonl_missing_file(tmp_path):

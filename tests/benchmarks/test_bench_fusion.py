@@ -84,7 +84,7 @@ def _tiny_hf_bert(directory, ner_dir):
     from test_ner_job import _write_wordpiece
 
     from jaxdepth.data.finetune.ner_sentences import read_wikiann
-    from jaxdepth.models.hf_import import save_hf_checkpoint
+    from test_encoder_hf import save_hf_checkpoint
 
     words = sorted({w for split in ("train", "dev", "test")
                     for s in read_wikiann(ner_dir / split) for w in s.tokens})

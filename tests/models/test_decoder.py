@@ -11,7 +11,7 @@ import pytest
 
 from jaxdepth.config import ModelConfig, OptimConfig
 from jaxdepth.depth_family import param_count
-from jaxdepth.models.decoder import DecoderLM, generate, greedy_generate, prefill
+from jaxdepth.models.decoder import DecoderLM, generate, prefill
 from jaxdepth.trainer.losses import lm_loss_sums
 from jaxdepth.trainer.optim import make_optimizer
 
@@ -264,8 +264,8 @@ def test_greedy_generate_matches_naive_loop(model, tokens):
             break
     assert eos is not None, free
     ref = naive_greedy(model, prompt, lengths, max_new, eos_id=eos)
-    got = np.asarray(greedy_generate(model, jnp.asarray(prompt), jnp.asarray(lengths, jnp.int32),
-                                     max_new, eos_id=eos, pad_id=0))
+    got = np.asarray(generate(model, jnp.asarray(prompt), jnp.asarray(lengths, jnp.int32),
+                              max_new, eos_id=eos, pad_id=0))  # no key: greedy
     np.testing.assert_array_equal(got, ref)
     stopped = [(b, list(r).index(eos)) for b, r in enumerate(ref) if eos in r]
     assert any(i < max_new - 1 for _, i in stopped)

@@ -9,7 +9,7 @@ import pytest
 from jaxdepth import config as C
 from jaxdepth.cli import parse_args, preset_lines
 from jaxdepth.config import Config, ConfigError, OptimConfig, TaskConfig, apply_overrides
-from jaxdepth.run_kinds import run_kind
+from jaxdepth.run_kinds import KINDS
 from jaxdepth.trial_grid import trial_configs
 
 NER = ["--task.name", "ner", "--task.dir", "wikiann"]
@@ -70,7 +70,7 @@ def test_a_value_given_is_kept_and_the_rest_comes_from_the_recipe():
 
 def test_changing_one_kinds_recipe_leaves_the_others(monkeypatch):
     before = {kind: _optim(parse_args(argv)) for argv, kind, _ in CASES}
-    lm = run_kind("lm")
+    lm = KINDS("lm")
     monkeypatch.setattr(lm, "RECIPE", {**lm.RECIPE, "name": "adamw", "lr": 0.5})
     after = {kind: _optim(parse_args(argv)) for argv, kind, _ in CASES}
     assert after["lm"][:2] == ("adamw", 0.5)
@@ -169,7 +169,6 @@ def test_the_design_s_recipe_table_is_the_kinds_recipes():
     import re
     from pathlib import Path
 
-    from jaxdepth.run_kinds import kind_names
     text = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text(encoding="utf-8")
     rows = {}
     for line in text.splitlines():
@@ -177,9 +176,9 @@ def test_the_design_s_recipe_table_is_the_kinds_recipes():
         if m:
             for kind in re.findall(r"`([a-z_]+)`", m.group(1)):
                 rows[kind] = m.group(2)
-    assert set(rows) == set(kind_names())
+    assert set(rows) == set(KINDS.names())
     for kind, row in rows.items():
-        recipe = run_kind(kind).RECIPE
+        recipe = KINDS(kind).RECIPE
         opt, lr = re.match(r"(\w+) ([0-9.e-]+)", row).groups()
         assert opt.lower() == recipe["name"] and float(lr) == recipe["lr"], (kind, row)
         assert recipe["schedule"] in row, (kind, row)

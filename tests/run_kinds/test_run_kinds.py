@@ -6,12 +6,12 @@ import pytest
 from jaxdepth.config import ARCHS, FUSION_TASKS, PROBE_TASKS, TASKS, Config, ConfigError, \
     apply_overrides
 from jaxdepth.archs import arch as arch_class
-from jaxdepth.run_kinds import kind_names, kind_of, run_kind
+from jaxdepth.run_kinds import KINDS, kind_of
 from jaxdepth.tasks.task_base import TaskBase, runner
 
 
 def _task_classes():
-    return [(k, runner(run_kind(k))) for k in kind_names()]
+    return [(k, runner(KINDS(k))) for k in KINDS.names()]
 
 
 def _cfg(arch="decoder", name="", **task):
@@ -56,7 +56,7 @@ def test_every_registered_kind_evaluates_its_checkpoints():
     """eval.py calls the CheckpointEval protocol (checkpoint_eval.py) and the trainer the Task
     protocol (trainer/task.py): every registered class defines each method of both itself or
     through a base of its own kind."""
-    assert set(kind_names()) == {"lm", "prefix_lm", "encoder_pretrain", "probe", "encoder_mlm",
+    assert set(KINDS.names()) == {"lm", "prefix_lm", "encoder_pretrain", "probe", "encoder_mlm",
                                  "mlm", "ner"}
     import dataclasses
 
@@ -97,19 +97,19 @@ def test_exactly_one_kind_claims_each_architecture_and_task():
     alone), so the kinds' order never decides a run."""
     for arch, name in itertools.product(ARCHS, ("",) + TASKS + PROBE_TASKS + FUSION_TASKS):
         cfg = _cfg(arch, name, dir="x")
-        claimed = [k for k in kind_names() if run_kind(k).claims(cfg)]
+        claimed = [k for k in KINDS.names() if KINDS(k).claims(cfg)]
         assert len(claimed) == 1, (arch, name, claimed)
 
 
 def test_each_kind_is_run_by_one_task_class_that_names_it():
     for kind, cls in _task_classes():
         assert isinstance(cls, type) and issubclass(cls, TaskBase), kind
-        assert cls.__dict__["RUNS"] is run_kind(kind), kind
+        assert cls.__dict__["RUNS"] is KINDS(kind), kind
 
 
 def test_a_second_task_for_a_kind_is_refused_where_it_is_defined():
     with pytest.raises(TypeError, match="run kind 'lm' is run by LMTask already"):
-        type("AnotherLM", (TaskBase,), {"RUNS": run_kind("lm")})
+        type("AnotherLM", (TaskBase,), {"RUNS": KINDS("lm")})
 
 
 def test_the_settings_that_kinds_declare_exist():
@@ -118,11 +118,10 @@ def test_the_settings_that_kinds_declare_exist():
     import dataclasses
 
     from jaxdepth.config import SECTIONS
-    from jaxdepth.run_kinds import run_kind
     known = set(SECTIONS) | {f"{sec}.{f.name}" for sec, cls in SECTIONS.items()
                              for f in dataclasses.fields(cls)}
-    for name in kind_names():
-        assert set(run_kind(name).READS) <= known, (name, set(run_kind(name).READS) - known)
+    for name in KINDS.names():
+        assert set(KINDS(name).READS) <= known, (name, set(KINDS(name).READS) - known)
     for name in ARCHS:  # and the architectures', in the section they describe
         reads = set(arch_class(name).READS)
         assert reads <= known and all(r.startswith(arch_class(name).SECTION + ".") for r in reads), name
@@ -136,7 +135,7 @@ def test_the_kinds_that_fields_declare_exist():
     from jaxdepth.config import SECTIONS
     named = {k for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)
              for k in (kinds_reading(sec, f.name) or ())}
-    assert named and named <= set(kind_names()), named - set(kind_names())
+    assert named and named <= set(KINDS.names()), named - set(KINDS.names())
 
 
 def test_the_kinds_that_architectures_name_exist():
@@ -145,7 +144,7 @@ def test_the_kinds_that_architectures_name_exist():
     from jaxdepth.archs import arch
     for name in ARCHS:
         a = arch(name)
-        assert a.PRETRAINING in kind_names() and a.FINETUNING in (None, *kind_names()), name
+        assert a.PRETRAINING in KINDS.names() and a.FINETUNING in (None, *KINDS.names()), name
 
 
 def test_a_kind_that_misses_a_declaration_is_refused_when_defined():
@@ -154,4 +153,4 @@ def test_a_kind_that_misses_a_declaration_is_refused_when_defined():
     with pytest.raises(TypeError, match="run kind 'half' defines no RECIPE, claims"):
         class Half(RunKind):  # noqa: F841
             NAME = "half"
-    assert "half" not in kind_names()
+    assert "half" not in KINDS.names()

@@ -561,7 +561,7 @@ def _hf_bert(hf, wikiann_dir, P=40):
     """A random BERT of P positions in directory hf, with a WordPiece tokenizer.json of the
     tiny WikiAnn's words; its sizes (V, D, L, F, P)."""
     pytest.importorskip("tokenizers")
-    from jaxdepth.models.hf_import import save_hf_checkpoint
+    from test_encoder_hf import save_hf_checkpoint
     from test_encoder_hf import hf_config
 
     words = sorted({w for s in read_wikiann(wikiann_dir / "train") + read_wikiann(
@@ -640,7 +640,7 @@ def test_mlm_data_on_a_hugging_face_vocabulary(tmp_path):
     leaking into the text even though this tokenizer.json pads and truncates (as
     sentence-transformers' do)."""
     from jaxdepth.data.corpus.mlm_sop import KIND_RANDOM
-    from jaxdepth.models.hf_import import save_hf_checkpoint
+    from test_encoder_hf import save_hf_checkpoint
     from jaxdepth.tasks import task_for
     from jaxdepth.tasks.mlm import FusionMLMTask
 

@@ -109,7 +109,6 @@ def _sentences(n=11, T=64, P=12, seed=0):
 
 
 def _filled(method, arrays, by_length, batch=4):
-    import jax
 
     from jaxdepth.tasks import state_cache as sc
 

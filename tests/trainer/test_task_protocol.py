@@ -8,7 +8,6 @@ import ast
 import json
 from pathlib import Path
 
-import equinox as eqx
 import grain
 import jax
 import jax.numpy as jnp

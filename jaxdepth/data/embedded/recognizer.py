@@ -160,13 +160,6 @@ def _sentence_status(words: tuple[str, ...], passive: bool) -> str:
     return "prefix" if _MORE in ends or not words else "no"
 
 
-def is_sentence(words: Sequence[str], passive: bool = False) -> bool:
-    """Whether `words` (ending with '.') is one sentence of the grammar."""
-    words = tuple(words)
-    return bool(words) and words[-1] == "." and \
-        _sentence_status(words[:-1], passive) == "complete"
-
-
 def is_grammatical(text: str | Sequence[str], *, prefix: bool = False,
                    passive: bool = False) -> bool:
     """Whether `text` is one or more sentences of the grammar. With ``prefix``, the words

@@ -125,11 +125,6 @@ def entity_types(sentences: Sequence[Sentence]) -> list[str]:
     return sorted({tag[2:] for s in sentences for tag in s.tags if tag != "O"})
 
 
-def label_set(sentences: Sequence[Sentence]) -> tuple[str, ...]:
-    """O, then B-X, I-X for every entity type X in sorted order (I-X even if unseen)."""
-    return ("O",) + tuple(f"{p}-{t}" for t in entity_types(sentences) for p in "BI")
-
-
 def encode_tags(tags: Sequence[str], labels: Sequence[str],
                 where: Sequence[str] = ()) -> list[int]:
     """Label ids of tags; an unknown tag is an error rather than a silent O, naming the
@@ -143,25 +138,6 @@ def encode_tags(tags: Sequence[str], labels: Sequence[str],
                             f"{list(labels)}")
         raise DataError(f"tags {missing} are not in the label set {list(labels)}")
     return [index[t] for t in tags]
-
-
-def align_first_subtoken(word_pieces_per_word: Sequence[Sequence[int]], labels: Sequence[int],
-                         ignore: int = IGNORE_LABEL) -> tuple[list[int], list[int]]:
-    """Flatten per-word piece ids; the first piece of a word carries its label, the rest ``ignore``.
-
-    A word with no pieces would lose its label (and its gold entity) silently, so it is an error.
-    """
-    if len(word_pieces_per_word) != len(labels):
-        raise ValueError(f"{len(word_pieces_per_word)} words but {len(labels)} labels")
-    pieces: list[int] = []
-    piece_labels: list[int] = []
-    for i, (word, label) in enumerate(zip(word_pieces_per_word, labels)):
-        if len(word) == 0:
-            raise ValueError(f"word {i} has no sub-tokens, so its label would be lost")
-        pieces.extend(word)
-        piece_labels.append(label)
-        piece_labels.extend([ignore] * (len(word) - 1))
-    return pieces, piece_labels
 
 
 def few_shot_sample(sentences: Sequence, n_per_class: int, n_classes: int,

@@ -6,9 +6,16 @@ from __future__ import annotations
 import pytest
 
 from jaxdepth.data.embedded import grammar as g
-from jaxdepth.data.embedded.recognizer import is_grammatical, is_sentence
+from jaxdepth.data.embedded.recognizer import is_grammatical
 
 DEEP = g.GrammarConfig(max_pp_depth=3, max_cp_depth=3, p_pp=0.5, p_cp=0.4)
+
+
+def is_sentence(words, passive: bool = False) -> bool:
+    """Whether `words` (ending with '.') is one sentence of the grammar."""
+    return bool(words) and words[-1] == "." and "." not in words[:-1] and \
+        is_grammatical(list(words), passive=passive)
+
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,35 @@ from seqeval.scheme import IOB2
 from seqeval.metrics import f1_score
 
 from jaxdepth.analysis.entity_f1 import f1
-from jaxdepth.data.finetune.ner_sentences import (LABELS, Sentence, align_first_subtoken,
+from jaxdepth.data.finetune.ner_sentences import (IGNORE_LABEL, LABELS, Sentence,
                                                   encode_tags, entity_types, few_shot_sample,
-                                                  iob1_to_iob2, label_set, read_conll2003,
-                                                  read_wikiann)
+                                                  iob1_to_iob2, read_conll2003, read_wikiann)
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "ner"
+
+
+def label_set(sentences) -> tuple[str, ...]:
+    """O, then B-X, I-X for every entity type X in sorted order (I-X even if unseen)."""
+    return ("O",) + tuple(f"{p}-{t}" for t in entity_types(sentences) for p in "BI")
+
+
+def align_first_subtoken(word_pieces_per_word, labels,
+                         ignore: int = IGNORE_LABEL) -> tuple[list[int], list[int]]:
+    """Flatten per-word piece ids; the first piece of a word carries its label, the rest ``ignore``.
+
+    A word with no pieces would lose its label (and its gold entity) silently, so it is an error.
+    """
+    if len(word_pieces_per_word) != len(labels):
+        raise ValueError(f"{len(word_pieces_per_word)} words but {len(labels)} labels")
+    pieces: list[int] = []
+    piece_labels: list[int] = []
+    for i, (word, label) in enumerate(zip(word_pieces_per_word, labels)):
+        if len(word) == 0:
+            raise ValueError(f"word {i} has no sub-tokens, so its label would be lost")
+        pieces.extend(word)
+        piece_labels.append(label)
+        piece_labels.extend([ignore] * (len(word) - 1))
+    return pieces, piece_labels
 
 
 # --- IOB1 -> IOB2 ---------------------------------------------------------------------------
