@@ -9,7 +9,8 @@ for a reason of its own (a non-finite loss) is one line with exit code 1. Anythi
 bug and raises with its traceback.
 
 Exit codes: 0 done (or stopped by ``run.stop_after``); ``EXIT_RUN_FAILED`` 1 a failed run;
-``EXIT_USER_ERROR`` 2 the user's error; ``EXIT_INTERRUPTED`` 3 training stopped by SIGTERM
+``EXIT_USER_ERROR`` 2 the user's error; ``EXIT_NOT_READY`` 75 an experiment's unit whose
+inputs are not there yet (``NotReady``); ``EXIT_INTERRUPTED`` 3 training stopped by SIGTERM
 or SIGINT after the step in progress, with a checkpoint of that step saved (``Interrupted``):
 rerunning the same command resumes. A code of its own, rather than the shell's 128 + signal
 number (143, 130), so that a job script can tell a stop that saved its checkpoint (3) from
@@ -31,6 +32,7 @@ from typing import Callable, Iterator, NoReturn
 EXIT_USER_ERROR = 2
 EXIT_RUN_FAILED = 1
 EXIT_INTERRUPTED = 3
+EXIT_NOT_READY = 75  # EX_TEMPFAIL: what it needs is not there yet; a scheduler may retry
 
 
 class UserError(Exception):
@@ -57,6 +59,13 @@ class DataError(UserError, ValueError):
     """An input file that cannot be used (malformed, empty, not UTF-8, truncated): the message
     names the file, and the line where there is one. A ValueError too, so callers that catch
     the readers' ValueErrors keep working."""
+
+
+class NotReady(UserError):
+    """An experiment's unit asked to run before the units it reads are done: exit
+    EXIT_NOT_READY, which a scheduler tells from a user's error (2) and may retry."""
+
+    label = "not ready"
 
 
 class RunFailed(Exception):
@@ -185,6 +194,8 @@ def run_main(body: Callable[[], int], debug: bool) -> int:
         if debug:
             traceback.print_exc()
         print(f"{getattr(e, 'label', 'error')}: {describe(e)}", file=sys.stderr, flush=True)
+        if isinstance(e, NotReady):
+            return EXIT_NOT_READY
         return EXIT_RUN_FAILED if isinstance(e, RunFailed) else EXIT_USER_ERROR
 
 

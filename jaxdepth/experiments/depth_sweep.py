@@ -28,13 +28,14 @@ quiet_interrupts(__name__)  # run as a command: before the imports that start ja
 import argparse
 import dataclasses
 import functools
+import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
 
-from .plan_file import PlannedExperiment
+from .executors import add_executor_args, executor_from_args, per_group
+from .experiment import PlannedExperiment, Unit
 from ..errors import RunFailed, run_main
 from ..config import TASKS, Config, ConfigError, apply_overrides
 from ..trial_grid import SEED_FIELD, parse_list
@@ -133,29 +134,17 @@ def _nested(flat: dict) -> dict:
     return out
 
 
-class Group(NamedTuple):
-    """One program of a plan: its name (``--group``), what it trains, the units whose results
-    it writes, and the groups that must be done before it starts."""
-
-    name: str
-    train: Callable[[], None]
-    units: tuple[str, ...]
-    after: tuple[str, ...]
-
-
 class Sweep(PlannedExperiment):
     PLAN_FILE = "sweep.json"
-
     PLAN = Plan
-    # --workers, --pin: not part of the plan (a resume may change them, as a thread count: the
-    # same runs, another draw of their last bits).
-    workers: int = 1
-    pin: bool = False
+    MODULE = "jaxdepth.experiments.depth_sweep"
+    threshold: float | None = None  # equal-loss's dev-loss threshold; None: the common one
 
     @staticmethod
-    def unit(row: dict) -> str:
+    def result_name(row: dict) -> str:
         """pretrain-L4-s0, finetune-passivization-L4-s0[-scratch|-matched],
-        equal_loss-passivization-L4-s0-0.1234: the stage's group names with --sequential."""
+        equal_loss-passivization-L4-s0-0.1234: one seed's result (a unit's name with
+        --sequential)."""
         where = f"L{row['depth']}-s{row['seed']}"
         if row["kind"] == "pretrain":
             return f"pretrain-{where}"
@@ -171,8 +160,7 @@ class Sweep(PlannedExperiment):
         return None
 
     def append(self, row: dict) -> None:
-        row = {"size_class": self.plan.size, **row}
-        self.record(self.unit(row), row)
+        self.record({"size_class": self.plan.size, **row})
 
     # ------------------------------------------------------------------ configs
 
@@ -231,16 +219,15 @@ class Sweep(PlannedExperiment):
 
     def _as_trials(self, what: str, configs: dict[int, Config], solo_dirs: dict[int, Path],
                    on_done) -> None:
-        """Train configs (seed -> its solo config) as trials of one run (or one by one when
-        sequential or a single seed), then on_done(seed, summary) for each seed, the trial
-        exported to solo_dirs[seed] first."""
+        """Train configs (seed -> its solo config) as trials of one run (a single seed: its
+        solo run), then on_done(seed, summary) for each seed, the trial exported to
+        solo_dirs[seed] first."""
         from ..tasks import train
 
         seeds = sorted(configs)
-        if self.sequential or len(seeds) == 1:
-            for seed in seeds:
-                self.units_run += 1
-                on_done(seed, _timed(f"{what} seed {seed}", train, configs[seed]))
+        if len(seeds) == 1:
+            self.units_run += 1
+            on_done(seeds[0], _timed(f"{what} seed {seeds[0]}", train, configs[seeds[0]]))
             return
         first = configs[seeds[0]]
         run_dir = self.trials_dir(solo_dirs[seeds[0]], seeds[0], seeds)
@@ -254,66 +241,83 @@ class Sweep(PlannedExperiment):
         for seed, s in zip(seeds, summaries):
             on_done(seed, s)
 
-    def schedule(self) -> list[Group]:
-        """The plan's groups of units, each one program, in the order they start. A group is
-        a depth's seeds as trials, or with `sequential` one seed's unit (so that --workers
-        can spread them over its processes). With `sequential` the plan goes seed by seed
-        (a seed's pretrainings, then its fine-tunings), so that a seed's units finish
-        together and a long sweep interrupted for good loses only the seeds in flight;
-        without, every depth's pretraining comes before every fine-tuning. A fine-tuning
-        group runs after the pretraining it starts from (from fresh weights too: it takes
-        that run's tokenizer). Deepest first: on the CPU a family's deeper member is the
-        slower one at equal size, and a pool of workers ends sooner starting the longest."""
+    def seed_groups(self) -> list[list[int]]:
+        """The plan's seeds, per_group at a time (the last group the rest), each group one
+        program per depth, task and start; all of them when per_group is None."""
+        seeds, g = list(self.plan.seeds), self.per_group or len(self.plan.seeds)
+        return [seeds[i:i + g] for i in range(0, len(seeds), g)]
+
+    def _suffix(self, group: list[int]) -> str:
+        if self.per_group is None:
+            return ""
+        return f"-s{group[0]}" if self.per_group == 1 else "-seeds-" + "-".join(map(str, group))
+
+    def _done(self, results: tuple[str, ...]):
+        return lambda: set(results) <= self.finished()
+
+    def schedule(self) -> list[Unit]:
+        """The plan's units, each one program, in the order they start: group by group of
+        seeds (seed_groups), a group's pretrainings, then its fine-tunings, so that a group's
+        units finish together and a long sweep cut off for good loses only the seeds in
+        flight; a fine-tuning unit after the pretraining it starts from (from fresh weights
+        too: it takes that run's tokenizer). Deepest first: on the CPU a family's deeper
+        member is the slower one at equal size, and a pool of workers ends sooner starting the
+        longest. Then the analyses: the perplexity-matched fine-tunings (if the plan has
+        them) after every pretraining, the report after everything."""
         p = self.plan
         depths = sorted(p.family, reverse=True)
-        schedule = []
-        for g in [[s] for s in p.seeds] if self.sequential else [list(p.seeds)]:
-            at = f"-s{g[0]}" if self.sequential else ""
-            pretrain = {d: Group(f"pretrain-L{d}{at}", functools.partial(self.pretrain_seeds, d, g),
-                                 tuple(self.unit(dict(kind="pretrain", depth=d, seed=s))
-                                       for s in g), ()) for d in depths}
-            schedule += pretrain.values()
+        units: list[Unit] = []
+        for g in self.seed_groups():
+            at, seeds = self._suffix(g), f"seed{'s' if len(g) > 1 else ''} {', '.join(map(str, g))}"
+            results = {d: tuple(self.result_name(dict(kind="pretrain", depth=d, seed=s))
+                                for s in g) for d in depths}
+            pretrain = {d: Unit(f"pretrain-L{d}{at}", f"pretraining of {p.size}-L{d}, {seeds}",
+                                (), functools.partial(self.pretrain_seeds, d, g),
+                                self._done(results[d])) for d in depths}
+            units += pretrain.values()
             for d in depths:
                 for init in ("final", "scratch") if d in p.scratch else ("final",):
-                    schedule += [Group(
-                        f"finetune-{task}-L{d}{at}" + ("-scratch" if init == "scratch" else ""),
-                        functools.partial(self.finetune_seeds, task, d, init, g),
-                        tuple(self.unit(dict(kind="finetune", task=task, depth=d, seed=s,
-                                             init=init)) for s in g),
-                        (pretrain[d].name,)) for task in p.tasks]
-        return schedule
-
-    def groups(self) -> list[str]:
-        """The names of the plan's groups, in the order they start."""
-        return [g.name for g in self.schedule()]
+                    for task in p.tasks:
+                        done = self._done(tuple(self.result_name(dict(
+                            kind="finetune", task=task, depth=d, seed=s, init=init)) for s in g))
+                        start = "fresh weights" if init == "scratch" else "its pretraining"
+                        units.append(Unit(
+                            f"finetune-{task}-L{d}{at}" + ("-scratch" if init == "scratch" else ""),
+                            f"fine-tuning of {p.size}-L{d} on {task} from {start}, {seeds}",
+                            (pretrain[d].name,),
+                            functools.partial(self.finetune_seeds, task, d, init, g), done))
+        training = tuple(u.name for u in units)
+        if p.matched:
+            units.append(Unit("matched", "fine-tuning from the perplexity-matched checkpoints "
+                              "(Fig. 6)", tuple(u.name for u in units if u.name.startswith(
+                                  "pretrain")), self.matched,
+                              lambda: (self.out / "matched.done").is_file(), analysis=True))
+        units.append(Unit("report", "equal-loss points, feed-forward rank and the report",
+                          training + (("matched",) if p.matched else ()), self.analyses,
+                          lambda: False, analysis=True))
+        return units
 
     def units(self) -> list[str]:
-        """The names of the units `run` trains (the result files it writes), in the order
-        they start."""
-        return [u for g in self.schedule() for u in g.units]
+        """The names of the results the training units write, in the order they start."""
+        p = self.plan
+        names = []
+        for g in self.seed_groups():
+            for d in sorted(p.family, reverse=True):
+                names += [self.result_name(dict(kind="pretrain", depth=d, seed=s)) for s in g]
+            for d in sorted(p.family, reverse=True):
+                for init in ("final", "scratch") if d in p.scratch else ("final",):
+                    names += [self.result_name(dict(kind="finetune", task=t, depth=d, seed=s,
+                                                    init=init)) for t in p.tasks for s in g]
+        return names
 
-    def run(self, group: str = "") -> None:
-        """Every unit not done yet; `group` names the one group to run (a worker's share)."""
-        if not group:  # the parent, before any worker starts
-            self.set_aside()
-        ran, rows = self.units_run, len(self.rows())
-        schedule = self.schedule()
-        if group:
-            next(g for g in schedule if g.name == group).train()
-        elif self.workers > 1:
-            from .workers import run_groups
-            done = {self.unit(r) for r in self.rows()}
-            todo = [g for g in schedule if not set(g.units) <= done]
-            names = {g.name for g in todo}
-            run_groups(self.out, [(g.name, tuple(a for a in g.after if a in names))
-                                  for g in todo], self.workers, self.pin,
-                       ["--sequential"] if self.sequential else [])
-        else:
-            for g in schedule:
-                g.train()
-        if not group and self.units_run == ran and len(self.rows()) == rows:
-            print(f"all {len(self.units())} units of {self.out} are done (results/); nothing "
-                  f"to run", flush=True)
+    def analyses(self) -> None:
+        """The report unit: equal-loss points, feed-forward rank, tables and figures."""
+        if self.plan.tasks:
+            self.equal_loss(self.threshold)
+        for name, path in self.rank().items():
+            print(f"rank vs depth: {path}")
+        for name, path in self.report().items():
+            print(f"{name}: {path}")
 
     def pretrain_seeds(self, depth: int, seeds: list[int]) -> None:
         """Pretrain every one of `seeds` at `depth` not done yet, as trials of one run."""
@@ -418,7 +422,7 @@ class Sweep(PlannedExperiment):
                             self.append({**final, "init": "matched", "size_class": p.size})
                     else:
                         self.finetune(task, depth, seed, "matched", step)
-
+        (self.out / "matched.done").write_text("")  # the matched unit's done mark
     def equal_loss(self, threshold: float | None = None) -> None:
         """Fig. 7b: generalization at the first fine-tuning evaluation whose in-distribution
         loss reaches a threshold every run of the task reaches (or the one given)."""
@@ -461,7 +465,7 @@ class Sweep(PlannedExperiment):
         from ..errors import warn
 
         rows = self.rows()
-        done = {self.unit(r) for r in rows}
+        done = {self.result_name(r) for r in rows}
         missing = [u for u in self.units() if u not in done]
         if missing:
             warn(f"{len(missing)} of {len(self.units())} units have no result: "
@@ -499,7 +503,12 @@ def parse(argv):
     p = argparse.ArgumentParser(prog="python -m jaxdepth.experiments.depth_sweep",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["run", "matched", "equal-loss", "rank", "report", "all"])
+    p.add_argument("command", choices=["run", "plan", "unit", "matched", "equal-loss", "rank",
+                                       "report", "all"],
+                   help="plan: save the plan (with plan options) and print its units as JSON; "
+                        "unit NAME: run that unit alone (exit 75 while a unit it reads is not "
+                        "done)")
+    p.add_argument("name", nargs="?", help="unit: the unit's name, as `plan` lists it")
     p.add_argument("--out", required=True, help="sweep directory")
     p.add_argument("--preset", choices=sorted(PLANS), help="a ready-made plan")
     p.add_argument("--size", help="size class (41M, 134M, 374M, tiny, small)")
@@ -513,19 +522,7 @@ def parse(argv):
     p.add_argument("--pretrain", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--finetune", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--threshold", type=float, default=None, help="equal-loss: dev-loss threshold")
-    p.add_argument("--sequential", action="store_true",
-                   help="train every seed as its own program (default: the seeds of a unit "
-                        "as trials of one program, exported to the same directories)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="CPU only: train this many groups of units at once (a depth's "
-                        "pretraining, a depth's fine-tuning on a task; with --sequential one "
-                        "seed of it), each in its own process; logs in OUT/logs/ (default 1: "
-                        "one process)")
-    p.add_argument("--pin", action="store_true",
-                   help="with --workers: keep each worker to a core of its own (Linux); "
-                        "faster on a small CPU, and one core's rounding: another draw of the "
-                        "same runs than one process gives")
-    p.add_argument("--group", default="", help=argparse.SUPPRESS)  # a worker's one group
+    add_executor_args(p)
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
@@ -577,39 +574,43 @@ def _advised(args) -> int:
 
 
 def _run(args) -> int:
-    if args.group:  # a worker of --workers, before anything starts XLA
+    if args.command == "unit":  # maybe a worker of --workers: before anything starts XLA
         from .workers import as_worker
         as_worker()
     plan = plan_from_args(args)
-    if args.command != "run" and args.command != "all" and plan is not None:
-        raise ConfigError(f"{args.command}: plan options belong to `run`/`all`; "
+    if args.command not in ("run", "all", "plan") and plan is not None:
+        raise ConfigError(f"{args.command}: plan options belong to `run`/`all`/`plan`; "
                           f"this command reads {args.out}/sweep.json")
-    if args.workers != 1 or args.pin:  # refused before the plan is written
-        from .workers import check_workers
-        check_workers(args.workers, args.pin)
+    if (args.command == "unit") != bool(args.name):
+        raise ConfigError("unit NAME: give the unit's name (and only to `unit`)")
+    executor = executor_from_args(args)  # refused before the plan is written
 
     def configure(sweep: Sweep) -> None:
-        sweep.sequential, sweep.workers, sweep.pin = args.sequential, args.workers, args.pin
-        if args.group and args.group not in (known := sweep.groups()):
-            raise ConfigError(f"--group {args.group}: not a group of this plan "
-                              f"({'with' if args.sequential else 'without'} --sequential); "
-                              f"its groups: {', '.join(known)}")
+        sweep.threshold = args.threshold
+        if (g := per_group(args)) is not None:  # else the class's: a unit per group of seeds
+            sweep.per_group = g
+        if args.command == "unit" and args.name not in [u.name for u in sweep.schedule()]:
+            sweep.run_unit(args.name)  # the one-line refusal, before anything is written
 
     sweep = Sweep.open(Path(args.out), plan, configure)
     cmd = args.command
-    if cmd in ("run", "all"):
-        sweep.run(args.group)
-    if cmd == "matched" or (cmd == "all" and sweep.plan.matched):
+    if cmd == "plan":
+        print(json.dumps(sweep.plan_data(), indent=1))
+    elif cmd == "unit":
+        sweep.run_unit(args.name)
+    elif cmd in ("run", "all"):
+        if cmd == "all" and not sweep.plan.matched:
+            print("the plan leaves out the perplexity-matched fine-tunings (Fig. 6); "
+                  "`matched` runs them", flush=True)
+        sweep.run(executor, analysis=cmd == "all")
+    elif cmd == "matched":
         sweep.matched()
-    elif cmd == "all":
-        print("the plan leaves out the perplexity-matched fine-tunings (Fig. 6); "
-              "`matched` runs them", flush=True)
-    if cmd in ("equal-loss", "all"):
+    elif cmd == "equal-loss":
         sweep.equal_loss(args.threshold)
-    if cmd in ("rank", "all"):
+    elif cmd == "rank":
         for name, path in sweep.rank().items():
             print(f"rank vs depth: {path}")
-    if cmd in ("report", "all"):
+    else:
         for name, path in sweep.report().items():
             print(f"{name}: {path}")
     return 0

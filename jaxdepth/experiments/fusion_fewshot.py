@@ -11,7 +11,10 @@ The backbone is ``--backbone`` (a Hugging Face BERT/RoBERTa directory or a run o
 project); without one, ``run`` first pretrains a small BERT encoder with MLM on the NER
 training sentences (DIR/pretrain), so the whole experiment needs nothing but the NER files.
 
-The plan is saved in DIR/plan.json and a different plan for the same DIR is refused. Every
+`plan` prints the units (the backbone's pretraining, one per {method, mode} cell, the report)
+as JSON and `unit NAME` runs one, as depth_sweep's do (experiments/executors.py runs them:
+here, on a pool of worker processes, on Ray or on SLURM). The plan is saved in DIR/plan.json
+and a different plan for the same DIR is refused. Every
 finished unit writes its row to DIR/results/<unit>.json and is skipped when the command runs
 again; an interrupted unit resumes from its checkpoint. `report` writes DIR/report/: the table of mean
 and 95% CI over trials (md, csv), F1 vs N-shot per method (Fig. 3) and dev F1 vs training
@@ -24,6 +27,7 @@ from ..errors import quiet_interrupts
 quiet_interrupts(__name__)  # run as a command: before the imports that start jax
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -35,7 +39,8 @@ from ..fusion_modes import fusion_modes
 from ..models.fusions import fusion_methods, own_settings
 from ..errors import RunFailed, run_main
 from .depth_sweep import _nested, _overrides
-from .plan_file import PlannedExperiment
+from .executors import add_executor_args, executor_from_args, per_group
+from .experiment import PlannedExperiment, Unit
 
 # Few-shot fine-tuning as docs/design.md §4: AdamW, linear decay to 0, lr 5e-5, batch 16.
 # Every optimizer field is pinned (β2 0.99, ε 1e-8, clipping 1.0: the values docs/fusion.md's
@@ -104,10 +109,44 @@ class Plan:
 
 class Experiment(PlannedExperiment):
     PLAN = Plan
+    MODULE = "jaxdepth.experiments.fusion_fewshot"
 
     @staticmethod
-    def unit(row: dict) -> str:
+    def result_name(row: dict) -> str:
         return f"ner-{row['method']}-{row['mode']}-N{row['n_shot']}-t{row['seed']}"
+
+    def schedule(self) -> list[Unit]:
+        """The backbone's pretraining (without --backbone), then one unit per {method, mode}
+        cell (its N-shot values x trials as trials of one program; with --sequential one per
+        N-shot value and trial), then the report."""
+        p = self.plan
+        if self.per_group not in (None, 1):
+            raise ConfigError(f"--seeds-per-group {self.per_group}: a cell's units train "
+                              f"together (none) or one by one (1, --sequential)")
+        units = []
+        if not p.backbone:
+            units.append(Unit("pretrain", "MLM pretraining of the backbone on the NER "
+                              "training sentences", (), self.backbone,
+                              lambda: (self.out / "pretrain" / "summary.json").is_file()))
+        after = tuple(u.name for u in units)
+        cells = [(shots, trial) for shots in p.shots for trial in range(p.trials)]
+        for method in p.methods:
+            for mode in p.modes:
+                groups = [[c] for c in cells] if self.per_group == 1 else [cells]
+                for g in groups:
+                    names = tuple(self.result_name(dict(method=method, mode=mode, n_shot=n,
+                                                        seed=t)) for n, t in g)
+                    units.append(Unit(
+                        names[0] if len(g) == 1 and self.per_group == 1 else
+                        f"ner-{method}-{mode}",
+                        f"{method} {mode} at N-shot {sorted({n for n, _ in g})}, "
+                        f"trials {sorted({t for _, t in g})}", after,
+                        functools.partial(self.cell, method, mode, g),
+                        functools.partial(lambda r: set(r) <= self.finished(), names)))
+        units.append(Unit("report", "the table and figures over the trials",
+                          tuple(u.name for u in units), self.report, lambda: False,
+                          analysis=True))
+        return units
 
     def backbone(self) -> str:
         if self.plan.backbone:
@@ -134,38 +173,37 @@ class Experiment(PlannedExperiment):
         flat.setdefault("run.save_every", flat.get("run.steps", Config().run.steps))
         return apply_overrides(Config(), _nested(flat))
 
-    def run(self) -> None:
+    def cell(self, method: str, mode: str, units: list[tuple[int, int]]) -> None:
+        """The (N-shot, trial) units of a {method, mode} cell not done yet: every one of the
+        cell as trials of one program, or one by one (a single unit, or a cell part done)."""
         import jax
         # Units of one (method, mode) differ only in data and seeds: the compiled steps are
         # identical, so a persistent cache turns every compile after the first into a load.
         jax.config.update("jax_compilation_cache_dir", str(self.out / "jax_cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        self.set_aside()
         backbone = self.backbone()
-        done = {(r["method"], r["mode"], r["n_shot"], r["seed"]) for r in self.rows()}
-        p = self.plan
-        for method in p.methods:
-            for mode in p.modes:
-                units = [(shots, trial) for shots in p.shots for trial in range(p.trials)]
-                todo = [u for u in units if (method, mode, *u) not in done]
-                if not todo:
-                    continue
-                if self.sequential or len(todo) < len(units) or len(units) == 1:
-                    for shots, trial in todo:
-                        cfg = self.unit_config(backbone, method, mode, shots, trial)
-                        self.units_run += 1
-                        _timed(f"{method} {mode} N={shots} trial {trial}", cfg)
-                        self.append(cfg, method, mode, shots, trial)
-                        # Every unit compiles its own step: without this, the executables of
-                        # all units stay loaded and XLA runs out of memory maps after ~70.
-                        jax.clear_caches()
-                    continue
-                self.cell_as_trials(backbone, method, mode, units)
+        done = self.finished()
+        todo = [u for u in units if self.result_name(dict(method=method, mode=mode, n_shot=u[0],
+                                                          seed=u[1])) not in done]
+        if not todo:
+            return
+        if len(todo) < len(units) or len(units) == 1:
+            for shots, trial in todo:
+                cfg = self.unit_config(backbone, method, mode, shots, trial)
+                self.units_run += 1
+                _timed(f"{method} {mode} N={shots} trial {trial}", cfg)
+                self.append(cfg, method, mode, shots, trial)
+                # Every unit compiles its own step: without this, the executables of all
+                # units stay loaded and XLA runs out of memory maps after ~70.
                 jax.clear_caches()
-        if not self.units_run:
-            n = len(p.methods) * len(p.modes) * len(p.shots) * p.trials
-            print(f"all {n} units of {self.out} are done (results/); nothing to run",
-                  flush=True)
+            return
+        self.cell_as_trials(backbone, method, mode, units)
+        jax.clear_caches()
+
+    def report(self) -> None:
+        from ..analysis.fusion_report import write_report
+        for name, path in write_report(self.rows(), self.out / "report").items():
+            print(f"{name}: {path}")
 
     def cell_as_trials(self, backbone: str, method: str, mode: str,
                        units: list[tuple[int, int]]) -> None:
@@ -185,12 +223,12 @@ class Experiment(PlannedExperiment):
 
     def append(self, cfg: Config, method: str, mode: str, shots: int, trial: int) -> None:
         rep = json.loads((Path(cfg.run.dir) / "analysis" / "ner.json").read_text())
-        row = {"kind": "ner", "method": method, "mode": mode, "n_shot": shots, "seed": trial,
-               "best_dev_f1": rep["best_dev_f1"], "test_f1": rep["test_f1_at_best"],
-               "best_step": rep["best_step"], "train_sentences": rep["train_sentences"],
-               "curve": [[r["step"], r["dev_f1"], r["test_f1"]] for r in rep["curve"]],
-               "run": self.relative(cfg.run.dir)}
-        self.record(self.unit(row), row)
+        self.record({"kind": "ner", "method": method, "mode": mode, "n_shot": shots,
+                     "seed": trial, "best_dev_f1": rep["best_dev_f1"],
+                     "test_f1": rep["test_f1_at_best"], "best_step": rep["best_step"],
+                     "train_sentences": rep["train_sentences"],
+                     "curve": [[r["step"], r["dev_f1"], r["test_f1"]] for r in rep["curve"]],
+                     "run": self.relative(cfg.run.dir)})
 
 
 def write_corpus(ner_dir: str, path: Path, per_doc: int = 8) -> None:
@@ -217,7 +255,8 @@ def parse(argv):
     p = argparse.ArgumentParser(prog="python -m jaxdepth.experiments.fusion_fewshot",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["run", "report", "all"])
+    p.add_argument("command", choices=["run", "plan", "unit", "report", "all"])
+    p.add_argument("name", nargs="?", help="unit: the unit's name, as `plan` lists it")
     p.add_argument("--out", required=True, help="experiment directory")
     p.add_argument("--ner-dir", help="WikiAnn or CoNLL-2003 directory (train, dev, test)")
     p.add_argument("--backbone", default="", help="HF BERT/RoBERTa directory or a run of this "
@@ -230,9 +269,7 @@ def parse(argv):
     p.add_argument("--extra-layers", type=int, default=1)
     p.add_argument("--finetune", nargs="*", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--pretrain", nargs="*", default=[], metavar="SECTION.FIELD=VALUE")
-    p.add_argument("--sequential", action="store_true",
-                   help="train every unit as its own program (default: each {method, mode} "
-                        "cell's N-shot values x trials as trials of one program)")
+    add_executor_args(p)
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
@@ -265,18 +302,32 @@ def _advised(args) -> int:
 
 
 def _run(args) -> int:
+    if args.command == "unit":  # maybe a worker of --workers: before anything starts XLA
+        from .workers import as_worker
+        as_worker()
     plan = plan_from_args(args)
     if args.command in ("run", "all") and plan is None:
         raise ConfigError("--ner-dir: required to start or continue `run`")
-    exp = Experiment.open(Path(args.out), plan)
-    if args.sequential:
-        exp.sequential = True
-    if args.command in ("run", "all"):
-        exp.run()
-    if args.command in ("report", "all"):
-        from ..analysis.fusion_report import write_report
-        for name, path in write_report(exp.rows(), Path(args.out) / "report").items():
-            print(f"{name}: {path}")
+    if (args.command == "unit") != bool(args.name):
+        raise ConfigError("unit NAME: give the unit's name (and only to `unit`)")
+    executor = executor_from_args(args)  # refused before the plan is written
+
+    def configure(exp: Experiment) -> None:
+        if (g := per_group(args)) is not None:  # else the class's: every unit of a cell
+            exp.per_group = g
+        names = [u.name for u in exp.schedule()]  # refuses a grouping the plan cannot take
+        if args.command == "unit" and args.name not in names:
+            exp.run_unit(args.name)  # the one-line refusal, before anything is written
+
+    exp = Experiment.open(Path(args.out), plan, configure)
+    if args.command == "plan":
+        print(json.dumps(exp.plan_data(), indent=1))
+    elif args.command == "unit":
+        exp.run_unit(args.name)
+    elif args.command in ("run", "all"):
+        exp.run(executor, analysis=args.command == "all")
+    else:
+        exp.report()
     return 0
 
 

@@ -1,10 +1,10 @@
-"""An experiment's groups of units, trained N at a time in processes of their own.
+"""An experiment's units, trained N at a time in processes of their own.
 
-`--workers N` starts each group of the plan (a depth's pretraining or fine-tuning on a task;
-with --sequential one seed of it) as `python -m jaxdepth.experiments.depth_sweep run --out DIR
---group NAME`, at most N at once, each once the groups it needs are done (a fine-tuning after
-its pretraining), its output in DIR/logs/NAME.log. Each writes its units' results
-(DIR/results/<unit>.json). A worker stops with a save when its parent dies, and the parent
+The local executor's pool (executors.py): `--workers N` starts each unit of the plan (a
+depth's pretraining or fine-tuning on a task of a group of seeds) as its experiment's
+`unit NAME` command, at most N at once, each once the units it reads are done (a fine-tuning
+after its pretraining), its output in DIR/logs/NAME.log. Each writes its results
+(DIR/results/<name>.json). A worker stops with a save when its parent dies, and the parent
 forwards SIGTERM and SIGINT to its workers (_Forward); the workers stay in the parent's
 process group, so a terminal's Ctrl-C or `kill -STOP` reaches them all. Workers get XLA's
 one-thread flags (ONE_THREAD), which jax 0.10 follows for its Eigen ops but not for its
@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..config import ConfigError
 from ..errors import Interrupted, RunFailed
@@ -88,19 +89,26 @@ def check_workers(n: int, pin: bool = False) -> int:
     return n
 
 
-def _start(out: Path, name: str, flags: list[str], cpu: int | None
+def worker_env(cpu: int | None, parent: int | None = None) -> dict:
+    """A unit's process environment: XLA's one-thread flags, the core it keeps to (none:
+    unpinned, never a core inherited), and the parent it stops with."""
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {ONE_THREAD}".strip()}
+    env.pop(CPU_ENV, None)
+    env.pop(PARENT_ENV, None)
+    if cpu is not None:
+        env[CPU_ENV] = str(cpu)
+    if parent is not None:
+        env[PARENT_ENV] = str(parent)
+    return env
+
+
+def _start(out: Path, name: str, command: list[str], cpu: int | None
            ) -> tuple[subprocess.Popen, Path]:
     log = out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {ONE_THREAD}".strip()}
-    env.pop(CPU_ENV, None)  # a worker started unpinned must not inherit a core
-    if cpu is not None:
-        env[CPU_ENV] = str(cpu)
-    env[PARENT_ENV] = str(os.getpid())
-    cmd = [sys.executable, "-m", "jaxdepth.experiments.depth_sweep", "run", "--out", str(out),
-           "--group", name, *flags]
     with open(log, "a") as f:
-        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT), log
+        return subprocess.Popen(command, env=worker_env(cpu, os.getpid()), stdout=f,
+                                stderr=subprocess.STDOUT), log
 
 
 def _last_line(log: Path) -> str:
@@ -164,10 +172,10 @@ def _how_it_stopped(proc: subprocess.Popen, log: Path) -> str:
 
 
 def run_groups(out: Path, groups: list[tuple[str, tuple[str, ...]]], n: int, pin: bool,
-               flags: list[str]) -> None:
-    """Run the named groups, each after the groups it names (every one of them in `groups`),
-    n at a time (each on a core of its own if `pin`), each with the command-line `flags`, the
-    first ready one in list order next; return when all are done. A group that fails lets
+               command: Callable[[str], list[str]]) -> None:
+    """Run the named units, each after the units it names (every one of them in `groups`),
+    n at a time (each on a core of its own if `pin`), each by its command(name), the first
+    ready one in list order next; return when all are done. A group that fails lets
     the running ones finish, starts no other, and raises RunFailed naming it. SIGTERM or
     SIGINT stops the running ones, each with a save (_Forward), and raises Interrupted naming
     them."""
@@ -182,7 +190,8 @@ def run_groups(out: Path, groups: list[tuple[str, tuple[str, ...]]], n: int, pin
                         break
                     waiting.remove(ready)
                     name, cpu = ready[0], free.pop(0)
-                    running[name] = (*_start(out, name, flags, cpu), time.perf_counter(), cpu)
+                    running[name] = (*_start(out, name, command(name), cpu),
+                                     time.perf_counter(), cpu)
                     print(f"{name}: started (log {running[name][1]})", flush=True)
                 time.sleep(0.5)
                 for name, (proc, log, t0, cpu) in list(running.items()):

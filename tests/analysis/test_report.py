@@ -11,7 +11,7 @@ from jaxdepth.analysis.report import (aggregate, dedupe, equal_loss_table, load_
                                       relative_perplexity, table3, write_report)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-T1 = 12.706205  # t_{0.975}(1)
+T1 = math.tan(0.475 * math.pi)  # t_{0.975}(1): a Cauchy quantile
 
 DEPTHS = (2, 4, 6)
 ARCH = {2: (128, 512, 400_000), 4: (96, 256, 410_000), 6: (80, 160, 405_000)}

@@ -23,7 +23,7 @@ from jaxdepth.config import ConfigError
 from jaxdepth.experiments import fusion_fewshot as ff
 from jaxdepth.experiments.fusion_fewshot import PRESETS, Experiment, Plan
 
-T1 = 12.706205  # t_{0.975} with 1 degree of freedom (n = 2 trials)
+T1 = math.tan(0.475 * math.pi)  # t_{0.975} with 1 degree of freedom (n = 2): a Cauchy quantile
 BACKBONE = "/nowhere/backbone"
 METHODS, MODES, SHOTS, TRIALS = ("base", "dwatt"), ("fe", "ft"), (2, 4), 2
 STEPS = (10, 20, 30)
@@ -101,7 +101,7 @@ def one_program_per_unit(monkeypatch):
     """The plan/resume/report logic here is checked with a fake trainer standing in for each
     unit's run, so the units run one by one (--sequential); the cells as trials of one
     program are checked with real training in tests/trainer/test_trials.py."""
-    monkeypatch.setattr(ff.Experiment, "sequential", True)
+    monkeypatch.setattr(ff.Experiment, "per_group", 1)
 
 
 class FakeTrain:

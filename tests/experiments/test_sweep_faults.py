@@ -38,7 +38,7 @@ needs_two_cores = pytest.mark.skipif(
 
 def _numbers(out: Path) -> dict:
     """Each unit's numbers (provenance aside: the pinned core may differ)."""
-    return {Sweep.unit(r): {k: v for k, v in r.items() if k != "provenance"}
+    return {Sweep.result_name(r): {k: v for k, v in r.items() if k != "provenance"}
             for r in load_rows(out)}
 
 
@@ -230,16 +230,43 @@ def test_a_report_cell_over_fewer_seeds_says_how_many(tmp_path):
     assert "| 3 | 9.00 ± 2.48 | 30.0 ± 127.1 (n=2) | 100.0 ± 0.0 (n=2) | 0.100 ± 0.000 (n=2) |" in md
 
 
-def test_an_unknown_group_is_refused_in_one_line_writing_nothing(tmp_path, capsys):
+def test_an_unknown_unit_is_refused_in_one_line_writing_nothing(tmp_path, capsys):
     out = tmp_path / "sweep"
-    code = main(["run", "--out", str(out), "--size", "tiny", "--depths", "1", "--seeds", "0",
-                 "--tasks", "passivization", "--scratch", "none", "--sequential",
-                 "--group", "pretrain-L3-s0"])
+    plan = ["--size", "tiny", "--depths", "1", "--seeds", "0", "--tasks", "passivization",
+            "--scratch", "none"]
+    code = main(["unit", "pretrain-L3-s0", "--out", str(out), *plan, "--sequential"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == [
-        "config error: --group pretrain-L3-s0: not a group of this plan (with --sequential); "
-        "its groups: pretrain-L1-s0, finetune-passivization-L1-s0"]
-    assert not out.exists()
+        "config error: unit: plan options belong to `run`/`all`/`plan`; this command reads "
+        f"{out}/sweep.json"]
+    assert main(["plan", "--out", str(out), *plan]) == 0
+    capsys.readouterr()
+    before = sorted(p.name for p in out.iterdir())
+    code = main(["unit", "pretrain-L3-s0", "--out", str(out), "--sequential"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [
+        "config error: unit pretrain-L3-s0: not a unit of this plan (--seeds-per-group 1); its "
+        "units: pretrain-L1-s0, finetune-passivization-L1-s0, matched, report"]
+    assert sorted(p.name for p in out.iterdir()) == before  # nothing written
+
+
+def test_a_unit_whose_inputs_are_not_done_waits_with_exit_75(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["plan", "--out", str(out), "--size", "tiny", "--depths", "1", "--seeds",
+                 "0", "--tasks", "passivization", "--scratch", "none"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [(u["name"], u["after"], u["done"]) for u in plan["units"]] == [
+        ("pretrain-L1", [], False), ("finetune-passivization-L1", ["pretrain-L1"], False),
+        ("matched", ["pretrain-L1"], False),
+        ("report", ["pretrain-L1", "finetune-passivization-L1", "matched"], False)]
+    assert plan["units"][1]["command"][1:] == [
+        "-m", "jaxdepth.experiments.depth_sweep", "unit", "finetune-passivization-L1", "--out",
+        str(out)]
+    code = main(["unit", "finetune-passivization-L1", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 75 and err == [
+        "not ready: unit finetune-passivization-L1 reads pretrain-L1, not done yet; run it "
+        "once they are"]
 
 
 # Sends SIGINT to the process as it starts importing jax (a Ctrl-C during start-up), then runs

@@ -48,34 +48,39 @@ def test_two_workers_give_the_rows_of_one_process(tmp_path, capsys):
     assert "nothing to run" in capsys.readouterr().out
 
 
-def test_the_groups_are_a_depth_s_trials_or_one_seed_each_deepest_first(tmp_path):
-    plan = Plan(size="tiny", depths=(1, 2, 4), seeds=(0, 1), tasks=("passivization",),
-                scratch=(4,))
+def test_the_units_are_groups_of_seeds_deepest_first_then_the_analyses(tmp_path):
+    plan = Plan(size="tiny", depths=(1, 2, 4), seeds=(0, 1, 2), tasks=("passivization",),
+                scratch=(4,), matched=False)
     sweep = Sweep.open(tmp_path / "s", plan)
-    assert [(g.name, g.after) for g in sweep.schedule()] == [
+    units = sweep.schedule()
+    assert [(u.name, u.after) for u in units[:7]] == [
         ("pretrain-L4", ()), ("pretrain-L2", ()), ("pretrain-L1", ()),
         ("finetune-passivization-L4", ("pretrain-L4",)),
         ("finetune-passivization-L4-scratch", ("pretrain-L4",)),
         ("finetune-passivization-L2", ("pretrain-L2",)),
         ("finetune-passivization-L1", ("pretrain-L1",))]
-    assert sweep.schedule()[0].units == ("pretrain-L4-s0", "pretrain-L4-s1")
-    sweep.sequential = True  # seed by seed: a seed's units finish together
-    schedule = sweep.schedule()
-    assert [(g.name, g.after) for g in schedule[:7]] == [
+    assert units[7].name == "report" and units[7].analysis
+    assert units[7].after == tuple(u.name for u in units[:7])
+    assert units[0].trains == "pretraining of tiny-L4, seeds 0, 1, 2"
+    sweep.per_group = 1  # seed by seed (--sequential): a seed's units finish together
+    units = sweep.schedule()
+    assert [(u.name, u.after) for u in units[:7]] == [
         ("pretrain-L4-s0", ()), ("pretrain-L2-s0", ()), ("pretrain-L1-s0", ()),
         ("finetune-passivization-L4-s0", ("pretrain-L4-s0",)),
         ("finetune-passivization-L4-s0-scratch", ("pretrain-L4-s0",)),
         ("finetune-passivization-L2-s0", ("pretrain-L2-s0",)),
         ("finetune-passivization-L1-s0", ("pretrain-L1-s0",))]
-    assert [g.name for g in schedule[7:]] == [g.name.replace("-s0", "-s1")
-                                              for g in schedule[:7]]
-    assert schedule[4].units == ("finetune-passivization-L4-s0-scratch",)
-    assert sweep.units() == [u for g in schedule for u in g.units]
-    # each group trains only its own seeds
+    assert [u.name for u in units[7:14]] == [u.name.replace("-s0", "-s1") for u in units[:7]]
+    sweep.per_group = 2  # two seeds a program, the last group the rest
+    assert [u.name for u in sweep.schedule() if u.name.startswith("pretrain-L4")] == [
+        "pretrain-L4-seeds-0-1", "pretrain-L4-seeds-2"]
+    # the results each training unit writes: every seed's, in the order they start
+    assert sweep.units()[:3] == ["pretrain-L4-s0", "pretrain-L4-s1", "pretrain-L2-s0"]
+    # each unit trains only its own seeds
     calls = []
     sweep.pretrain_seeds = lambda depth, seeds: calls.append((depth, seeds))
-    next(g for g in sweep.schedule() if g.name == "pretrain-L2-s1").train()
-    assert calls == [(2, [1])]
+    next(u for u in sweep.schedule() if u.name == "pretrain-L2-seeds-2").run()
+    assert calls == [(2, [2])]
 
 
 def test_a_group_starts_once_the_groups_it_needs_are_done(tmp_path, monkeypatch):
@@ -93,14 +98,15 @@ def test_a_group_starts_once_the_groups_it_needs_are_done(tmp_path, monkeypatch)
             polls[self.name] = polls.get(self.name, 0) + 1
             return 0 if polls[self.name] > (3 if self.name.startswith("pre") else 1) else None
 
-    def start(out, name, flags, cpu):
+    def start(out, name, command, cpu):
         started.append(name)
         return Worker(name), tmp_path / f"{name}.log"
 
     monkeypatch.setattr(workers, "_start", start)
     monkeypatch.setattr(workers.time, "sleep", lambda s: None)
     workers.run_groups(tmp_path, [("pre-a", ()), ("fine-a1", ("pre-a",)), ("fine-a2", ("pre-a",)),
-                                  ("pre-b", ()), ("fine-b1", ("pre-b",))], 2, False, [])
+                                  ("pre-b", ()), ("fine-b1", ("pre-b",))], 2, False,
+                       lambda name: [name])
     # fine-a1 waits for pre-a: the second worker takes pre-b, the first ready in order
     assert started == ["pre-a", "pre-b", "fine-a1", "fine-a2", "fine-b1"]
 
@@ -168,7 +174,7 @@ def test_workers_running_at_once_get_different_cores(tmp_path, monkeypatch):
             live.discard(self.cpu)
             return 0
 
-    def start(out, name, flags, cpu):
+    def start(out, name, command, cpu):
         assert cpu is None or cpu not in live  # never two pinned at once on one core
         live.add(cpu)
         started.append((name, cpu))
@@ -176,11 +182,11 @@ def test_workers_running_at_once_get_different_cores(tmp_path, monkeypatch):
 
     monkeypatch.setattr(workers, "_start", start)
     monkeypatch.setattr(workers.time, "sleep", lambda s: None)
-    workers.run_groups(tmp_path, [(name, ()) for name in "abcd"], 2, True, [])
+    workers.run_groups(tmp_path, [(name, ()) for name in "abcd"], 2, True, lambda n: [n])
     # c and d take the core b gave back while a still holds its own
     assert started == [("a", 5), ("b", 7), ("c", 7), ("d", 7)]
     started.clear()  # unpinned: no core named, so the workers share them all
-    workers.run_groups(tmp_path, [(name, ()) for name in "abc"], 2, False, [])
+    workers.run_groups(tmp_path, [(name, ()) for name in "abc"], 2, False, lambda n: [n])
     assert [cpu for _, cpu in started] == [None, None, None]
 
 
@@ -199,19 +205,20 @@ def test_a_pinned_worker_is_started_with_its_core_and_an_unpinned_one_without(tm
     monkeypatch.setattr(workers.subprocess, "Popen",
                         lambda cmd, env, **kw: envs.append(env) or object())
     monkeypatch.setenv(workers.CPU_ENV, "3")  # from a parent that was itself a worker
-    workers._start(tmp_path, "g", [], 1)
-    workers._start(tmp_path, "g", [], None)
+    workers._start(tmp_path, "g", ["python"], 1)
+    workers._start(tmp_path, "g", ["python"], None)
     assert envs[0][workers.CPU_ENV] == "1" and workers.CPU_ENV not in envs[1]
     assert workers.ONE_THREAD in envs[1]["XLA_FLAGS"]
 
 
-def test_a_worker_pins_itself_before_its_group_runs(tmp_path, monkeypatch):
+def test_a_unit_s_process_pins_itself_before_the_unit_runs(tmp_path, monkeypatch):
     from jaxdepth.experiments import workers
 
     order = []
+    assert main(["plan", "--out", str(tmp_path / "s"), *PLAN]) == 0
     monkeypatch.setattr(workers, "as_worker", lambda: order.append("pin"))
-    monkeypatch.setattr(Sweep, "run", lambda self, group: order.append(f"run {group}"))
-    assert main(["run", "--out", str(tmp_path / "s"), "--group", "pretrain-L1", *PLAN]) == 0
+    monkeypatch.setattr(Sweep, "run_unit", lambda self, name: order.append(f"run {name}"))
+    assert main(["unit", "pretrain-L1", "--out", str(tmp_path / "s")]) == 0
     assert order == ["pin", "run pretrain-L1"]
 
 

@@ -1,15 +1,31 @@
-"""An experiment directory: its plan file, written by the first command and checked by every
-later one, and its units' result files, one per finished unit, each written whole."""
+"""An experiment: its directory (the plan file, written by the first command and checked by
+every later one; one result file per finished unit of work, each written whole) and its
+plan as data: the units, each one program (``Unit``: what it trains, which units it reads),
+listed by ``plan``, run alone by ``unit NAME`` (by a scheduler, a worker or a user), or all
+of them by an executor (experiments/executors.py)."""
 from __future__ import annotations
 
 import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar, NamedTuple
 
 from ..config import ConfigError
+from ..errors import NotReady
+
+
+class Unit(NamedTuple):
+    """One program of an experiment's plan."""
+
+    name: str  # what `unit NAME` runs, and the file names its run takes
+    trains: str  # what it trains (or computes), in words
+    after: tuple[str, ...]  # the units whose outputs it reads: it runs once they are done
+    run: Callable[[], None]
+    done: Callable[[], bool]  # whether every output it makes is there
+    analysis: bool = False  # an analysis of the trained units (not run by `run`)
 
 
 def saved_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
@@ -75,21 +91,77 @@ def provenance() -> dict:
 
 class PlannedExperiment:
     """An experiment directory: its plan (``PLAN_FILE``, a ``PLAN`` saved by the first command
-    and checked by every later one) and its units' results (``results/<unit>.json``, each
-    written whole through a renamed temporary file, with the unit's provenance; a directory
-    of earlier versions keeps its ``results.jsonl``, read as it is). Each experiment names
-    the unit a row is the result of: ``unit(row)``, the stem of its result file."""
+    and checked by every later one), its units (``schedule()``, each experiment's own) and
+    their results (``results/<name>.json``, each written whole through a renamed temporary
+    file, with the run's provenance; a directory of earlier versions keeps its
+    ``results.jsonl``, read as it is). Each experiment names the result a row is:
+    ``result_name(row)``, the stem of its file, and lists its units, in the order an executor
+    starts them: ``schedule()``."""
 
     PLAN: ClassVar[type]  # each experiment names its plan dataclass
     PLAN_FILE: ClassVar[str] = "plan.json"
-    # One program per unit (--sequential), as before trials; by default the units that differ
-    # only in seeds and data train as trials of one program (trainer/trials.py).
-    sequential: bool = False
+    MODULE: ClassVar[str]  # the experiment's command: python -m MODULE unit NAME --out DIR
+    # How many seeds (or trials) train side by side as one program; None: every one a unit
+    # can hold. 1 (--sequential): one program per seed, as before trials.
+    per_group: int | None = None
 
     def __init__(self, out: Path, plan):
         self.out, self.plan = out, plan
         self.results = out / "results"
         self.units_run = 0  # trained by this process (a rerun of a finished one trains none)
+        self._legacy: set[str] | None = None  # the results of results.jsonl, once read
+
+    # ------------------------------------------------------------------ the units
+
+    def grouping(self) -> list[str]:
+        """The command-line flags that name the units as this process does."""
+        return [] if self.per_group is None else ["--seeds-per-group", str(self.per_group)]
+
+    def unit_command(self, name: str) -> list[str]:
+        return [sys.executable, "-m", self.MODULE, "unit", name, "--out", str(self.out),
+                *self.grouping()]
+
+    def plan_data(self) -> dict:
+        """Every unit as data (``plan``): its name, what it trains, the units it reads, what
+        it needs (one device: a CPU core or an accelerator), whether it is done, and the
+        command that runs it."""
+        return {"experiment": self.MODULE.rsplit(".", 1)[-1], "out": str(self.out),
+                "grouping": self.grouping(),
+                "units": [{"name": u.name, "trains": u.trains, "after": list(u.after),
+                           "analysis": u.analysis, "resources": {"devices": 1},
+                           "done": u.done(), "command": self.unit_command(u.name)}
+                          for u in self.schedule()]}
+
+    def run_unit(self, name: str) -> None:
+        """Unit `name` alone: a ConfigError for a name the plan does not have; NotReady (exit
+        75: a scheduler may retry) while a unit it reads is not done."""
+        units = {u.name: u for u in self.schedule()}
+        if name not in units:
+            grouped = " ".join(self.grouping()) or "each unit a whole group of seeds"
+            raise ConfigError(f"unit {name}: not a unit of this plan ({grouped}); its units: "
+                              f"{', '.join(units)}", field="unit")
+        waiting = [a for a in units[name].after if not units[a].done()]
+        if waiting:
+            raise NotReady(f"unit {name} reads {', '.join(waiting)}, not done yet; run it once "
+                           f"they are")
+        units[name].run()
+
+    def run(self, executor=None, analysis: bool = False) -> None:
+        """Every unit not done yet (and the analyses if `analysis`), through `executor`
+        (experiments/executors.py; default: here, one after another), each once the units it
+        reads are done; then a line if there was nothing to train."""
+        if executor is None:
+            from .executors import local
+            executor = local()
+        self.set_aside()
+        ran, rows = self.units_run, len(self.rows())
+        units = [u for u in self.schedule() if analysis or not u.analysis]
+        todo = [u for u in units if u.analysis or not u.done()]
+        executor(self, todo)
+        if self.units_run == ran and len(self.rows()) == rows and not any(
+                u.analysis for u in todo):
+            print(f"all {len(units)} units of {self.out} are done (results/); nothing to run",
+                  flush=True)
 
     def train_as_trials(self, what: str, cfg, units: list) -> list[dict]:
         """Train cfg, a run with trials, whose trial k must be exactly the solo run units[k]
@@ -125,16 +197,19 @@ class PlannedExperiment:
             out.append({**s, **{n: v for n, v in s["trials"][k].items() if n != "trial"}})
         return out
 
-    def record(self, unit: str, row: dict) -> None:
-        """Write a finished unit's result, `row` with its provenance, as results/<unit>.json."""
+    # ------------------------------------------------------------------ results
+
+    def record(self, row: dict) -> None:
+        """Write a finished run's result, `row` with its provenance, as
+        results/<result_name(row)>.json."""
         from ..files import write_whole
 
         self.results.mkdir(parents=True, exist_ok=True)
-        write_whole(self.results / f"{unit}.json",
+        write_whole(self.results / f"{self.result_name(row)}.json",
                     json.dumps({**row, "provenance": provenance()}, indent=1) + "\n")
 
     def relative(self, run_dir) -> str:
-        """A unit's run directory as its row records it: relative to the experiment's, so
+        """A run directory as its row records it: relative to the experiment's, so
         that rows stay true when the directory moves (or are kept elsewhere, as the docs'
         per-seed rows are)."""
         return Path(run_dir).relative_to(self.out).as_posix()
@@ -148,13 +223,26 @@ class PlannedExperiment:
         for where, aside in set_aside_unreadable(self.out):
             warn(f"{where}: not a whole result record (a write cut short?); moved to {aside}, "
                  f"and its unit runs again")
+        self._legacy = None
+
+    def finished(self) -> set[str]:
+        """The names of the results there are (results/*.json, and the rows of an earlier
+        version's results.jsonl), without reading the files."""
+        from ..analysis.results import LEGACY_RESULTS, load_rows
+
+        if self._legacy is None:
+            legacy = self.out / LEGACY_RESULTS
+            self._legacy = ({self.result_name(r) for r in load_rows(legacy)}
+                            if legacy.is_file() else set())
+        return {p.stem for p in self.results.glob("*.json")} | self._legacy
 
     def rows(self) -> list[dict]:
         """Every finished unit's row; of a unit found twice (a results.jsonl of an earlier
         version holds a row per start of a resumed unit), the later row."""
         from ..analysis.results import load_rows
 
-        latest = {self.unit(r): r for r in (load_rows(self.out) if self.out.is_dir() else [])}
+        latest = {self.result_name(r): r
+                  for r in (load_rows(self.out) if self.out.is_dir() else [])}
         return list(latest.values())
 
     @classmethod
