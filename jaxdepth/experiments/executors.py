@@ -118,27 +118,102 @@ def local(workers: int = 1, pin: bool = False) -> Callable:
     return run
 
 
+class UnitFailed(RuntimeError):
+    """A unit's command exited with an error (an engine may retry it: it resumes)."""
+
+
+def run_command(command: list[str], env: dict, log: str) -> str:
+    """A unit's command in a process of its own, its output appended to `log`; raises
+    UnitFailed naming the unit, its exit and its last line when it does not exit 0. Run
+    inside a Ray task or a SLURM job (picklable: a module-level function)."""
+    import subprocess
+
+    from .workers import _last_line
+
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    with open(log, "a") as f:
+        rc = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc:
+        from pathlib import Path
+        raise UnitFailed(f"{command[4]} (exit {rc}: {_last_line(Path(log))}; log {log})")
+    return command[4]
+
+
 def ray(address: str | None, retries: int, pin: bool) -> Callable:
     try:
-        import ray as ray_lib  # noqa: F401  (the optional extra: refused now, not mid-run)
+        import ray as ray_lib
     except ImportError:
         raise ConfigError("--executor ray: Ray is not installed; pip install "
                           "'jaxdepth[cluster]' (or ray)") from None
-    from .ray_units import run_on_ray
 
     def run(exp, units) -> None:
-        run_on_ray(exp, _ready_order(units), address, retries, pin)
+        from ..errors import RunFailed
+        from .workers import FREE_CORE, worker_env
+
+        started = not ray_lib.is_initialized()
+        if started:  # a cluster to join, or a local one of this machine's cores
+            ray_lib.init(address=address, include_dashboard=False, log_to_driver=False,
+                         logging_level="ERROR")
+        try:
+            @ray_lib.remote(num_cpus=1, max_retries=retries, retry_exceptions=True)
+            def unit(command, log, *after):  # `after`: its inputs' refs, so it waits for them
+                # the same XLA flags as a local worker, a free core of its node if pinned,
+                # stopping when the Ray worker that started it dies
+                return run_command(command, worker_env(FREE_CORE if pin else None, os.getpid()),
+                                   log)
+
+            refs: dict = {}
+            for u in units:  # in schedule order: a unit's inputs were submitted before it
+                log = os.path.join(exp.out, "logs", f"{u.name}.log")
+                refs[u.name] = unit.remote(exp.unit_command(u.name), log,
+                                           *(refs[a] for a in u.after if a in refs))
+            failed = []
+            for name, ref in refs.items():
+                try:
+                    ray_lib.get(ref)
+                    print(f"{name}: done", flush=True)
+                except Exception as e:  # after its retries
+                    failed.append(str(getattr(e, "cause", None) or e).splitlines()[-1])
+            if failed:
+                raise RunFailed(f"{'; '.join(failed)}; run the command again to resume")
+        finally:
+            if started:
+                ray_lib.shutdown()
     return run
 
 
 def slurm(folder: str | None, params: dict) -> Callable:
     try:
-        import submitit  # noqa: F401
+        import submitit
     except ImportError:
         raise ConfigError("--executor slurm: submitit is not installed; pip install "
                           "'jaxdepth[cluster]' (or submitit)") from None
-    from .slurm_units import run_on_slurm
 
     def run(exp, units) -> None:
-        run_on_slurm(exp, _ready_order(units), folder or os.path.join(exp.out, "slurm"), params)
+        from ..errors import RunFailed
+
+        ex = submitit.AutoExecutor(folder=folder or os.path.join(exp.out, "slurm"))
+        ex.update_parameters(**params)
+        jobs, before = [], []
+        for stage in _ready_order(units):
+            if before and ex.cluster == "slurm":  # the queue holds it until they succeed
+                ex.update_parameters(slurm_additional_parameters={
+                    "dependency": f"afterok:{before[0].job_id.split('_')[0]}"})
+            elif before:  # a local or debug "cluster" has no queue: wait here
+                for j in before:
+                    j.result()
+            logs = [os.path.join(exp.out, "logs", f"{u.name}.log") for u in stage]
+            commands = [exp.unit_command(u.name) for u in stage]
+            before = ex.map_array(run_command, commands, [dict(os.environ)] * len(stage), logs)
+            print(f"submitted {', '.join(u.name for u in stage)} as job "
+                  f"{before[0].job_id.split('_')[0]}", flush=True)
+            jobs += before
+        failed = []
+        for j in jobs:
+            try:
+                print(f"{j.result()}: done", flush=True)
+            except Exception as e:
+                failed.append(str(e).strip().splitlines()[-1])
+        if failed:
+            raise RunFailed(f"{'; '.join(failed)}; run the command again to resume")
     return run

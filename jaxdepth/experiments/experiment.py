@@ -79,13 +79,15 @@ def provenance() -> dict:
 
     from .workers import CPU_ENV
 
-    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-             else os.cpu_count())
-    pinned = os.environ.get(CPU_ENV)
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    cores = len(affinity) if affinity is not None else os.cpu_count()
+    # the core a unit kept to (workers.as_worker), as the process sees it
+    pinned = (min(affinity) if os.environ.get(CPU_ENV) is not None and affinity
+              and len(affinity) == 1 else None)
     return {"commit": _commit(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
             "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
             "device_count": jax.device_count(), "cpu": _cpu_model(),
-            "cores": cores, "pinned_cpu": None if pinned is None else int(pinned),
+            "cores": cores, "pinned_cpu": pinned,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 

@@ -35,6 +35,33 @@ ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 CPU_ENV = "JAXDEPTH_WORKER_CPU"
 # The parent's pid: a worker stops when it is gone (as_worker).
 PARENT_ENV = "JAXDEPTH_WORKER_PARENT"
+# CPU_ENV's value where no parent hands out cores (a Ray task): a core of this machine that no
+# other unit holds, claimed by the unit's process itself (a lock file per core).
+FREE_CORE = "free"
+_claimed: list[int] = []  # the lock's descriptor, held while the process lives
+
+
+def _claim_core() -> int | None:
+    """The first core of this process's affinity that no other unit of this machine holds
+    (its lock, in the temporary directory, is released when the process ends however it
+    ends); None, with a warning, when every one is held."""
+    import fcntl
+    import tempfile
+
+    from ..errors import warn
+
+    for cpu in sorted(os.sched_getaffinity(0)):
+        fd = os.open(os.path.join(tempfile.gettempdir(), f"jaxdepth-core-{cpu}.lock"),
+                     os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _claimed.append(fd)
+        return cpu
+    warn("--pin: every core of this machine is held by another unit; this one runs unpinned")
+    return None
 
 
 def as_worker() -> None:
@@ -43,6 +70,8 @@ def as_worker() -> None:
     save and exit 3 while training) when the parent dies, however it dies: a worker left
     training unsupervised would hold its unit's lock against the rerun."""
     cpu = os.environ.get(CPU_ENV)
+    if cpu == FREE_CORE:
+        cpu = _claim_core()
     if cpu is not None:
         os.sched_setaffinity(0, {int(cpu)})
     parent = os.environ.get(PARENT_ENV)
@@ -89,7 +118,7 @@ def check_workers(n: int, pin: bool = False) -> int:
     return n
 
 
-def worker_env(cpu: int | None, parent: int | None = None) -> dict:
+def worker_env(cpu: int | str | None, parent: int | None = None) -> dict:
     """A unit's process environment: XLA's one-thread flags, the core it keeps to (none:
     unpinned, never a core inherited), and the parent it stops with."""
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {ONE_THREAD}".strip()}
