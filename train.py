@@ -1,44 +1,6 @@
-"""Train (or resume) a jaxdepth model.  python train.py --help  lists every field."""
-from __future__ import annotations
-
-import sys
-
-
-def main(argv: list[str]) -> int:
-    from jaxdepth.errors import run_main
-
-    return run_main(lambda: _train(argv), debug="--debug" in argv)
-
-
-def _train(argv: list[str]) -> int:
-    from jaxdepth.cli import parse_args, preset_lines
-
-    cfg = parse_args(argv, prog="train.py")
-    lines = preset_lines(cfg)  # what the preset and the run kind's recipe set
-    if cfg.mesh.process_id == 0 and lines:
-        print("\n".join(lines))
-
-    import jax
-
-    if cfg.mesh.num_processes > 1:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=cfg.mesh.coordinator,
-                                   num_processes=cfg.mesh.num_processes,
-                                   process_id=cfg.mesh.process_id)
-
-    from jaxdepth.summary_text import summary_text
-    from jaxdepth.tasks import train
-
-    summary = train(cfg)  # one task per trial if it has trials (trainer/trials.py)
-    if jax.process_index() == 0:
-        print(summary_text(summary))
-    return 0
-
+"""Train (or resume) a jaxdepth model: python train.py --help lists every field. The same as
+``python -m jaxdepth.train`` and ``jaxdepth-train`` of an installed package."""
+from jaxdepth.train import command, main  # noqa: F401  (main(argv): the tests' entry)
 
 if __name__ == "__main__":
-    from jaxdepth.errors import exit_process, quiet_interrupts
-    from jaxdepth.runtime import tune_malloc
-
-    quiet_interrupts(__name__)  # a Ctrl-C while jax is imported: one line, not a traceback
-    tune_malloc()  # the process is ours: before jax allocates anything
-    exit_process(main(sys.argv[1:]))
+    command()

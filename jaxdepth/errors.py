@@ -207,14 +207,14 @@ def _interrupted_outside_training(signum: int, frame) -> None:
     os.kill(os.getpid(), signum)
 
 
-def quiet_interrupts(module_name: str) -> None:
-    """For a command's own process (its ``__main__``, before its heavy imports: jax takes
-    about a second to import): a Ctrl-C outside training (during start-up, data preparation,
-    between an experiment's units) is one line and death by SIGINT (130 in a shell), not a
-    KeyboardInterrupt traceback. Training installs its own handler (trainer/signals.py), which
-    stops after a step and saves it, and puts this one back when it ends. Does nothing when
-    the module is imported (a notebook, a test)."""
-    if module_name == "__main__" and threading.current_thread() is threading.main_thread():
+def quiet_interrupts(as_command: bool = True) -> None:
+    """For a command's own process (``as_command``; called before its heavy imports: jax
+    takes about a second to import): a Ctrl-C outside training (during start-up, data
+    preparation, between an experiment's units) is one line and death by SIGINT (130 in a
+    shell), not a KeyboardInterrupt traceback. Training installs its own handler
+    (trainer/signals.py), which stops after a step and saves it, and puts this one back when
+    it ends. A module imported (a notebook, a test) passes False: nothing changes."""
+    if as_command and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _interrupted_outside_training)
 
 

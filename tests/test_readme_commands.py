@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import importlib.util
 import io
 import json
 import math
@@ -275,10 +274,8 @@ def _expected(cmd: Command):
 # ----------------------------------------------------------------------------- fixtures
 
 def _load_train_entry():
-    spec = importlib.util.spec_from_file_location("_readme_train_entry", REPO / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import jaxdepth.train  # what train.py runs
+    return jaxdepth.train
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..errors import quiet_interrupts
 
-quiet_interrupts(__name__)  # run as a command: before the imports that start jax
+quiet_interrupts(__name__ == "__main__")  # a command: before the imports that start jax
 
 import argparse
 import json
