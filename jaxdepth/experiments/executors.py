@@ -190,11 +190,11 @@ def slurm(folder: str | None, params: dict) -> Callable:
                           "'jaxdepth[cluster]' (or submitit)") from None
 
     def run(exp, units) -> None:
-        from ..errors import RunFailed
+        from ..errors import RunFailed, one_line
 
         ex = submitit.AutoExecutor(folder=folder or os.path.join(exp.out, "slurm"))
         ex.update_parameters(**params)
-        jobs, before = [], []
+        jobs, before = [], []  # (unit, job)
         for stage in _ready_order(units):
             if before and ex.cluster == "slurm":  # the queue holds it until they succeed
                 ex.update_parameters(slurm_additional_parameters={
@@ -207,13 +207,17 @@ def slurm(folder: str | None, params: dict) -> Callable:
             before = ex.map_array(run_command, commands, [dict(os.environ)] * len(stage), logs)
             print(f"submitted {', '.join(u.name for u in stage)} as job "
                   f"{before[0].job_id.split('_')[0]}", flush=True)
-            jobs += before
+            jobs += zip(stage, before)
         failed = []
-        for j in jobs:
+        for u, j in jobs:
             try:
                 print(f"{j.result()}: done", flush=True)
-            except Exception as e:
-                failed.append(str(e).strip().splitlines()[-1])
+            except Exception as e:  # submitit's error: the job's trace between dashed lines
+                trace = [line for line in str(e).split("-" * 22)[1].splitlines()
+                         if line.strip()] if str(e).count("-" * 22) >= 2 else []
+                why = trace[-1].split("UnitFailed: ")[-1] if trace else one_line(e)
+                failed.append(why if why.startswith(u.name) else
+                              f"{u.name} (job {j.job_id}: {why})")
         if failed:
             raise RunFailed(f"{'; '.join(failed)}; run the command again to resume")
     return run

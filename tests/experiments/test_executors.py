@@ -139,10 +139,16 @@ def test_submitit_s_local_executor_gives_the_local_executor_s_rows(tmp_path, ref
 
 
 _SBATCH = """#!/usr/bin/env python3
-import os, pathlib, sys
+import os, pathlib, pickle, re, sys
 d = pathlib.Path(os.environ["FAKE_SLURM"])
 n = 1000 + len(list(d.glob("*.sh")))
-(d / f"{n}.sh").write_text(pathlib.Path(sys.argv[-1]).read_text())
+script = pathlib.Path(sys.argv[-1]).read_text()
+(d / f"{n}.sh").write_text(script)
+# each task failed at once: its result, as submitit's job would write it
+folder = pathlib.Path(re.search(r"#SBATCH --output=(\\S+)", script).group(1)).parent
+for a in range(int(re.search(r"--array=0-(\\d+)", script).group(1)) + 1):
+    (folder / f"{n}_{a}_0_result.pkl").write_bytes(
+        pickle.dumps(("error", "stand-in SLURM: nothing ran")))
 print(f"Submitted batch job {n}")
 """
 _SACCT = """#!/usr/bin/env python3
@@ -155,8 +161,8 @@ for j in [sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "-j"]:
 
 @pytest.mark.slow
 def test_on_slurm_each_stage_is_an_array_job_after_the_one_before(tmp_path):
-    """Stand-in sbatch (records the job script), srun, squeue and sacct (every job FAILED:
-    nothing runs here, the submission is what is checked)."""
+    """Stand-in sbatch (records the job script, and fails every task at once), srun, squeue
+    and sacct (every job FAILED): nothing runs here, the submission is what is checked."""
     bin_dir, jobs = tmp_path / "bin", tmp_path / "jobs"
     bin_dir.mkdir()
     jobs.mkdir()
@@ -172,6 +178,10 @@ def test_on_slurm_each_stage_is_an_array_job_after_the_one_before(tmp_path):
                           "--slurm", "timeout_min=30"], cwd=REPO, capture_output=True,
                          text=True, env=env, timeout=600)
     assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr[-3000:]
+    assert [f"{u} (job {j}: stand-in SLURM: nothing ran)" for u, j in (
+        ("pretrain-L1-s0", "1000_0"), ("pretrain-L1-s1", "1000_1"),
+        ("finetune-passivization-L1-s0", "1001_0"), ("finetune-passivization-L1-s1", "1001_1"))
+            ] == res.stderr.removeprefix("error: ").split("; ")[:4], res.stderr
     scripts = [(jobs / f"{n}.sh").read_text() for n in (1000, 1001)]
     assert sorted(p.name for p in jobs.iterdir()) == ["1000.sh", "1001.sh"]
     # stage 1: the two seeds' pretrainings, one array; stage 2 its fine-tunings, after it
