@@ -83,8 +83,10 @@ def recipe_lines(cfg: Config) -> list[str]:
 
 
 def _parse_value(section: str, name: str, raw: str):
-    ftype = {f.name: f.type for f in dataclasses.fields(SECTIONS[section])}[name]
-    ftype = ftype if isinstance(ftype, str) else ftype.__name__
+    f = {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name]
+    ftype = f.type if isinstance(f.type, str) else f.type.__name__
+    if raw in f.metadata.get("words", {}):
+        return f.metadata["words"][raw]
     try:
         if ftype == "bool":
             return _BOOLS[raw.lower()]

@@ -429,10 +429,13 @@ class Config:
             sec_cls, values = SECTIONS[f.name], d[f.name]
             require(isinstance(values, dict), f.name,
                     f"must be a JSON object of fields, got {json.dumps(values)}")
-            types = {g.name: g.type if isinstance(g.type, str) else g.type.__name__
-                     for g in dataclasses.fields(sec_cls) if g.init}
+            fields = {g.name: g for g in dataclasses.fields(sec_cls) if g.init}
+            types = {n: g.type if isinstance(g.type, str) else g.type.__name__
+                     for n, g in fields.items()}
             bad = set(values) - set(types)
             require(not bad, f.name, f"unknown fields {sorted(bad)}")
+            values = {k: fields[k].metadata.get("words", {}).get(v, v) if isinstance(v, str)
+                      else v for k, v in values.items()}
             # null: an optimizer field left to the run kind's recipe
             kw[f.name] = sec_cls(**{k: v if v is None and f.name == "optim" and k in
                                     RECIPE_FIELDS else typed(f"{f.name}.{k}", types[k], v)

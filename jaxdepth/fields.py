@@ -42,11 +42,12 @@ def positive(obj: Any, section: str, *names: str) -> None:
 
 
 
-def resumable(default: Any) -> Any:
+def resumable(default: Any, words: dict | None = None) -> Any:
     """A field that a resumed run may change from what its checkpoint was saved with (how
     long or how visibly it trains, where it runs, how the same computation is laid out), as
-    opposed to one that changes the model, the data or the optimizer."""
-    return field(default=default, metadata={"resumable": True})
+    opposed to one that changes the model, the data or the optimizer. `words`: values the
+    command line (and a config file) may give by name ({"auto": 0})."""
+    return field(default=default, metadata={"resumable": True, "words": words or {}})
 
 
 

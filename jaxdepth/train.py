@@ -15,17 +15,14 @@ def _train(argv: list[str]) -> int:
     from jaxdepth.cli import parse_args, preset_lines
 
     cfg = parse_args(argv, prog="train.py")
-    lines = preset_lines(cfg)  # what the preset and the run kind's recipe set
-    if cfg.mesh.process_id == 0 and lines:
-        print("\n".join(lines))
-
     import jax
 
-    if cfg.mesh.num_processes > 1:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=cfg.mesh.coordinator,
-                                   num_processes=cfg.mesh.num_processes,
-                                   process_id=cfg.mesh.process_id)
+    from jaxdepth.trainer.processes import start
+
+    start(cfg.mesh)  # before anything runs on a device: every process joins the run
+    lines = preset_lines(cfg)  # what the preset and the run kind's recipe set
+    if jax.process_index() == 0 and lines:
+        print("\n".join(lines))
 
     from jaxdepth.summary_text import summary_text
     from jaxdepth.tasks import train

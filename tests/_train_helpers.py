@@ -95,6 +95,44 @@ def start_train(args: list[str], devices: int = 1, cache_dir=None, **kw) -> subp
                             env=subprocess_env(devices, cache_dir), **kw)
 
 
+def slurm_envs(n: int, devices: int = 1, cache_dir=None) -> list[dict]:
+    """The environments srun gives the n tasks of one job on this machine: jax.distributed
+    finds the coordinator (the first node, on port job id % 4096 + 61440), the process count
+    and each process's id there, as on a SLURM cluster. The job id is chosen for a free port."""
+    for port in range(61440 + os.getpid() % 4000, 65536):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+    base = subprocess_env(devices, cache_dir)
+    base = {k: v for k, v in base.items() if not k.startswith("SLURM_")}
+    return [{**base, "SLURM_JOB_ID": str(port - 61440 + 4096), "SLURM_NTASKS": str(n),
+             "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "SLURM_NODEID": "0",
+             "SLURM_STEP_NODELIST": "localhost"} for i in range(n)]
+
+
+def start_processes(args: list[str], n: int, devices: int = 1, cache_dir=None,
+                    command: list[str] | None = None) -> list[subprocess.Popen]:
+    """n processes of one run under a stand-in SLURM job (slurm_envs), each `command` (default
+    train.py) with args."""
+    command = command or [sys.executable, str(TRAIN_PY)]
+    return [subprocess.Popen([*command, *args], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+            for env in slurm_envs(n, devices, cache_dir)]
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = TIMEOUT) -> list[tuple[int, str]]:
+    """(exit code, stderr) of each process; all are killed if one does not end in time."""
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            kill(p)
+    return [(p.returncode, err) for p, (_, err) in zip(procs, outs)]
+
+
 def kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .executors import add_executor_args, executor_from_args, per_group
-from .experiment import PlannedExperiment, Unit
+from .experiment import PlannedExperiment, Unit, start_unit_process
 from ..errors import RunFailed, run_main
 from ..config import TASKS, Config, ConfigError, apply_overrides
 from ..trial_grid import SEED_FIELD, parse_list
@@ -574,9 +574,7 @@ def _advised(args) -> int:
 
 
 def _run(args) -> int:
-    if args.command == "unit":  # maybe a worker of --workers: before anything starts XLA
-        from .workers import as_worker
-        as_worker()
+    start_unit_process(args)  # before anything starts XLA
     plan = plan_from_args(args)
     if args.command not in ("run", "all", "plan") and plan is not None:
         raise ConfigError(f"{args.command}: plan options belong to `run`/`all`/`plan`; "

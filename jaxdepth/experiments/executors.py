@@ -47,6 +47,10 @@ def add_executor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slurm-folder", default=None,
                    help="slurm: submitit's folder for job scripts and logs (default: "
                         "OUT/slurm)")
+    p.add_argument("--processes", choices=("1", "auto"), default="1",
+                   help="unit: run it across the processes a scheduler started for it (srun, "
+                        "a TPU slice, mpirun), which find each other through "
+                        "jax.distributed (docs/cluster.md); default 1: this process alone")
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                    help="slurm: a submitit parameter (slurm_partition=gpu, timeout_min=600, "
                         "gpus_per_node=1, ...)")

@@ -28,6 +28,25 @@ class Unit(NamedTuple):
     analysis: bool = False  # an analysis of the trained units (not run by `run`)
 
 
+def start_unit_process(args) -> None:
+    """Before anything starts XLA: the process of `unit` may be a worker of a local pool (its
+    flags and core: workers.as_worker) or one of the processes a scheduler started to run
+    the unit together (--processes auto: they join through jax.distributed)."""
+    if args.command != "unit":
+        if args.processes != "1":
+            raise ConfigError(f"--processes {args.processes}: only `unit` runs across "
+                              f"processes; an executor starts each unit's")
+        return
+    from .workers import as_worker
+
+    as_worker()
+    if args.processes == "auto":
+        from ..mesh_config import AUTO, MeshConfig
+        from ..trainer.processes import start
+
+        start(MeshConfig(num_processes=AUTO))
+
+
 def saved_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
     """(the plan, whether it is saved yet as out/name). A given `plan` must equal the saved one
     (a different plan for the same directory is refused, naming the first differing field);
@@ -204,8 +223,12 @@ class PlannedExperiment:
     def record(self, row: dict) -> None:
         """Write a finished run's result, `row` with its provenance, as
         results/<result_name(row)>.json."""
+        import jax
+
         from ..files import write_whole
 
+        if jax.process_index() != 0:  # a unit run across processes: one record, process 0's
+            return
         self.results.mkdir(parents=True, exist_ok=True)
         write_whole(self.results / f"{self.result_name(row)}.json",
                     json.dumps({**row, "provenance": provenance()}, indent=1) + "\n")

@@ -40,7 +40,7 @@ from ..models.fusions import fusion_methods, own_settings
 from ..errors import RunFailed, run_main
 from .depth_sweep import _nested, _overrides
 from .executors import add_executor_args, executor_from_args, per_group
-from .experiment import PlannedExperiment, Unit
+from .experiment import PlannedExperiment, Unit, start_unit_process
 
 # Few-shot fine-tuning as docs/design.md §4: AdamW, linear decay to 0, lr 5e-5, batch 16.
 # Every optimizer field is pinned (β2 0.99, ε 1e-8, clipping 1.0: the values docs/fusion.md's
@@ -302,9 +302,7 @@ def _advised(args) -> int:
 
 
 def _run(args) -> int:
-    if args.command == "unit":  # maybe a worker of --workers: before anything starts XLA
-        from .workers import as_worker
-        as_worker()
+    start_unit_process(args)  # before anything starts XLA
     plan = plan_from_args(args)
     if args.command in ("run", "all") and plan is None:
         raise ConfigError("--ner-dir: required to start or continue `run`")

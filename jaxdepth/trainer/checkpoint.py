@@ -314,12 +314,46 @@ class _DataState:
         pass
 
 
+def _saved_processes(mngr: ocp.CheckpointManager, step: int) -> int | None:
+    """How many processes wrote `step`'s data-iterator states (None: no state file there)."""
+    names = (Path(mngr.directory) / str(step) / "data").glob("process_*-of-*.json")
+    counts = {int(n.name[:-len(".json")].rsplit("-of-", 1)[1]) for n in names}
+    return max(counts) if counts else None
+
+
+def _dealt_anew(mngr: ocp.CheckpointManager, step: int, saved: int) -> dict:
+    """The data state of a checkpoint written by `saved` processes, for a run of another
+    number: every file verified against its digest; when they are all one state (the batches
+    are a function of the step: each process reads its rows of the same global batch), every
+    process takes it; else (streams, each process with its own cursors) a ConfigError."""
+    record = saved_record(mngr, step) or {}
+    texts = []
+    for i in range(saved):
+        key = data_key(i, saved)
+        raw = (Path(mngr.directory) / str(step) / key).read_bytes()
+        if key in record and _sha256(raw) != record[key]:
+            raise CorruptCheckpoint(f"the data iterator state in {key} differs from the "
+                                    f"fingerprint saved with it")
+        texts.append(raw)
+    if len(set(texts)) > 1:
+        raise ConfigError(f"mesh.num_processes: checkpoint {step} was written by {saved} "
+                          f"processes, each reading its own streams of the corpus; this run "
+                          f"has {jax.process_count()}, whose streams would start elsewhere: "
+                          f"resume it with {saved} processes", field="mesh.num_processes")
+    return json.loads(texts[0])
+
+
 def read_data_state(mngr: ocp.CheckpointManager, step: int) -> dict:
     """The data iterator's state this process saved at `step`, read without touching an
     iterator (set it with ``set_state`` when the batches may be read). CorruptCheckpoint if
     its file differs from the digest saved with it (a checkpoint without one is taken as it
     is). With several processes, each reads its own file and all agree: one whose file cannot
-    be read makes the checkpoint unreadable for all of them."""
+    be read makes the checkpoint unreadable for all of them. A checkpoint written by another
+    number of processes is resumed where its state does not depend on the process
+    (``_dealt_anew``)."""
+    saved = _saved_processes(mngr, step)
+    if saved is not None and saved != jax.process_count():
+        return _dealt_anew(mngr, step, saved)
     key = data_key(jax.process_index(), jax.process_count())
     failure = None
     try:
@@ -420,6 +454,8 @@ def restore_newest(mngr: ocp.CheckpointManager, restore_one, step: int | None = 
     for s in steps:
         try:
             return restore_one(s), s, skipped
+        except ConfigError:
+            raise  # this run's settings cannot resume it: no checkpoint is at fault
         except Exception as e:
             skipped.append((s, unreadable_because(e)))
     what = "; ".join(f"step {s}: {why}" for s, why in skipped)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from ..config import Config, ConfigError
@@ -29,16 +28,12 @@ from .memory import step_check
 from .metrics import MetricsWriter, training_figures
 from .mfu import device_peak_flops
 from .optim import make_optimizer, schedule
+from .processes import barrier, check_shared_dir
 from .run_lock import run_lock
 from .sharding import batch_sharding, make_mesh, to_global
 from .signals import StopSignals
 from .task import Task
 from .trials import Trials
-
-
-def barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
 
 
 def restore_or_init(trials: Trials, tx, mngr, data_iter):
@@ -102,6 +97,7 @@ def train(cfg: Config, task: Task | list[Task]) -> dict:
     primary = jax.process_index() == 0
     tasks = list(task) if isinstance(task, (list, tuple)) else [task]
     with run_lock(run_dir) if primary else contextlib.nullcontext():
+        check_shared_dir(run_dir)  # every process sees process 0's run directory
         checkpoints = run_dir / "checkpoints"
         created = not checkpoints.exists()  # open_manager creates it
         try:

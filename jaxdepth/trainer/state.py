@@ -123,9 +123,13 @@ def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
 
 def trial_mesh_axis(mesh: Mesh, k: int) -> str | None:
     """The mesh axis the trial axis is sharded over: "data" when the K trials divide over
-    more than one device of it (the model axis then stays within each trial), else None."""
+    more than one device of it (the model axis then stays within each trial) and the mesh
+    lies in one process, else None: each trial's rows are then split over the data axis.
+    Across processes, every process reads its share of every trial's rows (the loaders split
+    rows, not trials), so there the trials are laid out as one data-parallel run each."""
     n = mesh.shape["data"]
-    return "data" if n > 1 and k % n == 0 else None
+    one_process = len({d.process_index for d in mesh.devices.flat}) == 1
+    return "data" if n > 1 and k % n == 0 and one_process else None
 
 
 def _stacked(sharding: NamedSharding, axis: str | None) -> NamedSharding:

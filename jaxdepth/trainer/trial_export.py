@@ -19,6 +19,8 @@ import os
 import shutil
 from pathlib import Path
 
+import jax
+
 from ..config import Config, ConfigError, MeshConfig
 from ..trial_grid import trial_configs
 from ..errors import warn
@@ -26,6 +28,7 @@ from ..files import write_whole
 from . import checkpoint as ckpt
 from . import trials as tr
 from .optim import make_optimizer
+from .processes import barrier, one_device_each
 from .sharding import make_mesh
 from .state import state_shardings
 
@@ -142,6 +145,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
     directory must be new, empty or an export of the same trial (module docstring); else a
     ConfigError on field "out", before anything is written."""
     run = Path(run_dir)
+    primary = jax.process_index() == 0
     mngr = ckpt.open_manager(run, read_only=True)
     try:
         steps = sorted(mngr.all_steps())
@@ -156,12 +160,17 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
             raise ConfigError(f"--trial {k}: {run} has trials 0-{len(cfgs) - 1}", field="trial")
         dest = Path(out) if out else tr.trial_dir(run, k)
         _check_destination(run, k, dest)
-        mesh = make_mesh(MeshConfig(data=1))
+        # every process of a multi-process run exports together (Orbax reads and writes
+        # collectively), each holding the state whole; its files are process 0's to write
+        mesh = make_mesh(MeshConfig(data=jax.process_count()), devices=one_device_each())
         tx = make_optimizer(cfgs[0].optim, cfg.run.steps)
         abstract, shardings = state_shardings(cfgs, tx, mesh, task_for(cfgs[0]))
         fresh = not (dest / MARKER).is_file()  # no export of this trial here yet
-        dest.mkdir(parents=True, exist_ok=True)
-        _mark(dest, run, k)
+        barrier("export_checked")
+        if primary:
+            dest.mkdir(parents=True, exist_ok=True)
+            _mark(dest, run, k)
+        barrier("export_marked")
         solo = ckpt.open_manager(dest, cfg.run.keep)
         done = set(solo.all_steps())
         unreadable = []
@@ -183,14 +192,17 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
     finally:
         mngr.close()
     if not exported:  # an export without a checkpoint would be no run
-        if fresh:  # leave the directory as it was found: the refusal writes nothing
+        if fresh and primary:  # leave the directory as it was found: the refusal writes nothing
             _unmark(dest)
         what = "; ".join(f"step {s}: {why}" for s, why in unreadable)
         raise ckpt.NoReadableCheckpoint(f"no readable checkpoint in {run / 'checkpoints'} "
                                         f"({what}); nothing exported")
-    for step, why in unreadable:
-        warn(f"checkpoint {step} in {run / 'checkpoints'} is unreadable ({why}); not exported")
-    _write_files(run, cfgs, k, dest)
+    if primary:
+        for step, why in unreadable:
+            warn(f"checkpoint {step} in {run / 'checkpoints'} is unreadable ({why}); not "
+                 f"exported")
+        _write_files(run, cfgs, k, dest)
+    barrier("exported")
     return dest
 
 

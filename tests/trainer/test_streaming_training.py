@@ -13,8 +13,8 @@ import json
 import numpy as np
 import pytest
 
-from _train_helpers import (base_args, committed_steps, free_port, kill, run_train, start_train,
-                            step_losses, wait_for_step)
+from _train_helpers import (base_args, committed_steps, free_port, kill, run_train, snapshot,
+                            start_train, step_losses, wait_for_step)
 from jaxdepth.data.embedded import grammar
 from jaxdepth.data.corpus.tokenizer import train_tokenizer
 
@@ -101,3 +101,14 @@ def test_two_streaming_processes_resume_to_the_one_process_batches(tmp_path, cor
         # each process reads only its own streams' files; together they train on the global
         # batches of one process (reductions over two processes round differently: 1e-5)
         np.testing.assert_allclose(losses, reference[s] * len(losses), rtol=0, atol=1e-5)
+
+    # Resumed by one process: the streams' cursors are each process's own, and another
+    # number of processes would read other streams. Refused in one line, checkpoints kept.
+    kept = snapshot(tmp_path / "checkpoints")
+    res = run_train(_args(tmp_path, corpus, **{"run.steps": STEPS + 2}), devices=2,
+                    cache_dir=jit_cache)
+    assert res.returncode == 2, res.stderr[-3000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert f"checkpoint {STEPS} was written by 2 processes" in line, line
+    assert "resume it with 2 processes" in line
+    assert snapshot(tmp_path / "checkpoints") == kept
