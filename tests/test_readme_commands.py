@@ -1,4 +1,5 @@
-"""Every ``python train.py`` command of README.md and docs/*.md is parsed, and run for a few
+"""Every ``python train.py`` command (or ``python -m jaxdepth.train``, ``jaxdepth-train``, each
+maybe under ``srun``) of README.md and docs/*.md is parsed, and run for a few
 steps where a CPU can (issue 23): a default change that breaks a documented command, or gives
 it another optimizer recipe than a reader of the README expects, fails here.
 
@@ -51,9 +52,13 @@ DOCUMENTS = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _ENV = r"(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*"
+# A launcher that starts the command on every node (srun and its options), then one of the
+# three forms of the training command.
+_LAUNCH = r"(?:srun(?:\s+-[\w-]+(?:=\S+)?)*\s+)?"
+_TRAIN = r"(?:python3? train\.py|python3? -m jaxdepth\.train|jaxdepth-train)"
 # In a code block: a command at the start of a line or after && / ; (not inside a comment).
-_BLOCK_CMD = re.compile(rf"(?:^\s*|&&\s*|;\s*)({_ENV}python3? train\.py(?:\s.*)?)$")
-_INLINE_CMD = re.compile(rf"`({_ENV}python3? train\.py(?:\s[^`]*)?)`")
+_BLOCK_CMD = re.compile(rf"(?:^\s*|&&\s*|;\s*)({_ENV}{_LAUNCH}{_TRAIN}(?:\s.*)?)$")
+_INLINE_CMD = re.compile(rf"`({_ENV}{_LAUNCH}{_TRAIN}(?:\s[^`]*)?)`")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Command:
     where: str  # file:line of its first line
     env: tuple[str, ...]  # VAR=value before it
     argv: tuple[str, ...]  # the arguments after train.py, as written ("..." dropped)
+    launcher: tuple[str, ...] = ()  # srun and its options, when a scheduler starts it
 
     @property
     def key(self) -> str:
@@ -73,8 +79,17 @@ class Command:
         env = []
         while "=" in words[0] and not words[0].startswith("python"):
             env.append(words.pop(0))
-        assert words[:2] in (["python", "train.py"], ["python3", "train.py"]), (where, text)
-        return cls(where, tuple(env), tuple(w for w in words[2:] if w != "..."))
+        launcher = []
+        if words[0] == "srun":
+            while words[0] == "srun" or words[0].startswith("-"):
+                launcher.append(words.pop(0))
+        n = next((len(form) for form in _FORMS if words[:len(form)] == form), None)
+        assert n is not None, (where, text)
+        return cls(where, tuple(env), tuple(w for w in words[n:] if w != "..."), tuple(launcher))
+
+
+_FORMS = [[py, *rest] for py in ("python", "python3")
+          for rest in (["train.py"], ["-m", "jaxdepth.train"])] + [["jaxdepth-train"]]
 
 
 def extract(rel: str, root: Path = REPO) -> list[Command]:
@@ -123,8 +138,8 @@ EXPECTED: dict[str, tuple | None] = {
     "--preset 134M-L12 --run.dir runs/134M-L12 --data.corpus c4/en/c4-train.*-of-01024.json.gz "
     "--data.valid c4/en/c4-validation.*-of-00008.json.gz --run.eval_batches 20 "
     "--model.vocab_size 32128 --data.tokenizer_sample 200000": PAPER,
-    "--preset 134M-L12 --mesh.coordinator host0:1234 --mesh.num_processes 4 "
-    "--mesh.process_id $i": PAPER,
+    "--preset 134M-L12 --mesh.num_processes auto": PAPER,
+    "--mesh.num_processes auto --run.dir /shared/runs/a": ADAFACTOR_LM,
     "--mesh.data 4 --mesh.model 2": ADAFACTOR_LM,
     "--mesh.data 8 --mesh.fsdp true": ADAFACTOR_LM,
     "--mesh.coordinator host0:1234 --mesh.num_processes 2 --mesh.process_id 0": ADAFACTOR_LM,
@@ -164,7 +179,8 @@ EXPECTED: dict[str, tuple | None] = {
 }
 
 _MESH = "an 8-device mesh: tests/trainer/test_training.py runs sharded steps; here it would only compile"
-_HOSTS = "several processes with a coordinator: tests/trainer/test_training.py's multiprocess tests"
+_HOSTS = ("several processes with a coordinator: tests/trainer/test_training.py's and "
+          "tests/trainer/test_processes.py's multiprocess tests")
 _PAPER = "paper scale: 134M parameters, context 1024, batch 128, C4 streamed on several hosts"
 _TRIALS = ("trials of the default run: tests/trainer/test_trials.py runs trials against their solo "
            "runs (a run with trials has a summary of another form)")
@@ -173,8 +189,8 @@ NOT_RUN: dict[str, str] = {
     "--preset 134M-L12 --run.dir runs/134M-L12 --data.corpus c4/en/c4-train.*-of-01024.json.gz "
     "--data.valid c4/en/c4-validation.*-of-00008.json.gz --run.eval_batches 20 "
     "--model.vocab_size 32128 --data.tokenizer_sample 200000": _PAPER,
-    "--preset 134M-L12 --mesh.coordinator host0:1234 --mesh.num_processes 4 "
-    "--mesh.process_id $i": _PAPER + "; " + _HOSTS,
+    "--preset 134M-L12 --mesh.num_processes auto": _PAPER + "; " + _HOSTS,
+    "--mesh.num_processes auto --run.dir /shared/runs/a": _HOSTS,
     "--mesh.data 4 --mesh.model 2": _MESH,
     "--mesh.data 8 --mesh.fsdp true": _MESH,
     "--mesh.coordinator host0:1234 --mesh.num_processes 2 --mesh.process_id 0": _HOSTS,
@@ -479,12 +495,16 @@ def test_extract_on_a_sample(tmp_path):
             "pip install -e . && python train.py\n"
             "python train.py --a.b 1 \\\n    --c.d 'x y'   # a comment\n"
             "# python train.py --not.this 1\n"
-            "FOO=1 python train.py --e.f 2 ...\n```\n")
+            "FOO=1 python train.py --e.f 2 ...\n"
+            "srun --ntasks-per-node=1 python -m jaxdepth.train --g.h auto\n"
+            "jaxdepth-train --i.j 3\n```\n")
     (tmp_path / "x.md").write_text(text)
     got = [(c.where, c.env, c.argv) for c in extract("x.md", tmp_path)]
     assert got == [("x.md:1", (), ("--help",)), ("x.md:3", (), ()),
                    ("x.md:4", (), ("--a.b", "1", "--c.d", "x y")),
-                   ("x.md:7", ("FOO=1",), ("--e.f", "2"))]
+                   ("x.md:7", ("FOO=1",), ("--e.f", "2")), ("x.md:8", (), ("--g.h", "auto")),
+                   ("x.md:9", (), ("--i.j", "3"))]
+    assert extract("x.md", tmp_path)[4].launcher == ("srun", "--ntasks-per-node=1")
 
 
 def _check_recipe(cfg, want, where: str) -> None:
