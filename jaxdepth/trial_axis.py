@@ -8,10 +8,14 @@ Here, outside trainer/ and analysis/, so that both may use it (analysis/act_stat
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Sequence
 
 import equinox as eqx
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 
 def select(tree, k: int):
@@ -61,6 +65,42 @@ def _jitted(fn: Callable, k: int, n_args: int, shares: bool) -> Callable:
     return eqx.filter_jit(over_trials(call, k, (True, False) + (False,) * n_args))
 
 
+@functools.cache
+def _per_device(fn: Callable, stacked: bool, mesh: Mesh, trial_axis: str | None,
+                row_axes: tuple[str, ...], n_rows: int, static: tuple) -> Callable:
+    """fn under jax.shard_map over every axis of `mesh`: each device gets its trials (every
+    one, or its share over `trial_axis`), vmapped as Models' call vmaps them, or the one model
+    (not stacked), and its rows (split over `row_axes`), and computes alone."""
+    def body(arrays, shared, *rows):
+        model = eqx.combine(arrays, static[0]) if shared is None else \
+            eqx.combine(arrays, shared, static[0])
+        if not stacked:
+            return jax.tree.map(lambda x: x[None], fn(model, *rows, *static[1:]))
+        return eqx.filter_vmap(lambda m, *a: fn(m, *a, *static[1:]),
+                               in_axes=(eqx.if_array(0),) + (None,) * n_rows,
+                               axis_name=TRIAL_AXIS)(model, *rows)
+
+    row, trials = P(row_axes), P(trial_axis) if trial_axis else P()  # (P() fits a scalar)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(trials, P()) + (row,) * n_rows,
+                                 out_specs=P(trial_axis, row_axes), check_vma=True))
+
+
+def _mesh_of(tree) -> Mesh:
+    """The mesh the arrays of `tree` are laid out on (a one-device mesh where they are on one
+    device)."""
+    for x in jax.tree.leaves(tree):
+        if isinstance(getattr(x, "sharding", None), NamedSharding):
+            return x.sharding.mesh
+    device = next(iter(jax.tree.leaves(tree)[0].devices()))
+    return Mesh(np.asarray([device]), ("data",))
+
+
+def _gathered(x):
+    """x whole in this process: itself (still computing: a caller may dispatch more before it
+    reads any), or gathered where other processes' devices hold some of its rows."""
+    return x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+
+
 def shared_spec(shared) -> Any:
     """Filter spec of the leaves `shared` holds (Models.shared, TrainState.shared)."""
     return jax.tree.map(lambda x: x is not None, shared, is_leaf=lambda x: x is None)
@@ -85,17 +125,42 @@ class Models:
     def __len__(self) -> int:
         return 1 if self.n_trials is None else self.n_trials
 
-    @property
-    def axis_name(self) -> str | None:
-        """The trial axis's name inside ``models(fn, ...)``; None where fn sees one model."""
-        return TRIAL_AXIS if len(self) > 1 else None
-
     def __call__(self, fn: Callable, *args) -> list:
         if len(self) == 1:  # one model: the call itself (over_trials' rule for k = 1)
             return [fn(self.one(0), *args)]
         out = _jitted(fn, self.n_trials, len(args), self.shared is not None)(
             self.model, self.shared, *args)
         return [select(out, k) for k in range(self.n_trials)]
+
+    def per_device(self, fn: Callable, rows: Sequence[np.ndarray], *static) -> list:
+        """One output of ``fn(model, *rows, *static)`` per model, every device computing its
+        own share alone (``jax.shard_map`` over every axis of the models' mesh: no collective
+        between devices), so that a loop in fn (decoding, ACT's halting) stops on each device
+        when its own rows are done. The rows (arrays with the rows first, every process's
+        alike) are split over the devices, or over the model axis where the trials are split
+        over the data axis (each device then runs its trials on those rows); a last share is
+        filled with copies of the first row. fn's outputs have the rows first: a device's
+        rows carry its own loop counts. `static`: fn's other arguments (hashable). Each
+        device holds whole models: the parameters a mesh splits are gathered first."""
+        stacked = len(self) > 1  # one model, or a trial of one: the call itself, no vmap
+        model, shared = (self.model, self.shared) if stacked else (self.one(0), None)
+        mesh = _mesh_of(model)
+        arrays, rest = eqx.partition(model, eqx.is_array)
+        lead = [x.sharding.spec[0] if isinstance(x.sharding, NamedSharding) and x.sharding.spec
+                else None for x in jax.tree.leaves(arrays)] if stacked else []
+        trial_axis = "data" if lead and all(a == "data" for a in lead) else None
+        row_axes = tuple(a for a in mesh.axis_names if a != trial_axis)
+        n = math.prod(mesh.shape[a] for a in row_axes)
+        b = len(rows[0])
+        rows = [np.concatenate([r, np.repeat(r[:1], -b % n, 0)]) for r in map(np.asarray, rows)]
+        arrays = jax.device_put(arrays, NamedSharding(mesh, P(trial_axis) if trial_axis else P()))
+        shared = None if shared is None else jax.device_put(
+            eqx.filter(shared, eqx.is_array), NamedSharding(mesh, P()))
+        rows = [jax.device_put(r, NamedSharding(mesh, P(row_axes))) for r in rows]
+        out = _per_device(fn, stacked, mesh, trial_axis, row_axes, len(rows),
+                          (rest, *static))(arrays, shared, *rows)
+        out = jax.tree.map(lambda x: _gathered(x)[:, :b], out)
+        return [select(out, k) for k in range(len(self))]
 
     def one(self, k: int) -> eqx.Module:
         """Model k (the model itself when it is one, unstacked)."""

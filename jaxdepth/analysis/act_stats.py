@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdepth.data.corpus.tokenizer import CLS_ID, SEP_ID
@@ -246,14 +246,17 @@ class CosineStats:
 
 # ------------------------------------------------------------------------------- whole model
 
-@eqx.filter_jit
-def _forward(model, use_while: bool, tokens, segments, mask, positions):
-    """One compiled evaluation step (module level, so it is traced once per model structure,
-    path and batch shape, and reused across `evaluate_act` calls)."""
+def _forward(model, tokens, segments, mask, positions, use_while: bool):
+    """One evaluation step of a device's rows (module level, so it is compiled once per
+    model structure, path and batch shape, and reused across `evaluate_act` calls), every
+    output with the rows first: the states' iteration axis after them, and on every row the
+    iterations its device's loop ran."""
     forward = model.forward_while if use_while else model.forward_scan
     out = forward(tokens, segments, mask, return_states=True)
     h0 = model.embed(tokens, segments)
-    return out, h0, model.mlm_logits(out.h_BTD, positions), model.sop_logits(out.h_BTD)
+    ran_B = jnp.broadcast_to(out.iterations_run, tokens.shape[:1])
+    return (out.N_BT, out.R_BT, jnp.moveaxis(out.states_MBTD, 0, 1), ran_B, h0,
+            model.mlm_logits(out.h_BTD, positions), model.sop_logits(out.h_BTD))
 
 
 def evaluate_act(model, batches: Iterable[Mapping[str, Any]], *, use_while: bool = True,
@@ -269,19 +272,22 @@ def evaluate_act(model, batches: Iterable[Mapping[str, Any]], *, use_while: bool
 def evaluate_act_each(models, batches: Iterable[Mapping[str, Any]], *, use_while: bool = True,
                       role_names: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
     """``evaluate_act`` of each of `models` (a trial_axis.Models: one model, or a run's
-    trials stacked, whose forward runs vmapped over them), one result per model. Under vmap
-    the while-loop runs until every trial's tokens have halted; a trial whose tokens halted
-    earlier keeps its state (its predicate is false), so its statistics are its own."""
+    trials stacked, whose forward runs vmapped over them), one result per model. Each device
+    runs its own rows (or trials) and its while-loop stops once its own tokens have halted
+    (Models.per_device); under vmap a trial whose tokens halted earlier keeps its state (its
+    predicate is false), so its statistics are its own. A batch's iterations run are the
+    most any device ran: what one loop over the whole batch would have run."""
     stats = [IterationStats(role_names) for _ in range(len(models))]
     cos = [CosineStats(models.model.cfg.max_iters) for _ in range(len(models))]
     for batch in batches:
         arrays = [np.asarray(batch[k], np.int32)
                   for k in ("tokens", "segments", "mask", "mlm_positions")]
-        for k, (out, h0, mlm, sop) in enumerate(models(_forward, bool(use_while), *arrays)):
-            N, R = np.asarray(out.N_BT), np.asarray(out.R_BT)
+        outs = models.per_device(_forward, arrays, bool(use_while))
+        for k, (N, R, states_BMTD, ran_B, h0, mlm, sop) in enumerate(outs):
+            N, R = np.asarray(N), np.asarray(R)
             stats[k].add(batch, N, R, mlm_logits=mlm, sop_logits=sop)
-            cos[k].add(out.states_MBTD, h0, batch["mask"], token_groups(batch),
-                       out.iterations_run, N)
+            cos[k].add(np.moveaxis(np.asarray(states_BMTD), 1, 0), h0, batch["mask"],
+                       token_groups(batch), int(np.max(ran_B)), N)
     return [{"table1": st.table1(), "cosine": c.result(), "roles": st.roles()}
             for st, c in zip(stats, cos)]
 

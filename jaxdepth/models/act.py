@@ -119,7 +119,8 @@ def halting_while(step_fn: StepFn, h0_BTD: Array, mask_BT: Array, max_iters: int
     Not reverse-mode differentiable (``lax.while_loop``); use ``halting_scan`` to train.
     """
     state0 = init_halt_state(h0_BTD, mask_BT)
-    buf0 = jnp.zeros((max_iters,) + h0_BTD.shape, h0_BTD.dtype) if return_states else None
+    # made like h0, so typed like it under shard_map (varying over the devices it varies over)
+    buf0 = jnp.zeros_like(h0_BTD, shape=(max_iters,) + h0_BTD.shape) if return_states else None
 
     def cond(carry):
         n, state, _ = carry

@@ -6,6 +6,7 @@ The layers are one stack (models/stack.py): built with ``eqx.filter_vmap`` and r
 from __future__ import annotations
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array
@@ -13,6 +14,7 @@ from jaxtyping import Array
 from ..config import ModelConfig
 from ..depth_family import param_count
 from ..trial_tracing import may_drop
+from .checks import error_if
 from .backbone import Backbone
 from .flops import train_flops_per_token
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
@@ -165,7 +167,7 @@ class DecoderLM(Backbone):
         if T > cache.max_len:
             raise ValueError(f"KV cache overflow: {T} new tokens, max_len {cache.max_len}")
         # dynamic_update_slice would silently shift an overflowing write; fail loudly instead.
-        tokens_BT = eqx.error_if(tokens_BT, jnp.any(cache.pos_B + T > cache.max_len),
+        tokens_BT = error_if(tokens_BT, jnp.any(cache.pos_B + T > cache.max_len),
                                  "KV cache overflow: position + new tokens exceeds max_len")
         x_BTD, bias_BNTS, mask_BNTS = self._decode_inputs(tokens_BT, cache.pos_B, cache.max_len)
         params, static = eqx.partition(self.compute_blocks(), eqx.is_array)
@@ -218,7 +220,7 @@ def prefill(model: DecoderLM, prompt_BT: Array, lengths_B: Array,
     Padding past a prompt's length is written to the cache but sits at positions the next
     decoding steps overwrite before anything attends to them.
     """
-    lengths_B = eqx.error_if(lengths_B, jnp.any((lengths_B < 1) | (lengths_B > prompt_BT.shape[1])),
+    lengths_B = error_if(lengths_B, jnp.any((lengths_B < 1) | (lengths_B > prompt_BT.shape[1])),
                              "prompt lengths must be in [1, prompt width]")
     logits_BTV, cache = model.extend(prompt_BT, cache)
     last = jnp.take_along_axis(logits_BTV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
@@ -227,27 +229,28 @@ def prefill(model: DecoderLM, prompt_BT: Array, lengths_B: Array,
 
 @eqx.filter_jit
 def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int, *,
-             key: Array | None = None, eos_id: int = 1, pad_id: int = 0,
-             stop_axis: str | None = None) -> Array:
+             key: Array | None = None, eos_id: int = 1, pad_id: int = 0) -> Array:
     """Continuation of right-padded prompts with a KV cache: argmax, or with a `key` a
     sample from the model's distribution (temperature 1; token i drawn with
     ``fold_in(key, i)``).
 
     Returns [B, max_new] tokens; each row stops after its first EOS (later slots hold pad_id),
-    and the loop ends early once every row has stopped. ``stop_axis``: under a vmap of that
-    axis name (trials decoding side by side), the loop ends once every row of every member
-    has stopped. Without it vmap would batch the loop's predicate and select every carry,
-    KV caches included, on every token (about 2x slower than decoding the members one by
-    one on the CPU); a member whose rows have all stopped only writes pad_id, so each
-    member's tokens are its own either way.
+    and the loop ends early once every row has stopped. Under vmap (trials decoding side by
+    side) the loop ends once every row of every member has stopped: the predicate is reduced
+    over the vmapped axes (``unvmap_all``), where a batched one would select every carry, KV
+    caches included, on every token (about 2x slower than decoding the members one by one on
+    the CPU); a member whose rows have all stopped only writes pad_id, so each member's tokens
+    are its own either way.
     """
     B, T = prompt_BT.shape
     # Cast (and pad) the layer weights once, not on every decoded token.
     model = eqx.tree_at(lambda m: m.blocks, model, model.compute_blocks())
     cache = model.init_cache(B, T + max_new)
     logits_BV, cache = prefill(model, prompt_BT, lengths_B, cache)
-    out = jnp.full((B, max_new), pad_id, jnp.int32)
-    done = jnp.zeros((B,), bool)
+    # made like the logits, so typed like them under shard_map (varying over the devices
+    # whose rows or trials differ), as the loop's carry must stay
+    out = jnp.full_like(logits_BV, pad_id, shape=(B, max_new), dtype=jnp.int32)
+    done = jnp.zeros_like(logits_BV, shape=(B,), dtype=bool)
     # One token per step runs the layers one by one, each with its own cache buffer in the
     # loop carry: XLA then updates every buffer in place, where a scan over the stacked
     # [L, B, S, N, H] cache copies all of it in and out on every token (2-2.5x slower on CPU,
@@ -257,10 +260,7 @@ def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
 
     def cond(carry):
         i, _, _, _, done, _ = carry
-        all_done = jnp.all(done)
-        if stop_axis is not None:  # the same predicate for every member: an unbatched loop
-            all_done = jax.lax.pmin(all_done.astype(jnp.int32), stop_axis) > 0
-        return (i < max_new) & ~all_done
+        return (i < max_new) & ~eqxi.unvmap_all(jnp.all(done))
 
     def step(carry):
         i, logits_BV, caches, pos_B, done, out = carry

@@ -62,14 +62,15 @@ def _without_dropout(model: DecoderLM) -> DecoderLM:
     return model.with_options(dropout=0.0)
 
 
-def _greedy(model: DecoderLM, prompt_BT, lengths_B, max_new: int, stop_axis: str | None):
-    return generate(model, prompt_BT, lengths_B, max_new, stop_axis=stop_axis)
+def _greedy(model: DecoderLM, prompt_BT, lengths_B, max_new: int):
+    return generate(model, prompt_BT, lengths_B, max_new)
 
 
 def predict(models: Models, tok: Tokenizer, examples: Sequence[Example],
             geo: Geometry) -> list[list[str]]:
     """Greedy predictions (text) for `examples`, in order, of each model (one list per trial;
-    trials decode side by side, vmapped)."""
+    trials decode side by side, vmapped). Each device decodes its own prompts of a batch
+    (or its own trials) and stops when they are done (Models.per_device)."""
     if not examples:
         return [[] for _ in range(len(models))]
     models = models.map(_without_dropout)
@@ -78,8 +79,8 @@ def predict(models: Models, tok: Tokenizer, examples: Sequence[Example],
     pad = -n % geo.batch  # fill the last batch with copies of the first prompt, then drop them
     arr = np.concatenate([arr, np.repeat(arr[:1], pad, 0)])
     lengths = np.concatenate([lengths, np.repeat(lengths[:1], pad)])
-    outs = [models(_greedy, arr[b:b + geo.batch], lengths[b:b + geo.batch], geo.max_new,
-                   models.axis_name)
+    outs = [models.per_device(_greedy, (arr[b:b + geo.batch], lengths[b:b + geo.batch]),
+                              geo.max_new)
             for b in range(0, len(arr), geo.batch)]  # dispatch every batch before reading any
     texts = []
     for k in range(len(models)):

@@ -236,7 +236,8 @@ def initialise(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) -
     return place(states, {n: jnp.asarray(v) for n, v in hparams(cfgs).items()})
 
 
-def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | None = None):
+def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | None = None,
+                groups: int = 1):
     """update(state, batch, tx) -> (new state, metrics): one trial's optimizer step over its
     global batch (a state and batch without the trial axis), split into
     cfg.optim.accum_steps micro-batches, not yet jitted (make_step applies it to every trial).
@@ -246,7 +247,16 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
     batch is split. If its totals have a "divisor", the objective returns sums instead and the
     summed gradient and metrics (except "tokens") are divided by it once. micro_sharding, if
     given, places the micro-batches. dropout: whether to draw dropout keys (default: whether
-    its model has dropout)."""
+    its model has dropout).
+
+    groups > 1 (the data shards a trial's rows are split over, when there is more than one
+    micro-batch): each micro-batch's rows are split into that many groups (a device's rows
+    each), whose gradients are taken apart (vmapped) and accumulated apart, so that each
+    device adds up its own partial gradients and the devices reduce them once, after the
+    scan; a gradient of the whole micro-batch would be all-reduced once per micro-batch. The
+    sums are the same up to rounding (the order of the additions); each group draws its
+    dropout from its own key (fold_in of the micro-batch's key and the group), so with
+    dropout the masks depend on the number of groups."""
     accum = cfg.optim.accum_steps
     objective_fn, total_fn = task.objective()
     # Differentiates its first argument only: the arrays left in `static` (a frozen backbone)
@@ -256,7 +266,18 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
 
     def split(x):  # row b goes to micro-batch b % accum, so every device feeds every micro-batch
         x = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+        if groups > 1:  # [accum, groups, rows of a group]: group g holds device g's rows
+            x = x.reshape(accum, groups, x.shape[1] // groups, *x.shape[2:])
         return x if micro_sharding is None else jax.lax.with_sharding_constraint(x, micro_sharding)
+
+    def group_grads(params, static, mb, k, totals):
+        """grad_fn of each group of the micro-batch, stacked."""
+        keys = None if k is None else jax.vmap(lambda g: jax.random.fold_in(k, g))(
+            jnp.arange(groups))
+        return jax.vmap(grad_fn, in_axes=(None, None, 0, None if k is None else 0, None))(
+            params, static, mb, keys, totals)
+
+    micro_grad = grad_fn if groups == 1 else group_grads
 
     def update(state: TrainState, batch, tx: optax.GradientTransformation):
         key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
@@ -270,16 +291,19 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
             g_acc, m_acc = carry
             mb, i = xs
             k = jax.random.fold_in(key, i) if use_dropout else None
-            (_, metrics), g = grad_fn(params, static, mb, k, totals)
+            (_, metrics), g = micro_grad(params, static, mb, k, totals)
             g_acc = jax.tree.map(jnp.add, g_acc, g)
             return (g_acc, jax.tree.map(jnp.add, m_acc, metrics)), None
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        m_zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
-                               jax.eval_shape(lambda: grad_fn(params, static,
-                                                              jax.tree.map(lambda x: x[0], micro),
-                                                              None, totals)[0][1]))
-        (grads, sums), _ = jax.lax.scan(body, (zeros, m_zeros), (micro, jnp.arange(accum)))
+        g_shape, m_shape = jax.eval_shape(
+            lambda: micro_grad(params, static, jax.tree.map(lambda x: x[0], micro), None,
+                               totals))[::-1]
+        zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), (g_shape, m_shape[1]))
+        if groups == 1:  # laid out as the parameters (under FSDP: sharded as they are)
+            zeros = (jax.tree.map(jnp.zeros_like, params), zeros[1])
+        (grads, sums), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(accum)))
+        if groups > 1:  # the one reduction over the devices
+            grads, sums = jax.tree.map(lambda x: x.sum(0), (grads, sums))
         if "divisor" in totals:
             d = totals["divisor"]
             grads = jax.tree.map(lambda g: g / d, grads)
@@ -335,8 +359,13 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
     cfg = cfgs[0]
     axis = trial_mesh_axis(mesh, len(cfgs))
     # within a trial, its rows over the data axis unless the trials took it
+    # a trial's rows over several data shards, in micro-batches: each device accumulates its
+    # own gradients (make_update's groups), except under FSDP, whose gradients are sharded
+    # over the data axis as the parameters are (reduce-scattered, per micro-batch)
+    groups = mesh.shape["data"] if not axis and cfg.optim.accum_steps > 1 \
+        and not cfg.mesh.fsdp else 1
     update = make_update(cfg, tasks[0], None if axis else NamedSharding(mesh, P(None, "data")),
-                         dropout=any(map(_uses_dropout, tasks)))
+                         dropout=any(map(_uses_dropout, tasks)), groups=groups)
 
     def one(state: TrainState, batch, shared):
         mine = state  # this trial's own arrays
