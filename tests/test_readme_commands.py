@@ -42,6 +42,7 @@ from pathlib import Path
 import pytest
 
 from jaxdepth.cli import parse_args, preset_lines
+from jaxdepth.experiments.experiment import shared_compilations
 from jaxdepth.run_kinds import kind_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,29 +93,58 @@ _FORMS = [[py, *rest] for py in ("python", "python3")
           for rest in (["train.py"], ["-m", "jaxdepth.train"])] + [["jaxdepth-train"]]
 
 
-def extract(rel: str, root: Path = REPO) -> list[Command]:
-    """The train.py commands of one Markdown file, in document order."""
-    lines = (root / rel).read_text(encoding="utf-8").splitlines()
-    out, fenced, i = [], False, 0
+def _fenced(lines: list[str], rel: str, pattern: re.Pattern):
+    """(file:line, text) of each command `pattern` finds in the code blocks of `lines`, with
+    its continuation lines joined."""
+    fenced, i = False, 0
     while i < len(lines):
         line = lines[i]
         if _FENCE.match(line):
             fenced = not fenced
-        elif fenced:
-            m = _BLOCK_CMD.search(line)
-            if m:
-                start, text = i, m.group(1)
-                while text.rstrip().endswith("\\") and i + 1 < len(lines):
-                    i += 1
-                    text = text.rstrip()[:-1] + " " + lines[i].strip()
-                out.append(Command.parse(f"{rel}:{start + 1}", text))
-        else:
-            out += [Command.parse(f"{rel}:{i + 1}", m.group(1)) for m in _INLINE_CMD.finditer(line)]
+        elif fenced and (m := pattern.search(line)):
+            start, text = i, m.group(1)
+            while text.rstrip().endswith("\\") and i + 1 < len(lines):
+                i += 1
+                text = text.rstrip()[:-1] + " " + lines[i].strip()
+            yield f"{rel}:{start + 1}", text
         i += 1
+
+
+def extract(rel: str, root: Path = REPO) -> list[Command]:
+    """The train.py commands of one Markdown file, in document order."""
+    lines = (root / rel).read_text(encoding="utf-8").splitlines()
+    out = [(int(w.rsplit(":", 1)[1]), Command.parse(w, t)) for w, t in _fenced(lines, rel, _BLOCK_CMD)]
+    fenced = False
+    for i, line in enumerate(lines):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            out += [(i + 1, Command.parse(f"{rel}:{i + 1}", m.group(1)))
+                    for m in _INLINE_CMD.finditer(line)]
+    return [c for _, c in sorted(out, key=lambda x: x[0])]
+
+
+# The experiments' commands (depth_sweep, fusion_fewshot; maybe under srun), in code blocks:
+# parsed by the experiment's own parser, the plan built and the executor's flags checked, as
+# the command does before it writes anything.
+_EXPERIMENTS = ("depth_sweep", "fusion_fewshot")
+_EXP_CMD = re.compile(rf"(?:^\s*|&&\s*|;\s*)({_ENV}{_LAUNCH}python3? -m "
+                      rf"jaxdepth\.experiments\.(?:{'|'.join(_EXPERIMENTS)})(?:\s.*)?)$")
+
+
+def extract_experiments(rel: str, root: Path = REPO) -> list[tuple[str, str, list[str]]]:
+    """(file:line, experiment, arguments) of each experiment command of one Markdown file."""
+    out = []
+    for where, text in _fenced((root / rel).read_text(encoding="utf-8").splitlines(), rel,
+                               _EXP_CMD):
+        words = shlex.split(text, comments=True)
+        words = words[words.index("-m") + 1:]
+        out.append((where, words[0].rsplit(".", 1)[1], [w for w in words[1:] if w != "..."]))
     return out
 
 
 COMMANDS = [c for rel in DOCUMENTS for c in extract(rel)]
+EXPERIMENT_COMMANDS = [c for rel in DOCUMENTS for c in extract_experiments(rel)]
 
 
 # ----------------------------------------------------------------------------- expectations
@@ -140,6 +170,8 @@ EXPECTED: dict[str, tuple | None] = {
     "--model.vocab_size 32128 --data.tokenizer_sample 200000": PAPER,
     "--preset 134M-L12 --mesh.num_processes auto": PAPER,
     "--mesh.num_processes auto --run.dir /shared/runs/a": ADAFACTOR_LM,
+    "--preset 134M-L12 --mesh.num_processes auto --run.dir /shared/runs/134M-L12": PAPER,
+    "--preset 134M-L12 --mesh.num_processes auto --run.dir /mnt/shared/runs/134M-L12": PAPER,
     "--mesh.data 4 --mesh.model 2": ADAFACTOR_LM,
     "--mesh.data 8 --mesh.fsdp true": ADAFACTOR_LM,
     "--mesh.coordinator host0:1234 --mesh.num_processes 2 --mesh.process_id 0": ADAFACTOR_LM,
@@ -191,6 +223,10 @@ NOT_RUN: dict[str, str] = {
     "--model.vocab_size 32128 --data.tokenizer_sample 200000": _PAPER,
     "--preset 134M-L12 --mesh.num_processes auto": _PAPER + "; " + _HOSTS,
     "--mesh.num_processes auto --run.dir /shared/runs/a": _HOSTS,
+    "--preset 134M-L12 --mesh.num_processes auto --run.dir /shared/runs/134M-L12":
+        _PAPER + "; " + _HOSTS,
+    "--preset 134M-L12 --mesh.num_processes auto --run.dir /mnt/shared/runs/134M-L12":
+        _PAPER + "; " + _HOSTS,
     "--mesh.data 4 --mesh.model 2": _MESH,
     "--mesh.data 8 --mesh.fsdp true": _MESH,
     "--mesh.coordinator host0:1234 --mesh.num_processes 2 --mesh.process_id 0": _HOSTS,
@@ -423,32 +459,13 @@ class Runs:
         return self.done[cmd.argv]
 
 
-@contextlib.contextmanager
-def _compilation_cache(path: Path):
-    """JAX's persistent compilation cache in `path` while the module runs: commands of one
-    model shape (the default run, --config of it, its tokenizer, JSONL shards) compile once.
-    The previous settings come back afterwards (the worker goes on to other test files)."""
-    import jax
-    from jax._src import compilation_cache as cc
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    before = {n: getattr(jax.config, n) for n in names}
-    for n, v in zip(names, (str(path), 0.0, 0)):
-        jax.config.update(n, v)
-    cc.reset_cache()
-    try:
-        yield
-    finally:
-        for n, v in before.items():
-            jax.config.update(n, v)
-        cc.reset_cache()
-
-
 @pytest.fixture(scope="module")
 def module_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("readme_runs")
-    with _compilation_cache(root / "jax_cache"):
+    # JAX's persistent compilation cache while the module runs, as an experiment's units
+    # share one: commands of one model shape (the default run, --config of it, its
+    # tokenizer, JSONL shards) compile once
+    with shared_compilations(root / "jax_cache"):
         yield Runs(root)
 
 
@@ -488,6 +505,29 @@ def test_expectations_name_documented_commands():
         if c.key not in NOT_RUN:
             for run in _read_runs(c):
                 assert producer(run).key not in FULL_ONLY, (c.where, run)
+
+
+def test_experiment_commands_are_found():
+    """The cluster page has a command for each engine, each parsed below."""
+    cluster = [argv for where, _, argv in EXPERIMENT_COMMANDS if where.startswith("docs/cluster.md")]
+    for flags in (["--executor", "slurm"], ["--executor", "ray"], ["--processes", "auto"]):
+        assert any(" ".join(flags) in " ".join(argv) for argv in cluster), flags
+    assert len(EXPERIMENT_COMMANDS) >= 15, EXPERIMENT_COMMANDS
+
+
+@pytest.mark.parametrize("where, experiment, argv", EXPERIMENT_COMMANDS,
+                         ids=[w for w, _, _ in EXPERIMENT_COMMANDS])
+def test_experiment_command_parses(where, experiment, argv):
+    import importlib
+
+    from jaxdepth.experiments.executors import executor_from_args
+
+    module = importlib.import_module(f"jaxdepth.experiments.{experiment}")
+    args = module.parse(argv)
+    module.plan_from_args(args)  # the plan's checks: sizes, depths, tasks, seeds, overrides
+    if args.executor != "local":  # the engine's module: the test extra installs both
+        pytest.importorskip({"ray": "ray", "slurm": "submitit"}[args.executor])
+    executor_from_args(args)
 
 
 def test_extract_on_a_sample(tmp_path):

@@ -7,7 +7,8 @@ checkpoints), so that any engine may retry it.
   ``--workers N`` a pool of N worker processes on this machine (workers.py; CPU only).
 - ``ray``: each unit a Ray task (``--ray-address`` joins a running cluster, else a local one
   starts), which runs the unit's command in a fresh process with the same XLA flags and, with
-  ``--pin``, a core of its own; a failed or preempted unit is retried and resumes.
+  ``--pin``, a core of its own, or with ``--gpus-per-unit N`` N GPUs of its own; a failed or
+  preempted unit is retried and resumes.
 - ``slurm``: through submitit, an array job per stage of the plan (the units whose inputs
   the stage before makes), each stage after the one before (``--dependency=afterok``).
 
@@ -42,6 +43,10 @@ def add_executor_args(p: argparse.ArgumentParser) -> None:
                         "of the same runs than one process gives")
     p.add_argument("--ray-address", default=None,
                    help="ray: the cluster to join (default: start a local one)")
+    p.add_argument("--gpus-per-unit", type=int, default=0, metavar="N",
+                   help="ray: the GPUs each unit's task asks for; its process sees only those "
+                        "(Ray sets CUDA_VISIBLE_DEVICES), and the unit's trials and rows spread "
+                        "over them (default 0: a CPU core each). slurm: --slurm gpus_per_node=N")
     p.add_argument("--retries", type=int, default=2,
                    help="ray: times a failed or preempted unit is run again (it resumes)")
     p.add_argument("--slurm-folder", default=None,
@@ -72,13 +77,20 @@ def executor_from_args(args) -> Callable:
     if args.executor != "local" and args.workers != 1:
         raise ConfigError(f"--workers: the local executor's; the {args.executor} executor "
                           f"runs as many units at once as its cluster has room for")
+    if args.gpus_per_unit and args.executor != "ray":
+        raise ConfigError("--gpus-per-unit: the ray executor's; "
+                          + ("the local executor runs units on this machine's devices"
+                             if args.executor == "local" else
+                             f"give the slurm executor --slurm gpus_per_node={args.gpus_per_unit}"))
+    if args.gpus_per_unit < 0:
+        raise ConfigError(f"--gpus-per-unit {args.gpus_per_unit}: give 0 or more")
     if args.executor == "local":
         if args.workers != 1 or args.pin:
             from .workers import check_workers
             check_workers(args.workers, args.pin)
         return local(args.workers, args.pin)
     if args.executor == "ray":
-        return ray(args.ray_address, args.retries, args.pin)
+        return ray(args.ray_address, args.retries, args.pin, args.gpus_per_unit)
     return slurm(args.slurm_folder, dict(_key_value(x) for x in args.slurm))
 
 
@@ -136,6 +148,8 @@ def run_command(command: list[str], env: dict, log: str) -> str:
 
     os.makedirs(os.path.dirname(log), exist_ok=True)
     with open(log, "a") as f:
+        if env.get("CUDA_VISIBLE_DEVICES"):  # the GPUs an engine gave it (Ray's num_gpus)
+            print(f"{command[4]}: GPUs {env['CUDA_VISIBLE_DEVICES']}", file=f, flush=True)
         rc = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc:
         from pathlib import Path
@@ -143,7 +157,7 @@ def run_command(command: list[str], env: dict, log: str) -> str:
     return command[4]
 
 
-def ray(address: str | None, retries: int, pin: bool) -> Callable:
+def ray(address: str | None, retries: int, pin: bool, gpus: int = 0) -> Callable:
     try:
         import ray as ray_lib
     except ImportError:
@@ -159,10 +173,12 @@ def ray(address: str | None, retries: int, pin: bool) -> Callable:
             ray_lib.init(address=address, include_dashboard=False, log_to_driver=False,
                          logging_level="ERROR")
         try:
-            @ray_lib.remote(num_cpus=1, max_retries=retries, retry_exceptions=True)
+            @ray_lib.remote(num_cpus=1, num_gpus=gpus, max_retries=retries,
+                            retry_exceptions=True)
             def unit(command, log, *after):  # `after`: its inputs' refs, so it waits for them
                 # the same XLA flags as a local worker, a free core of its node if pinned,
-                # stopping when the Ray worker that started it dies
+                # stopping when the Ray worker that started it dies; the GPUs Ray gave the
+                # task in CUDA_VISIBLE_DEVICES (the environment the command inherits)
                 return run_command(command, worker_env(FREE_CORE if pin else None, os.getpid()),
                                    log)
 

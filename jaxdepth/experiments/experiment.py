@@ -5,6 +5,7 @@ listed by ``plan``, run alone by ``unit NAME`` (by a scheduler, a worker or a us
 of them by an executor (experiments/executors.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -45,6 +46,30 @@ def start_unit_process(args) -> None:
         from ..trainer.processes import start
 
         start(MeshConfig(num_processes=AUTO))
+
+
+@contextlib.contextmanager
+def shared_compilations(directory: Path):
+    """JAX's persistent compilation cache in `directory` while units run: the units of an
+    experiment compile a few programs many times (every seed of a depth and task the same
+    step), so every compile after the first is a load (on a GPU, XLA's autotuning: 30-65 s a
+    program); units on a cluster share the one cache in the experiment's directory. The
+    settings before come back afterwards (a test, or a notebook, goes on with its own)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    before = {n: getattr(jax.config, n) for n in names}
+    for n, v in zip(names, (str(directory), 0.0, 0)):  # every program, however small
+        jax.config.update(n, v)
+    cc.reset_cache()
+    try:
+        yield
+    finally:
+        for n, v in before.items():
+            jax.config.update(n, v)
+        cc.reset_cache()
 
 
 def saved_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
@@ -132,6 +157,11 @@ class PlannedExperiment:
         self.units_run = 0  # trained by this process (a rerun of a finished one trains none)
         self._legacy: set[str] | None = None  # the results of results.jsonl, once read
 
+    @property
+    def compile_cache(self) -> Path:
+        """The compilation cache every unit of the experiment shares (shared_compilations)."""
+        return self.out / "jax_cache"
+
     # ------------------------------------------------------------------ the units
 
     def grouping(self) -> list[str]:
@@ -165,7 +195,8 @@ class PlannedExperiment:
         if waiting:
             raise NotReady(f"unit {name} reads {', '.join(waiting)}, not done yet; run it once "
                            f"they are")
-        units[name].run()
+        with shared_compilations(self.compile_cache):
+            units[name].run()
 
     def run(self, executor=None, analysis: bool = False) -> None:
         """Every unit not done yet (and the analyses if `analysis`), through `executor`
@@ -178,7 +209,8 @@ class PlannedExperiment:
         ran, rows = self.units_run, len(self.rows())
         units = [u for u in self.schedule() if analysis or not u.analysis]
         todo = [u for u in units if u.analysis or not u.done()]
-        executor(self, todo)
+        with shared_compilations(self.compile_cache):  # the units run here, if any
+            executor(self, todo)
         if self.units_run == ran and len(self.rows()) == rows and not any(
                 u.analysis for u in todo):
             print(f"all {len(units)} units of {self.out} are done (results/); nothing to run",

@@ -177,10 +177,6 @@ class Experiment(PlannedExperiment):
         """The (N-shot, trial) units of a {method, mode} cell not done yet: every one of the
         cell as trials of one program, or one by one (a single unit, or a cell part done)."""
         import jax
-        # Units of one (method, mode) differ only in data and seeds: the compiled steps are
-        # identical, so a persistent cache turns every compile after the first into a load.
-        jax.config.update("jax_compilation_cache_dir", str(self.out / "jax_cache"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         backbone = self.backbone()
         done = self.finished()
         todo = [u for u in units if self.result_name(dict(method=method, mode=mode, n_shot=u[0],

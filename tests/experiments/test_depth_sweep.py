@@ -3,6 +3,7 @@ matched checkpoints and equal-loss points agree with an independent reading of t
 reruns add nothing, and another plan for the same directory is refused."""
 import json
 
+import jax
 import pytest
 
 from jaxdepth.config import ConfigError
@@ -34,7 +35,11 @@ def _results(out):
 def test_sweep_end_to_end(tmp_path, capsys):
     out = tmp_path / "sweep"
     sweep = Sweep.open(out, PLAN)
+    before = jax.config.jax_compilation_cache_dir
     sweep.run()
+    # the units' programs in the experiment's one cache, and the process's own setting back
+    assert len(list((out / "jax_cache").iterdir())) >= 4
+    assert jax.config.jax_compilation_cache_dir == before != str(out / "jax_cache")
     rows = _results(out)
     family = depth_family("tiny")
     pre = {r["depth"]: r for r in rows if r["kind"] == "pretrain"}
@@ -150,6 +155,20 @@ def test_a_sweep_on_a_directory_in_use_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {run} is in use by process {os.getpid()} (lock {run / '.lock'}); "
                    f"wait for it to finish, or give this experiment another --out"]
+
+
+def test_executor_flags_belong_to_their_executor():
+    from jaxdepth.experiments.executors import executor_from_args
+    for extra, want in (
+            (["--gpus-per-unit", "1"], "--gpus-per-unit: the ray executor's; the local executor "
+                                       "runs units on this machine's devices"),
+            (["--executor", "slurm", "--gpus-per-unit", "8"],
+             "--gpus-per-unit: the ray executor's; give the slurm executor --slurm "
+             "gpus_per_node=8"),
+            (["--executor", "ray", "--workers", "2"], "--workers: the local executor's")):
+        with pytest.raises(ConfigError) as e:
+            executor_from_args(parse(["run", "--out", "x", *extra]))
+        assert str(e.value).startswith(want), str(e.value)
 
 
 def test_plan_validation():

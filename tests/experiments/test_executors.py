@@ -71,14 +71,16 @@ def reference(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    """One local Ray cluster (two CPUs) for the module's runs to join: its address."""
+    """One local Ray cluster (two CPUs and one GPU, a resource Ray only counts here) for the
+    module's runs to join: its address."""
     import socket
 
     with socket.socket() as s:  # a free port for its head
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     temp = tmp_path_factory.mktemp("ray")
-    start = subprocess.run(["ray", "start", "--head", "--num-cpus", "2", "--port", str(port),
+    start = subprocess.run(["ray", "start", "--head", "--num-cpus", "2", "--num-gpus", "1",
+                            "--port", str(port),
                             "--include-dashboard", "false", "--disable-usage-stats",
                             "--temp-dir", str(temp)],
                            capture_output=True, text=True, env=_env(), timeout=180)
@@ -89,10 +91,16 @@ def ray_cluster(tmp_path_factory):
 
 @pytest.mark.slow
 def test_ray_gives_the_local_executor_s_rows(tmp_path, reference, ray_cluster):
-    res = _sweep(tmp_path / "sweep", "--executor", "ray", "--ray-address", ray_cluster)
+    """With a GPU asked for each unit: Ray gives each its GPU (the unit's process sees it in
+    CUDA_VISIBLE_DEVICES; jax on this CPU machine leaves it alone)."""
+    res = _sweep(tmp_path / "sweep", "--executor", "ray", "--ray-address", ray_cluster,
+                 "--gpus-per-unit", "1")
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.splitlines() == ["pretrain-L1: done", "finetune-passivization-L1: done"]
     assert _rows(tmp_path / "sweep") == reference
+    for unit in ("pretrain-L1", "finetune-passivization-L1"):
+        log = (tmp_path / "sweep" / "logs" / f"{unit}.log").read_text()
+        assert f"{unit}: GPUs 0\n" in log, log[:300]
 
 
 @pytest.mark.slow

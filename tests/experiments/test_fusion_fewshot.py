@@ -14,7 +14,6 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-import jax
 import pytest
 
 from jaxdepth.analysis import fusion_report
@@ -59,17 +58,6 @@ def ner_dir(tmp_path) -> str:
     _write_wikiann(d / "dev", DEV)
     _write_wikiann(d / "test", TEST)
     return str(d)
-
-
-@pytest.fixture(autouse=True)
-def _restore_jax_cache_config():
-    """Experiment.run points jax's persistent compilation cache at the experiment directory;
-    put the process-wide settings back so later tests do not write into a deleted tmp dir."""
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-    saved = {k: getattr(jax.config, k) for k in keys}
-    yield
-    for k, v in saved.items():
-        jax.config.update(k, v)
 
 
 # ------------------------------------------------------------------------------ the fake
