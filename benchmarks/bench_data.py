@@ -74,7 +74,7 @@ import numpy as np
 
 import bench_step
 from jaxdepth.config import MeshConfig
-from jaxdepth.depth_family import depth_family, param_count
+from jaxdepth.models.depth_family import depth_family, param_count
 from jaxdepth.data.embedded import grammar
 from jaxdepth.data.corpus.readers import resolve_paths
 from jaxdepth.data.corpus.streaming import streaming_dataset

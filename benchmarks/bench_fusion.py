@@ -60,7 +60,7 @@ import numpy as np
 
 from jaxdepth.config import Config, ConfigError, apply_overrides
 from jaxdepth.data.finetune.ner_sentences import ner_labels
-from jaxdepth.fusion_modes import fusion_modes
+from jaxdepth.models.fusion_modes import fusion_modes
 from jaxdepth.models.backbone import depth_and_width
 from jaxdepth.models.fusions import fusion_methods, own_settings
 from jaxdepth.tasks import task_for, train
@@ -68,7 +68,7 @@ from jaxdepth.trainer.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
 from jaxdepth.trainer.state import batch_sharding as trial_batch_sharding
 from jaxdepth.trainer.state import init_one, make_step, state_shardings
-from jaxdepth.trial_axis import stack
+from jaxdepth.models.trial_axis import stack
 
 # Every registered method and mode (a new fusion method is timed without editing this file).
 METHODS = fusion_methods()

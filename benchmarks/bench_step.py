@@ -45,10 +45,9 @@ from common import (CompileEvents, TrainStep, arg_parser, environment, print_tab
 import jax
 import numpy as np
 
-from jaxdepth.config import (
-    ATTENTIONS, Config, DataConfig, MeshConfig, ModelConfig, OptimConfig, RunConfig,
-)
-from jaxdepth.depth_family import SIZE_CLASSES, depth_family, param_count
+from jaxdepth.config import (ATTENTIONS, Config, DataConfig, MeshConfig, ModelConfig, OptimConfig,
+                             RunConfig)
+from jaxdepth.models.depth_family import SIZE_CLASSES, depth_family, param_count
 from jaxdepth.models.decoder import padded_d_ff
 from jaxdepth.models.flops import train_flops_per_token
 from jaxdepth.trainer.mfu import device_peak_flops, measure_matmul_peak

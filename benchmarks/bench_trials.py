@@ -90,9 +90,9 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from jaxdepth.cli import parse_args
+from jaxdepth.config.cli import parse_args
 from jaxdepth.config import Config
-from jaxdepth.trial_grid import trial_configs
+from jaxdepth.config.trials import trial_configs
 from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.trials import Batches
@@ -303,7 +303,7 @@ def bench_eval(kind: str, k: int, work: Path, tokenizer: Path, args) -> dict:
     same numbers."""
     import equinox as eqx
 
-    from jaxdepth.trial_axis import Models
+    from jaxdepth.models.trial_axis import Models
 
     tasks = eval_tasks(kind, k, work / kind, tokenizer, args.eval_examples)
     models = [tasks[0].build_model(key=jax.random.key(i)) for i in range(k)]

@@ -43,10 +43,10 @@ import numpy as np
 import equinox as eqx
 
 from jaxdepth.config import Config, DataConfig, MeshConfig, ModelConfig, OptimConfig, RunConfig
-from jaxdepth.depth_family import param_count
-from jaxdepth.presets import from_preset
+from jaxdepth.models.depth_family import param_count
+from jaxdepth.config.presets import from_preset
 from jaxdepth.models.decoder import DecoderLM
-from jaxdepth.trainer.losses import lm_loss_sums
+from jaxdepth.tasks.losses import lm_loss_sums
 from jaxdepth.models.flops import train_flops_per_token
 from jaxdepth.trainer.mfu import measure_matmul_peak
 from jaxdepth.trainer.optim import make_optimizer

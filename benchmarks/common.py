@@ -3,7 +3,7 @@ timing, the record of the machine, tables, JSON output and the real LM train ste
 
 A benchmark imports this module before anything that allocates (jax, numpy arrays): importing
 it puts the checkout on ``sys.path`` (the scripts run uninstalled) and, when the process is a
-benchmark script, applies ``jaxdepth.runtime.tune_malloc()`` as ``train.py`` does, so that every
+benchmark script, applies ``jaxdepth.trainer.runtime.tune_malloc()`` as ``train.py`` does, so that every
 contestant runs with the same allocator settings (a test that imports a benchmark as a module
 leaves its process's allocator alone).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from jaxdepth.runtime import tune_malloc  # noqa: E402
+from jaxdepth.trainer.runtime import tune_malloc  # noqa: E402
 
 _MAIN = getattr(sys.modules["__main__"], "__file__", None) or ""
 # before any large allocation; applies to every contestant alike

@@ -37,7 +37,7 @@ from pathlib import Path
 
 
 def parse(argv):
-    from jaxdepth.checkpoint_eval import add_flags
+    from jaxdepth.tasks.eval_request import add_flags
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run directory written by train.py")
@@ -45,7 +45,7 @@ def parse(argv):
                    help="a run with trials (required there, refused elsewhere): evaluate this "
                         "trial (exported first to <run>/trials/<k>, a single-trial run that the "
                         "results go to)")
-    add_flags(p)  # what a checkpoint's evaluation reads (checkpoint_eval.EvalRequest)
+    add_flags(p)  # what a checkpoint's evaluation reads (eval_request.EvalRequest)
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)
@@ -56,7 +56,7 @@ def evaluate(run, step: int | None = None, data: str = "", batch: int = 0, split
              trial: int | None = None) -> dict:
     """What eval.py prints for a checkpoint of `run`, whatever kind of run it is (the files it
     writes are named in the result)."""
-    from jaxdepth.checkpoint_eval import EvalRequest
+    from jaxdepth.tasks.eval_request import EvalRequest
 
     request = EvalRequest(step=step, data=data, batch=batch, out=out, splits=splits,
                           task_dir=task_dir, max_examples=max_examples)
@@ -67,8 +67,8 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
     import dataclasses
 
     from jaxdepth.config import Config, ConfigError
-    from jaxdepth.trial_grid import trial_configs
-    from jaxdepth.run_kinds import kind_of
+    from jaxdepth.config.trials import trial_configs
+    from jaxdepth.config.run_kinds import kind_of
     from jaxdepth.tasks import task_for
     from jaxdepth.tasks.open_run import saved_config
 
@@ -111,7 +111,7 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
 
 def main(argv) -> int:
     args = parse(argv)
-    from jaxdepth.checkpoint_eval import request_of
+    from jaxdepth.tasks.eval_request import request_of
     from jaxdepth.errors import ResultNotWritten, run_main
 
     def body() -> int:
@@ -129,7 +129,7 @@ def main(argv) -> int:
 def command() -> None:
     """The command (``python -m jaxdepth.eval``, ``jaxdepth-eval``, eval.py)."""
     from jaxdepth.errors import exit_process, quiet_interrupts
-    from jaxdepth.runtime import tune_malloc
+    from jaxdepth.trainer.runtime import tune_malloc
 
     quiet_interrupts()  # a Ctrl-C while jax is imported: one line, not a traceback
     tune_malloc()

@@ -12,7 +12,7 @@ def main(argv: list[str]) -> int:
 
 
 def _train(argv: list[str]) -> int:
-    from jaxdepth.cli import parse_args, preset_lines
+    from jaxdepth.config.cli import parse_args, preset_lines
 
     cfg = parse_args(argv, prog="train.py")
     import jax
@@ -24,7 +24,7 @@ def _train(argv: list[str]) -> int:
     if jax.process_index() == 0 and lines:
         print("\n".join(lines))
 
-    from jaxdepth.summary_text import summary_text
+    from jaxdepth.tasks.summary_text import summary_text
     from jaxdepth.tasks import train
 
     summary = train(cfg)  # one task per trial if it has trials (trainer/trials.py)
@@ -37,7 +37,7 @@ def command() -> None:
     """The command (``python -m jaxdepth.train``, ``jaxdepth-train``, train.py): the process
     is its own."""
     from jaxdepth.errors import exit_process, quiet_interrupts
-    from jaxdepth.runtime import tune_malloc
+    from jaxdepth.trainer.runtime import tune_malloc
 
     quiet_interrupts()  # a Ctrl-C while jax is imported: one line, not a traceback
     tune_malloc()  # the process is ours: before jax allocates anything

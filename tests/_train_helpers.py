@@ -57,10 +57,10 @@ def flags(prefix: list[str], fields: dict) -> list[str]:
 def read_by_kind(prefix: list[str], defaults: dict, fields: dict) -> dict:
     """defaults (a helper's settings for every kind of run), less those the run's kind does not
     read (RunKind.READS: train.py refuses them), then fields, the test's own, kept whole."""
-    from jaxdepth.cli import parse_args
-    from jaxdepth.cli import kinds_reading
+    from jaxdepth.config.cli import parse_args
+    from jaxdepth.config.cli import kinds_reading
     from jaxdepth.config import ConfigError
-    from jaxdepth.run_kinds import kind_of
+    from jaxdepth.config.run_kinds import kind_of
 
     def declared(k: str):
         return kinds_reading(*k.split("."))

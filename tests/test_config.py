@@ -9,14 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdepth.cli import parse_args
-from jaxdepth.config import (
-    SECTIONS, Config, ConfigError, DataConfig, FusionConfig, ModelConfig, OptimConfig, RunConfig,
-    apply_overrides,
-)
-from jaxdepth.depth_family import SIZE_CLASSES, depth_family, depth_family_dff, param_count
+from jaxdepth.config.cli import parse_args
+from jaxdepth.config import (SECTIONS, Config, ConfigError, DataConfig, FusionConfig, ModelConfig,
+                             OptimConfig, RunConfig, apply_overrides)
+from jaxdepth.models.depth_family import SIZE_CLASSES, depth_family, depth_family_dff, param_count
 from jaxdepth.models.decoder import DecoderLM
-from jaxdepth.presets import from_preset
+from jaxdepth.config.presets import from_preset
 
 # Table 1 of Petty et al., copied cell by cell: n_layers -> d_ff.
 TABLE1 = {
@@ -284,7 +282,7 @@ def test_cli_help(capsys):
             in lines)
     # a registry's choices and readers, and whether a resume may change the field
     text = " ".join(out.split())
-    assert "--optim.name str the run kind's recipe one class each: jaxdepth/optimizers/; " \
+    assert "--optim.name str the run kind's recipe one class each: jaxdepth/optim/optimizers/; " \
            "choices: adafactor, adamw, lamb, lion" in text
     assert "--optim.eps float the run kind's recipe added to the root of the second moment; " \
            "read by: adamw, lamb --optim" in text
@@ -297,7 +295,7 @@ def test_cli_help(capsys):
 def test_fusion_method_is_checked_when_parsed_and_listed_from_its_registry(tmp_path, capsys):
     """Every class of models/fusions/ is a choice of fusion.method, in --help and on the
     command line or in a --config file, refused there (naming the field) by any other name."""
-    from jaxdepth.cli import help_text
+    from jaxdepth.config.cli import help_text
     from jaxdepth.models.fusions import fusion_methods
 
     names = fusion_methods()
@@ -322,7 +320,7 @@ def test_a_fusion_setting_is_read_by_the_methods_that_declare_it(tmp_path):
     method it is refused (on the command line, in a --config file, in a config built in
     code), naming its reader, instead of being silently unused; --help names the reader from
     the declaration."""
-    from jaxdepth.cli import help_text
+    from jaxdepth.config.cli import help_text
 
     ner = ["--task.name", "ner", "--task.dir", str(tmp_path), "--model.arch", "encoder"]
     assert parse_args(ner + ["--fusion.method", "base+n", "--fusion.extra_layers", "2"]
@@ -353,7 +351,7 @@ def test_a_fusion_setting_is_read_by_the_methods_that_declare_it(tmp_path):
 
 
 def test_field_docs_reads_the_comment_beside_and_above_each_field():
-    from jaxdepth.cli import field_docs
+    from jaxdepth.config.cli import field_docs
 
     @dataclasses.dataclass(frozen=True)
     class Sample:
@@ -448,7 +446,7 @@ def test_the_decoder_s_own_model_fields_are_refused_for_another_architecture():
     """model.rel_buckets and the other decoder-only fields (declared in ``archs.Decoder.READS``) are
     refused for the BERT encoder, naming the field and who reads it; the act/albert/bert
     encoders are described by the act section, so any model field is refused there."""
-    from jaxdepth.cli import parse_args
+    from jaxdepth.config.cli import parse_args
 
     for name, value in (("rel_buckets", "16"), ("rel_max_distance", "64"),
                         ("compute_dtype", "bfloat16"), ("attention", "dot_product"),
@@ -467,7 +465,7 @@ def test_a_fusion_run_over_a_source_reads_no_model_field():
     """Over task.init_from the backbone's shape and options are its source's: a model or act
     field given to the fusion run is refused, not silently dropped; without a source the
     backbone is built from them and they are read."""
-    from jaxdepth.cli import parse_args
+    from jaxdepth.config.cli import parse_args
 
     for task in (["--task.name", "ner", "--task.dir", "x"], ["--task.name", "mlm"]):
         with pytest.raises(ConfigError, match=r"^model.dropout: a (ner|mlm) run over "
@@ -623,14 +621,14 @@ def test_a_field_given_with_the_list_that_sets_it_per_trial_is_refused(argv, giv
 
 
 def test_every_trials_list_is_checked_against_the_field_it_sets():
-    from jaxdepth.trial_grid import TRIAL_FIELDS
+    from jaxdepth.config.trials import TRIAL_FIELDS
     assert {g for _, g, _ in _SHADOWED} == {f for f, _ in TRIAL_FIELDS.values()} | {"run.seed"}
 
 
 def test_a_trials_list_conflicts_only_with_a_field_the_user_gave(tmp_path):
     """A config file or a preset holds every field, so what it sets does not conflict with a
     trials list; a field given on the command line does, wherever the list comes from."""
-    from jaxdepth.trial_grid import trial_configs
+    from jaxdepth.config.trials import trial_configs
     path = tmp_path / "c.json"
     path.write_text(Config().to_json())  # optim.lr and run.seed among every field
     cfg = parse_args(["--config", str(path), "--trials.lr", "1e-3,2e-3", "--run.seeds", "0,1"])

@@ -278,7 +278,7 @@ def test_debug_adds_the_traceback_and_bugs_still_raise(tmp_path, train_main, cap
 
 
 def test_an_integer_is_a_valid_float_in_a_config_file(tmp_path):
-    from jaxdepth.cli import parse_args
+    from jaxdepth.config.cli import parse_args
 
     path = tmp_path / "config.json"
     path.write_text('{"optim": {"lr": 1}}')
@@ -576,7 +576,7 @@ def test_a_source_head_that_does_not_fit_is_named(monkeypatch, capsys):
 
 
 def test_classification_losses_are_float32():
-    from jaxdepth.trainer.losses import softmax_xent
+    from jaxdepth.tasks.losses import softmax_xent
 
     logits = jax.random.normal(jax.random.key(0), (4, 5, 11)) * 30
     labels = jax.random.randint(jax.random.key(1), (4, 5), 0, 11)

@@ -10,7 +10,7 @@ it another optimizer recipe than a reader of the README expects, fails here.
 - EXPECTED holds, for each command as written, the run kind and the optimizer (name, lr,
   schedule) a reader of the README expects it to train with. A new command without an entry
   fails until one is added.
-- Every command is parsed with jaxdepth.cli.parse_args (``--config runs/X/config.json``: the
+- Every command is parsed with jaxdepth.config.cli.parse_args (``--config runs/X/config.json``: the
   config.json that the command making runs/X writes), and the recipe checked, with the kind
   train.py's start-up line names.
 - The CPU-feasible ones are then run in-process through train.py's own body for 2 steps, with
@@ -41,9 +41,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxdepth.cli import parse_args, preset_lines
+from jaxdepth.config.cli import parse_args, preset_lines
 from jaxdepth.experiments.experiment import shared_compilations
-from jaxdepth.run_kinds import kind_of
+from jaxdepth.config.run_kinds import kind_of
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))

@@ -1,9 +1,9 @@
-"""train.py's closing text (jaxdepth/summary_text.py): each kind's results, recognised from
+"""train.py's closing text (jaxdepth/tasks/summary_text.py): each kind's results, recognised from
 its summary alone, word for word as each Task's own report printed them before the text
 moved out of the tasks (the expected strings are that code's output on these summaries)."""
 import pytest
 
-from jaxdepth.summary_text import RESULTS, results, summary_text
+from jaxdepth.tasks.summary_text import RESULTS, results, summary_text
 
 UNK = {"examples_with_unk": 2, "examples": 100, "unknown_words": {"zorp": 1, "blick": 2}}
 NER = {"best_dev_f1": 0.61234, "best_step": 40, "test_f1_at_best": 0.5987, "test_f1": 0.6011,

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdepth.data.corpus.tokenizer import CLS_ID, SEP_ID
-from jaxdepth.trial_axis import Models
+from jaxdepth.models.trial_axis import Models
 
 GROUPS = ("all", "unmasked", "[MASK/MASK]", "[MASK/random]", "[MASK/original]", "[CLS]", "[SEP]")
 MASK_KINDS = {"[MASK/MASK]": 1, "[MASK/random]": 2, "[MASK/original]": 3}

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ..fusion_modes import fusion_mode, fusion_modes  # noqa: E402
+from ..models.fusion_modes import fusion_mode, fusion_modes  # noqa: E402
 from ..models.fusions import fusion_methods  # noqa: E402
 from .report import _csv, _fmt, _markdown, aggregate  # noqa: E402
 

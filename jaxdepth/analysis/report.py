@@ -35,9 +35,8 @@ from typing import Any, Optional
 
 from jaxdepth.analysis import depth_contrast, plots
 
-from jaxdepth.analysis.results import (_index, _matches, _sort_key, aggregate,  # noqa: F401
-                                      architecture, dedupe, load_rows, relative_perplexity,
-                                      size_classes, tasks)
+from jaxdepth.analysis.results import (_index, _matches, _sort_key, aggregate, architecture,
+                                       dedupe, load_rows, relative_perplexity, size_classes, tasks)
 
 
 def _fmt(mean: Optional[float], ci: Optional[float], scale: float = 1.0, digits: int = 1) -> str:

@@ -38,9 +38,9 @@ from .executors import add_executor_args, executor_from_args, per_group
 from .experiment import PlannedExperiment, Unit, start_unit_process
 from ..errors import RunFailed, run_main
 from ..config import TASKS, Config, ConfigError, apply_overrides
-from ..trial_grid import SEED_FIELD, parse_list
-from ..depth_family import SIZE_CLASSES
-from ..presets import PAPER_FINETUNING, from_preset
+from ..config.trials import SEED_FIELD, parse_list
+from ..models.depth_family import SIZE_CLASSES
+from ..config.presets import PAPER_FINETUNING, from_preset
 
 
 @dataclass(frozen=True)
@@ -321,7 +321,7 @@ class Sweep(PlannedExperiment):
 
     def pretrain_seeds(self, depth: int, seeds: list[int]) -> None:
         """Pretrain every one of `seeds` at `depth` not done yet, as trials of one run."""
-        from ..depth_family import param_count
+        from ..models.depth_family import param_count
 
         todo = [s for s in seeds if not self.done(kind="pretrain", depth=depth, seed=s)]
         if not todo:
@@ -486,7 +486,7 @@ def _timed(what: str, fn, *args):
 
 
 def _overrides(items: list[str], flag: str) -> dict:
-    from ..cli import _parse_value
+    from ..config.cli import _parse_value
     from ..config import SECTIONS
 
     out = {}
@@ -616,7 +616,7 @@ def _run(args) -> int:
 
 if __name__ == "__main__":
     from ..errors import exit_process
-    from ..runtime import tune_malloc
+    from ..trainer.runtime import tune_malloc
 
     tune_malloc()  # the process is ours (see runtime.tune_malloc)
     exit_process(main())

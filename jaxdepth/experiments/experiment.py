@@ -42,7 +42,7 @@ def start_unit_process(args) -> None:
 
     as_worker()
     if args.processes == "auto":
-        from ..mesh_config import AUTO, MeshConfig
+        from ..config.mesh import AUTO, MeshConfig
         from ..trainer.processes import start
 
         start(MeshConfig(num_processes=AUTO))
@@ -225,7 +225,7 @@ class PlannedExperiment:
         import time
 
         from ..config import ConfigError
-        from ..trial_grid import trial_configs
+        from ..config.trials import trial_configs
         from ..errors import RunFailed
         from ..tasks import task_for
         from ..trainer.loop import train

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import Config, ConfigError, apply_overrides
-from ..fusion_modes import fusion_modes
+from ..models.fusion_modes import fusion_modes
 from ..models.fusions import fusion_methods, own_settings
 from ..errors import RunFailed, run_main
 from .depth_sweep import _nested, _overrides
@@ -327,7 +327,7 @@ def _run(args) -> int:
 
 if __name__ == "__main__":
     from ..errors import exit_process
-    from ..runtime import tune_malloc
+    from ..trainer.runtime import tune_malloc
 
     tune_malloc()  # the process is ours, as train.py's and depth_sweep's (runtime.tune_malloc)
     exit_process(main())

@@ -28,9 +28,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..act_presets import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
-from ..config import ACTConfig, halting_class
-from ..trial_tracing import setting
+from .act_presets import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
+from .act_config import ACTConfig
+from .halting import halting as halting_class
+from .trial_tracing import setting
 from .backbone import Backbone
 from .encoder import Encoder, default_inputs
 from .heads import MLMHead, gather_positions
@@ -39,7 +40,7 @@ from .options import with_options
 from .stack import init_stack
 
 
-# The config (ACTConfig, with the presets) lives in jaxdepth/config.py as the `act` section.
+# The config (ACTConfig, with the presets) lives in jaxdepth/config/__init__.py as the `act` section.
 
 
 # ------------------------------------------------------------------------------- the recurrence

@@ -19,8 +19,8 @@ from typing import Any
 import equinox as eqx
 from jaxtyping import Array
 
-from ..config import ConfigError
-from ..trial_tracing import setting
+from ..errors import ConfigError
+from .trial_tracing import setting
 from .declared import Declared
 from .layers import PostLNLayer
 

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import ModelConfig
-from ..depth_family import param_count
-from ..trial_tracing import may_drop
+from .config import ModelConfig
+from .depth_family import param_count
+from .trial_tracing import may_drop
 from .checks import error_if
 from .backbone import Backbone
 from .flops import train_flops_per_token

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..model_specs import EncoderConfig
+from .specs import EncoderConfig
 from .backbone import Backbone
 from .layers import LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
 from .options import with_options

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from jaxtyping import Array
 
-from ..model_specs import EncoderConfig
+from .specs import EncoderConfig
 from .declared import Declared
 from .encoder import Encoder, norm_and_activation
 from .flops import module_flops

@@ -13,8 +13,8 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 
-from ..config import ModelConfig
-from ..depth_family import layer_constants
+from .config import ModelConfig
+from .depth_family import layer_constants
 
 
 def matmul_params(m: ModelConfig) -> int:

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..config import fusion_mode
-from ..trial_tracing import may_drop, setting
+from .fusion_modes import fusion_mode
+from .trial_tracing import may_drop, setting
 from .backbone import Backbone
 from .declared import Declared
 from .encoder import BertEmbeddings

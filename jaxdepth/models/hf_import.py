@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from ..model_specs import EncoderConfig
+from .specs import EncoderConfig
 from .encoder import Encoder
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from ..config import ModelConfig, attention_path
-from ..model_specs import ACTIVATIONS
-from ..trial_tracing import Keep, may_drop
+from .attentions import attention_path
+from .config import ModelConfig
+from .specs import ACTIVATIONS
+from .trial_tracing import Keep, may_drop
 
 _NEG_INF = float(np.finfo(np.float32).min)
 kernel_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")

@@ -1,4 +1,4 @@
-"""The Task (trainer/task.py) that runs each kind of run (jaxdepth/run_kinds/ declares the
+"""The Task (trainer/task.py) that runs each kind of run (jaxdepth/config/run_kinds/ declares the
 kinds; each Task class names the kind it runs, ``TaskBase.RUNS``); ``task_for(config)``
 (registry.py) builds it. Every module of this package is imported here, so that each kind
 finds its Task.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from ..choices import import_all
 from ..config import Config
-from ..trial_grid import trial_configs
-from ..run_kinds import kind_of
+from ..config.trials import trial_configs
+from ..config.run_kinds import kind_of
 from .registry import load_model, task_for
 
 __all__ = ["kind_of", "load_model", "task_for", "train"]

@@ -20,7 +20,7 @@ from ..analysis.exact_match import accuracy_by_type, exact_match
 from ..data.finetune.seq2seq_readers import Example
 from ..data.corpus.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from ..models.decoder import DecoderLM, generate
-from ..trial_axis import Models
+from ..models.trial_axis import Models
 
 SLACK = 4
 

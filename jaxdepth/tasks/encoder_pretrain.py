@@ -20,9 +20,10 @@ import grain
 import jax
 import jax.numpy as jnp
 
-from ..analysis.act_stats import evaluate_act, evaluate_act_each, plot_cosine, write_cosine_table, write_table1
+from ..analysis.act_stats import (evaluate_act, evaluate_act_each, plot_cosine, write_cosine_table,
+                                  write_table1)
 from ..config import ACTConfig, Config, ConfigError
-from ..model_specs import MLMConfig
+from ..models.specs import MLMConfig
 from ..data.embedded import grammar
 from ..data.corpus.mlm_sop import (eval_mlm_batches, grammar_documents, mlm_dataset,
                                    text_documents, tokenize_mlm_documents)
@@ -31,10 +32,10 @@ from ..data.corpus.prepare import corpus_name, run_tokenizer, tokenizer_source
 from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
-from ..trainer.losses import softmax_xent as _xent
-from ..checkpoint_eval import EvalRequest
-from ..trial_axis import Models
-from ..run_kinds.encoder_pretraining import EncoderPretraining
+from .losses import softmax_xent as _xent
+from .eval_request import EvalRequest
+from ..models.trial_axis import Models
+from ..config.run_kinds.encoder_pretraining import EncoderPretraining
 from .task_base import TaskBase, same_arrays
 
 EVAL_BATCHES = 4  # validation batches when run.eval_batches is 0

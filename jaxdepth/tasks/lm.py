@@ -21,11 +21,11 @@ from ..data.corpus.prepare import (LMData, StreamData, corpus_name, prepare_lm_d
 from ..data.corpus.tokenizer import EOS_ID
 from ..data.corpus.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, generate
-from ..trainer.losses import fused_lm_head_loss, lm_loss_sums
+from .losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
-from ..checkpoint_eval import EvalRequest
-from ..trial_axis import Models
-from ..run_kinds.lm_pretraining import LMPretraining
+from .eval_request import EvalRequest
+from ..models.trial_axis import Models
+from ..config.run_kinds.lm_pretraining import LMPretraining
 from .task_base import TaskBase, same_arrays
 
 

@@ -19,15 +19,15 @@ import jax.numpy as jnp
 
 
 from ..config import Config
-from ..model_specs import EncoderConfig
+from ..models.specs import EncoderConfig
 from ..data.corpus.prepare import tokenizer_source
 from ..data.corpus.subwords import HFWords
 from ..models.encoder import Encoder
 from ..models.encoder_mlm import EncoderMLM
-from ..trainer.losses import softmax_xent as _xent
-from ..checkpoint_eval import EvalRequest
-from ..run_kinds.bert_mlm_pretraining import BertMLMPretraining
-from ..run_kinds.fusion_mlm import FusionMLM
+from .losses import softmax_xent as _xent
+from .eval_request import EvalRequest
+from ..config.run_kinds.bert_mlm_pretraining import BertMLMPretraining
+from ..config.run_kinds.fusion_mlm import FusionMLM
 from .backbones import FusionTask, backbone_vocab, is_hf_dir
 from .open_run import load_checkpoint, scored_on
 from .encoder_pretrain import MLMCorpus, MLMPrepared, mlm_config, read_mlm_corpus

@@ -31,12 +31,12 @@ from ..config import Config, ConfigError
 from ..data.finetune import ner_sentences
 from ..data.corpus.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
-from ..fusion_modes import fusion_mode
+from ..models.fusion_modes import fusion_mode
 from ..models.fusions import FusionMethod, Sentence, Words
-from ..trainer.losses import softmax_xent as _xent
-from ..checkpoint_eval import EvalRequest
-from ..trial_axis import Models
-from ..run_kinds.fusion_ner import FusionNER
+from .losses import softmax_xent as _xent
+from .eval_request import EvalRequest
+from ..models.trial_axis import Models
+from ..config.run_kinds.fusion_ner import FusionNER
 from . import state_cache
 from .backbones import FusionTask, backbone_words
 from .open_run import load_checkpoint

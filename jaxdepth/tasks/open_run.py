@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jax
 
-from ..checkpoint_eval import EvalRequest
+from .eval_request import EvalRequest
 from ..config import Config, MeshConfig
 from ..data.corpus.prepare import check_vocab
 from ..data.corpus.readers import read_json_file

@@ -17,9 +17,9 @@ from ..config import Config, ConfigError, ModelConfig
 from ..data.corpus.pipeline import ExampleBatchSource
 from ..data.finetune.finetune_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
-from ..checkpoint_eval import EvalRequest
-from ..trial_axis import Models
-from ..run_kinds.prefix_lm_finetuning import PrefixLMFinetuning
+from .eval_request import EvalRequest
+from ..models.trial_axis import Models
+from ..config.run_kinds.prefix_lm_finetuning import PrefixLMFinetuning
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
 from .lm import DecoderTask, mean_losses
 from .task_base import same_arrays

@@ -25,9 +25,9 @@ from ..data.corpus.pipeline import ExampleBatchSource
 from ..data.finetune.probing import ROLE_NAMES, label_names, make_probe_data
 from ..data.corpus.prepare import run_tokenizer, tokenizer_source
 from ..models.classifier import EncoderClassifier
-from ..trainer.losses import softmax_xent as _xent
-from ..checkpoint_eval import EvalRequest
-from ..run_kinds.probe_finetuning import ProbeFinetuning
+from .losses import softmax_xent as _xent
+from .eval_request import EvalRequest
+from ..config.run_kinds.probe_finetuning import ProbeFinetuning
 from .encoder_pretrain import EncoderTask
 from .registry import load_model, task_for
 

@@ -8,7 +8,7 @@ so eval.py, pretrained initialisation and the analyses read every kind of checkp
 from __future__ import annotations
 
 from ..config import Config
-from ..run_kinds import kind_of
+from ..config.run_kinds import kind_of
 from .task_base import runner
 
 

@@ -28,10 +28,10 @@ class TaskBase:
 
     Each task also says what eval.py does with one of its checkpoints
     (``evaluate_checkpoint(run, request)``, reading the request's ``EVAL_READS``:
-    checkpoint_eval.py's CheckpointEval); what train.py prints of its summary is
-    jaxdepth/summary_text.py's."""
+    eval_request.py's CheckpointEval); what train.py prints of its summary is
+    jaxdepth/tasks/summary_text.py's."""
 
-    # The run kind (jaxdepth/run_kinds/) this class runs: config.py decides a config's kind
+    # The run kind (jaxdepth/config/run_kinds/) this class runs: config.py decides a config's kind
     # while it validates, so the kind cannot import its Task; the Task imports its kind.
     RUNS: ClassVar[type | None] = None
     reports_perplexity = False

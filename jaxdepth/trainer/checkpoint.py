@@ -34,7 +34,7 @@ from .fingerprint import fingerprints, mismatches
 from .optim import make_optimizer
 from .sharding import make_mesh
 from .state import TrainState, state_shardings
-from ..trial_axis import shared_spec
+from ..models.trial_axis import shared_spec
 
 CORRUPT_DIR = "checkpoints-corrupt"
 

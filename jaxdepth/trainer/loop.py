@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..config import Config, ConfigError
-from ..trial_grid import trial_configs
+from ..config.trials import trial_configs
 from ..errors import Interrupted, warn
 from ..files import write_whole
 from . import checkpoint as ckpt

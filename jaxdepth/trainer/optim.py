@@ -1,4 +1,4 @@
-"""The optimizer of a config: its class (jaxdepth/optimizers/), with the learning-rate
+"""The optimizer of a config: its class (jaxdepth/optim/optimizers/), with the learning-rate
 schedule, the weight-decay mask and global-norm clipping around it."""
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import jax
 import optax
 
 from ..config import OptimConfig
-from ..optimizers import optimizer
-from ..schedules import schedule_class
+from ..optim.optimizers import optimizer
+from ..optim.schedules import schedule_class
 
 
 def schedule(cfg: OptimConfig, total_steps: int, lr=None) -> optax.Schedule:
     """Learning rate as a function of the optimizer step: cfg's schedule class
-    (jaxdepth/schedules/); lr: in place of cfg.lr, e.g. a trial's, traced under vmap
+    (jaxdepth/optim/schedules/); lr: in place of cfg.lr, e.g. a trial's, traced under vmap
     (trainer/trials.py)."""
     return schedule_class(cfg.schedule).build(cfg, total_steps, cfg.lr if lr is None else lr)
 

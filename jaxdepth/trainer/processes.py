@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from ..config import ConfigError
-from ..mesh_config import AUTO, MeshConfig
+from ..config.mesh import AUTO, MeshConfig
 
 
 def start(mesh: MeshConfig) -> None:

@@ -31,8 +31,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 from ..config import Config
-from ..trial_axis import Models, over_trials, select, shared_spec, stack
-from ..trial_tracing import DROPOUT_SETTINGS, Keep, trial_values
+from ..models.trial_axis import Models, over_trials, select, shared_spec, stack
+from ..models.trial_tracing import DROPOUT_SETTINGS, Keep, trial_values
 from . import sharding as shd
 from .optim import make_optimizer
 from .task import Task
@@ -91,7 +91,7 @@ def init_one(cfg: Config, tx: optax.GradientTransformation, task: Task, given=No
 def varying(cfgs: list[Config]) -> list[str]:
     """The settings (``section.field``) whose values differ between the trials (task.seed
     not, where it is every trial's run.seed)."""
-    from ..trial_grid import TRIAL_FIELDS
+    from ..config.trials import TRIAL_FIELDS
 
     fields = [f for f, _ in TRIAL_FIELDS.values()] + ["run.seed"]
     if all(c.task.seed == c.run.seed for c in cfgs):  # trials.task_seed "seed": the seed's
@@ -107,7 +107,7 @@ def value(cfg: Config, setting: str):
 def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
     """float32[K] per varying setting the step reads (TrainState.hparams). A dropout rate is
     carried as 1 - rate, computed in float64 as a solo run's Python float is."""
-    from ..trial_tracing import SCALAR_SETTINGS
+    from ..models.trial_tracing import SCALAR_SETTINGS
 
     out = {}
     for f in varying(cfgs):

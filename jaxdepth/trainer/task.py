@@ -19,7 +19,7 @@ import equinox as eqx
 import grain
 from jaxtyping import Array
 
-from ..trial_axis import Models
+from ..models.trial_axis import Models
 
 
 # (fn, totals): totals(batch) gives the normalisers of a whole batch (e.g. its target-token

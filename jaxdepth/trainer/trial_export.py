@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 
 from ..config import Config, ConfigError, MeshConfig
-from ..trial_grid import trial_configs
+from ..config.trials import trial_configs
 from ..errors import warn
 from ..files import write_whole
 from . import checkpoint as ckpt

@@ -4,11 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from jaxdepth.analysis.exact_match import (
-    accuracy_by_type,
-    exact_match,
-    mean_ci95,
-)
+from jaxdepth.analysis.exact_match import accuracy_by_type, exact_match, mean_ci95
 
 
 def test_exact_match_is_on_whole_token_sequences():

@@ -122,7 +122,7 @@ def _save_checkpoint(run_dir, steps):
     from jaxdepth.trainer.optim import make_optimizer
     from jaxdepth.trainer.state import init_one
     from jaxdepth.trainer.trials import Batches
-    from jaxdepth.trial_axis import stack
+    from jaxdepth.models.trial_axis import stack
 
     cfg = Config.from_dict({"model": {"vocab_size": 32, "d_model": 16, "n_layers": 2, "d_ff": 24},
                             "data": {"seq_len": 8, "batch_size": 2},

@@ -16,7 +16,7 @@ import bench_step  # noqa: E402
 import bench_trials  # noqa: E402
 
 from jaxdepth.config import MeshConfig, ModelConfig
-from jaxdepth.depth_family import depth_family
+from jaxdepth.models.depth_family import depth_family
 
 
 def analytic_flops_per_token(m: ModelConfig, T: int) -> int:

@@ -19,7 +19,7 @@ import bench_vs_torch  # noqa: E402
 from jaxdepth.config import ModelConfig  # noqa: E402
 from jaxdepth.models.layers import relative_position_bucket  # noqa: E402
 from jaxdepth.models.decoder import DecoderLM  # noqa: E402
-from jaxdepth.trainer.losses import lm_loss_sums  # noqa: E402
+from jaxdepth.tasks.losses import lm_loss_sums  # noqa: E402
 
 
 def _torch():

@@ -17,16 +17,8 @@ from pathlib import Path
 import pytest
 
 from jaxdepth.data import download as dl
-from jaxdepth.data.download import (
-    REGISTRY,
-    ChecksumError,
-    Dataset,
-    DownloadError,
-    Remote,
-    default_cache_dir,
-    download,
-    main,
-)
+from jaxdepth.data.download import (REGISTRY, ChecksumError, Dataset, DownloadError, Remote,
+                                    default_cache_dir, download, main)
 from jaxdepth.data.finetune.seq2seq_readers import COGS_SPLITS, PASSIVIZATION_SPLITS, read_cogs
 
 TASK_FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"

@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from jaxdepth.config import ConfigError
-from jaxdepth.depth_family import depth_family, param_count
+from jaxdepth.models.depth_family import depth_family, param_count
 from jaxdepth.experiments.depth_sweep import Plan, Sweep, main, parse, plan_from_args
 from jaxdepth.trainer.checkpoint import open_manager
 

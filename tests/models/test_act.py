@@ -406,7 +406,7 @@ def test_act_cpu_preset_starts_every_token_at_the_cap():
     """The act-cpu recipe's starting point: with b_h = -2 a fresh model runs every real token
     all M iterations (the ponder cost then pulls them down unevenly), where the act-tiny
     preset's b_h = 0 halts every token within 3. Checked on the presets' own fresh models."""
-    from jaxdepth.presets import from_preset
+    from jaxdepth.config.presets import from_preset
 
     rng = np.random.default_rng(0)
     N = {}

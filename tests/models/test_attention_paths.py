@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.cli import parse_args
+from jaxdepth.config.cli import parse_args
 from jaxdepth.config import Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.checkpoint import check_compatible
-from jaxdepth.trainer.losses import lm_loss_sums
+from jaxdepth.tasks.losses import lm_loss_sums
 from jaxdepth.trainer.sharding import make_mesh
 from jaxdepth.trainer.state import batch_sharding, start
 

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxdepth.cli import parse_args
+from jaxdepth.config.cli import parse_args
 from jaxdepth.config import MeshConfig
-from jaxdepth.model_specs import EncoderConfig
+from jaxdepth.models.specs import EncoderConfig
 from jaxdepth.models.declared import Declared, decay_mask, logical_axes
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.fused import FusedModel

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from jaxdepth.model_specs import EncoderConfig
+from jaxdepth.models.specs import EncoderConfig
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.hf_import import (CONFIG_FILE, SAFETENSORS_FILE, config_from_hf,
                                        load_hf_encoder, read_safetensors)

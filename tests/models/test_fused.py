@@ -23,7 +23,7 @@ from jaxdepth.data.finetune.ner_sentences import LABELS
 from jaxdepth.models.act import ACTEncoder, UntiedEncoder
 from jaxdepth.models.backbone import depth_and_width, strip_to_backbone
 from jaxdepth.models.decoder import DecoderLM
-from jaxdepth.model_specs import EncoderConfig
+from jaxdepth.models.specs import EncoderConfig
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.encoder_mlm import EncoderMLM
 from jaxdepth.models.fused import FusedModel, fusion_param_count

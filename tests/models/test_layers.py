@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdepth.models.layers import (
-    Attention, GatedMLP, RelativePositionBias, RMSNorm, dropout, relative_position_bucket)
+from jaxdepth.models.layers import (Attention, GatedMLP, RelativePositionBias, RMSNorm, dropout,
+                                    relative_position_bucket)
 
 
 bucket = jax.jit(relative_position_bucket, static_argnums=(1, 2))

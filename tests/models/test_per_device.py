@@ -14,7 +14,7 @@ from jaxdepth.config import ModelConfig
 from jaxdepth.models.act import ACTConfig, ACTEncoder
 from jaxdepth.models.decoder import DecoderLM, generate
 from jaxdepth.tasks.decoding import _greedy
-from jaxdepth.trial_axis import Models
+from jaxdepth.models.trial_axis import Models
 
 CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=2, d_ff=48, n_heads=2)
 MAX_NEW = 6

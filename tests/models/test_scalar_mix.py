@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdepth.model_specs import EncoderConfig
+from jaxdepth.models.specs import EncoderConfig
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.fused import FusedModel, fusion_param_count
 from jaxdepth.models.fusions import fusion_methods

@@ -1,4 +1,4 @@
-"""Lion (jaxdepth/optimizers/lion.py) against a NumPy transcription of Chen et al. 2023's
+"""Lion (jaxdepth/optim/optimizers/lion.py) against a NumPy transcription of Chen et al. 2023's
 Algorithm 2, through make_optimizer (schedule, decay mask, trial values), and its settings."""
 import equinox as eqx
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.cli import parse_args
+from jaxdepth.config.cli import parse_args
 from jaxdepth.config import ConfigError, OptimConfig
 from jaxdepth.models.declared import Declared
 from jaxdepth.trainer.optim import make_optimizer

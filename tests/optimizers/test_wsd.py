@@ -1,10 +1,10 @@
-"""The warmup-stable-decay schedule (jaxdepth/schedules/wsd.py) against hand-computed rates,
+"""The warmup-stable-decay schedule (jaxdepth/optim/schedules/wsd.py) against hand-computed rates,
 and that the command line and --help know it from the registry alone."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdepth.cli import help_text, parse_args
+from jaxdepth.config.cli import help_text, parse_args
 from jaxdepth.config import OptimConfig
 from jaxdepth.trainer.optim import schedule
 

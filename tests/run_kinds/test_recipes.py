@@ -1,4 +1,4 @@
-"""Each run kind's optimizer recipe (RunKind.RECIPE, jaxdepth/run_kinds/): applied only to the
+"""Each run kind's optimizer recipe (RunKind.RECIPE, jaxdepth/config/run_kinds/): applied only to the
 fields a config leaves unset, printed at start-up, saved resolved, and independent of every
 other kind's recipe."""
 import dataclasses
@@ -7,10 +7,10 @@ import json
 import pytest
 
 from jaxdepth import config as C
-from jaxdepth.cli import parse_args, preset_lines
+from jaxdepth.config.cli import parse_args, preset_lines
 from jaxdepth.config import Config, ConfigError, OptimConfig, TaskConfig, apply_overrides
-from jaxdepth.run_kinds import KINDS
-from jaxdepth.trial_grid import trial_configs
+from jaxdepth.config.run_kinds import KINDS
+from jaxdepth.config.trials import trial_configs
 
 NER = ["--task.name", "ner", "--task.dir", "wikiann"]
 

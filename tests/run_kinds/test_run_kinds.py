@@ -3,10 +3,10 @@ import itertools
 
 import pytest
 
-from jaxdepth.config import ARCHS, FUSION_TASKS, PROBE_TASKS, TASKS, Config, ConfigError, \
-    apply_overrides
-from jaxdepth.archs import arch as arch_class
-from jaxdepth.run_kinds import KINDS, kind_of
+from jaxdepth.config import (ARCHS, FUSION_TASKS, PROBE_TASKS, TASKS, Config, ConfigError,
+                             apply_overrides)
+from jaxdepth.models.archs import arch as arch_class
+from jaxdepth.config.run_kinds import KINDS, kind_of
 from jaxdepth.tasks.task_base import TaskBase, runner
 
 
@@ -53,20 +53,20 @@ def test_packing_outside_prefix_lm_fine_tuning_is_refused(arch, name):
 
 
 def test_every_registered_kind_evaluates_its_checkpoints():
-    """eval.py calls the CheckpointEval protocol (checkpoint_eval.py) and the trainer the Task
+    """eval.py calls the CheckpointEval protocol (eval_request.py) and the trainer the Task
     protocol (trainer/task.py): every registered class defines each method of both itself or
     through a base of its own kind."""
     assert set(KINDS.names()) == {"lm", "prefix_lm", "encoder_pretrain", "probe", "encoder_mlm",
                                  "mlm", "ner"}
     import dataclasses
 
-    from jaxdepth.checkpoint_eval import CheckpointEval, EvalRequest
+    from jaxdepth.tasks.eval_request import CheckpointEval, EvalRequest
     from jaxdepth.trainer.task import Task
     methods = [n for p in (Task, CheckpointEval) for n, v in vars(p).items()
                if callable(v) and not n.startswith("_")]
     assert {"evaluate_checkpoint", "build_model", "evaluate"} <= set(methods)
     # everything the trainer asks a task, a run of several trials' questions included (the
-    # model's and eval.py's are asked elsewhere: models/declared.py, checkpoint_eval.py)
+    # model's and eval.py's are asked elsewhere: models/declared.py, eval_request.py)
     assert {n for n, v in vars(Task).items() if callable(v) and not n.startswith("_")} == {
         "build_model", "prepare", "dataset", "initial_model", "model_ready", "objective",
         "evaluate", "evaluates_alike", "share_shapes", "trial_shared", "write_outputs_to",
@@ -131,7 +131,7 @@ def test_the_kinds_that_fields_declare_exist():
     """cli.kinds_reading names run kinds by their NAME."""
     import dataclasses
 
-    from jaxdepth.cli import kinds_reading
+    from jaxdepth.config.cli import kinds_reading
     from jaxdepth.config import SECTIONS
     named = {k for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)
              for k in (kinds_reading(sec, f.name) or ())}
@@ -141,14 +141,14 @@ def test_the_kinds_that_fields_declare_exist():
 def test_the_kinds_that_architectures_name_exist():
     """archs.py names the run kinds that train and fine-tune each architecture by their NAME:
     a misspelt one would claim nothing."""
-    from jaxdepth.archs import arch
+    from jaxdepth.models.archs import arch
     for name in ARCHS:
         a = arch(name)
         assert a.PRETRAINING in KINDS.names() and a.FINETUNING in (None, *KINDS.names()), name
 
 
 def test_a_kind_that_misses_a_declaration_is_refused_when_defined():
-    from jaxdepth.run_kinds import RunKind
+    from jaxdepth.config.run_kinds import RunKind
 
     with pytest.raises(TypeError, match="run kind 'half' defines no RECIPE, claims"):
         class Half(RunKind):  # noqa: F841

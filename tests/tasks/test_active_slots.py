@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdepth.model_specs import EncoderConfig
+from jaxdepth.models.specs import EncoderConfig
 from jaxdepth.data.corpus.pipeline import ExampleBatchSource
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.fused import FusedModel

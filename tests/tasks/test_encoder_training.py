@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import Config, MeshConfig
-from jaxdepth.model_specs import MLMConfig
+from jaxdepth.models.specs import MLMConfig
 from jaxdepth.data.corpus.mlm_sop import grammar_documents, mlm_dataset, tokenize_mlm_documents
 from jaxdepth.data.corpus.tokenizer import train_tokenizer
 from jaxdepth.data.embedded import grammar
@@ -217,7 +217,7 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
 
 
 def test_encoder_task_config_errors():
-    from jaxdepth.cli import parse_args
+    from jaxdepth.config.cli import parse_args
     from jaxdepth.config import ConfigError
     from jaxdepth.tasks import kind_of, task_for
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import Config, ConfigError, apply_overrides
-from jaxdepth.presets import from_preset
+from jaxdepth.config.presets import from_preset
 from jaxdepth.data.embedded.grammar import corpus_texts
 from jaxdepth.data.finetune.prefix_lm_features import prefix_lm_features
 from jaxdepth.data.finetune.seq2seq_readers import Example
 from jaxdepth.data.corpus.tokenizer import EOS_ID, train_tokenizer
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks.decoding import Geometry, predict, prompts
-from jaxdepth.trial_axis import Models
+from jaxdepth.models.trial_axis import Models
 
 TINY = {"vocab_size": 96, "d_model": 32, "n_layers": 2, "d_ff": 64, "n_heads": 2}
 
@@ -168,7 +168,7 @@ def test_task_config_errors_name_the_field():
     # the explicit +finetune preset starts a task from the same defaults; explicit fields win
     import dataclasses
 
-    from jaxdepth.cli import parse_args
+    from jaxdepth.config.cli import parse_args
     ft = parse_args(["--preset", "tiny-L2+finetune", "--task.name", "passivization",
                      "--run.steps", "50"])
     assert (ft.optim.name, ft.optim.lr, ft.model.dropout, ft.run.eval_every, ft.run.steps) == \
@@ -214,7 +214,7 @@ def test_cogs_cpu_preset_data_on_real_cogs(tmp_path, shared_data):
     """The pieces of the cogs-cpu recipe on the real data, without training: a BPE tokenizer
     of the preset's size trained on the train split covers every split, and packing puts
     several examples in each row with little padding."""
-    from jaxdepth.cli import parse_args
+    from jaxdepth.config.cli import parse_args
     from jaxdepth.data.finetune.finetune_data import prepare_task_data
 
     cfg = parse_args(["--preset", "cogs-cpu", "--task.name", "cogs",

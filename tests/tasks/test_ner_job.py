@@ -415,7 +415,7 @@ def test_ner_result_on_a_process_that_does_not_write_evals_jsonl(ner_run, tmp_pa
     itself, so another process (on another host) reports the same best-of without reading a
     file it may not see, or see half written."""
     from jaxdepth.tasks import load_model, task_for
-    from jaxdepth.trial_axis import Models
+    from jaxdepth.models.trial_axis import Models
 
     run, cfg, _ = ner_run
     elsewhere = tmp_path / "run"  # this process's view of the run: no evals.jsonl in it

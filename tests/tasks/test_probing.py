@@ -5,18 +5,9 @@ import pytest
 
 from jaxdepth.data.embedded import grammar
 from jaxdepth.data.embedded.grammar import NP, Clause, make_sentence, to_passive
-from jaxdepth.data.finetune.probing import (
-    PROBE_TASKS,
-    ROLE_NAMES,
-    SENTENCE_TASKS,
-    SPLITS,
-    build_probe_data,
-    label_names,
-    make_probe_data,
-    probe_sentences,
-    sentence_label,
-    sentence_roles,
-)
+from jaxdepth.data.finetune.probing import (PROBE_TASKS, ROLE_NAMES, SENTENCE_TASKS, SPLITS,
+                                            build_probe_data, label_names, make_probe_data,
+                                            probe_sentences, sentence_label, sentence_roles)
 from jaxdepth.data.corpus.tokenizer import CLS_ID, PAD_ID, SEP_ID, train_tokenizer
 
 N_TRAIN, N_EVAL, SEQ_LEN, SEED = 40, 10, 40, 3

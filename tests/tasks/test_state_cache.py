@@ -83,7 +83,7 @@ def test_a_cache_read_before_the_model_is_ready_is_an_error():
 def _small_model(method):
     import jax
 
-    from jaxdepth.model_specs import EncoderConfig
+    from jaxdepth.models.specs import EncoderConfig
     from jaxdepth.models.encoder import Encoder
     from jaxdepth.models.fused import FusedModel
 

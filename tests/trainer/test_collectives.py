@@ -13,11 +13,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdepth.cli import parse_args
+from jaxdepth.config.cli import parse_args
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.sharding import make_mesh
 from jaxdepth.trainer.state import batch_sharding, start
-from jaxdepth.trial_grid import trial_configs
+from jaxdepth.config.trials import trial_configs
 
 pytestmark = pytest.mark.fake_devices
 B, T = 32, 16

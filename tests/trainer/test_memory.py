@@ -18,7 +18,7 @@ import pytest
 
 from _train_helpers import (REPO, TIMEOUT, TRAIN_PY, base_args, committed_steps,
                             subprocess_env)
-from jaxdepth.cli import parse_args
+from jaxdepth.config.cli import parse_args
 from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import memory

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from jaxdepth.config import ModelConfig, OptimConfig
-from jaxdepth.depth_family import param_count
+from jaxdepth.models.depth_family import param_count
 from jaxdepth.models.decoder import DecoderLM
-from jaxdepth.trainer.losses import lm_loss_sums, token_nll
+from jaxdepth.tasks.losses import lm_loss_sums, token_nll
 from jaxdepth.models.flops import matmul_params, train_flops_per_token
 from jaxdepth.trainer.optim import decay_mask, make_optimizer, schedule
 
@@ -199,7 +199,7 @@ def _xent_reference(x, w, t, wt, z_loss):
 def test_fused_lm_head_loss_matches_numpy(getkey, z_loss, chunk):
     """Values and gradients of the chunked custom_vjp loss, including a ragged last chunk
     (37 tokens) and zero-weight tokens, against float64 NumPy."""
-    from jaxdepth.trainer.losses import fused_lm_head_loss
+    from jaxdepth.tasks.losses import fused_lm_head_loss
 
     n, d, v = 37, 16, 50
     x = jax.random.normal(getkey(), (n, d))
@@ -221,7 +221,7 @@ def test_fused_lm_head_loss_matches_numpy(getkey, z_loss, chunk):
 
 
 def test_fused_lm_head_loss_keeps_bf16_dtypes(getkey):
-    from jaxdepth.trainer.losses import fused_lm_head_loss
+    from jaxdepth.tasks.losses import fused_lm_head_loss
 
     x = jax.random.normal(getkey(), (12, 8)).astype(jnp.bfloat16)
     w = jax.random.normal(getkey(), (8, 20)).astype(jnp.bfloat16)

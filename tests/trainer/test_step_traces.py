@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import pytest
 
 from _train_helpers import base_args, committed_steps, step_losses
-from jaxdepth.cli import parse_args
+from jaxdepth.config.cli import parse_args
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import loop
 from jaxdepth.trainer.trials import Trials

@@ -17,7 +17,7 @@ from jaxdepth.config import Config
 from jaxdepth.models.declared import Declared
 from jaxdepth.trainer.loop import train
 from jaxdepth.trainer.task import Task
-from jaxdepth.trial_grid import trial_configs
+from jaxdepth.config.trials import trial_configs
 
 D, B = 8, 16  # features, rows a batch
 

@@ -18,9 +18,9 @@ import pytest
 from _train_helpers import (GRAMMAR_DOCS, REPO, base_args, committed_steps, free_port, kill,
                             leaves, load_state, read_metrics, run_train, saved_partition_specs,
                             snapshot, start_train, step_losses, wait_for_step)
-from jaxdepth.cli import parse_args
+from jaxdepth.config.cli import parse_args
 from jaxdepth.config import Config, ConfigError
-from jaxdepth.depth_family import depth_family_dff
+from jaxdepth.models.depth_family import depth_family_dff
 from jaxdepth.data.embedded import grammar
 from jaxdepth.data.corpus.tokenizer import train_tokenizer
 from jaxdepth.tasks import task_for

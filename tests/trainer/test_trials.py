@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from _train_helpers import base_args, read_metrics, saved_partition_specs
-from jaxdepth.cli import parse_args
+from jaxdepth.config.cli import parse_args
 from jaxdepth.config import ConfigError, MeshConfig
-from jaxdepth.trial_grid import trial_configs, trial_grid
+from jaxdepth.config.trials import trial_configs, trial_grid
 
 STEPS = 8  # evaluations at 4 and 8, checkpoints at 4 and 8
 LR_B = 0.03  # the lm recipe's lr is 0.06 (warm-up over 50 steps: every step here is in it)

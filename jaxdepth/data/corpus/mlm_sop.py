@@ -57,8 +57,8 @@ import numpy as np
 from jaxdepth.data.embedded import grammar
 from jaxdepth.data.corpus.pipeline import _INFINITE, process_rows
 from jaxdepth.data.corpus.readers import read_corpus
-from jaxdepth.model_specs import MLMConfig
-from jaxdepth.token_ids import N_SPECIAL
+from jaxdepth.models.specs import MLMConfig
+from jaxdepth.models.token_ids import N_SPECIAL
 from jaxdepth.data.corpus.tokenizer import Tokenizer
 
 KIND_NONE, KIND_MASK, KIND_RANDOM, KIND_ORIGINAL = 0, 1, 2, 3

@@ -22,8 +22,7 @@ from ...errors import DataError, warn, writing
 from .. import shared_prep
 from ..embedded import grammar
 from .packing import document_ids, iter_windows
-from .pipeline import (load_tokens, save_tokens, split_documents, tokenize_documents,
-                       window_batches)
+from .pipeline import load_tokens, save_tokens, split_documents, tokenize_documents, window_batches
 from .readers import iter_documents, read_corpus, resolve_paths
 from .streaming import CorpusChanged
 from .tokenizer import Tokenizer, train_tokenizer

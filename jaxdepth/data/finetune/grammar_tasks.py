@@ -39,15 +39,8 @@ from typing import Optional
 
 import numpy as np
 
-from jaxdepth.data.embedded.grammar import (
-    ANIMATE_NOUNS,
-    INANIMATE_NOUNS,
-    NAMES,
-    GrammarConfig,
-    Sentence,
-    generate,
-    to_passive,
-)
+from jaxdepth.data.embedded.grammar import (ANIMATE_NOUNS, INANIMATE_NOUNS, NAMES, GrammarConfig,
+                                            Sentence, generate, to_passive)
 from jaxdepth.data.finetune.seq2seq_readers import Example
 
 GRAMMAR_TASKS = ("semantic_parsing", "passivization")

@@ -3,25 +3,14 @@ import json
 import numpy as np
 import pytest
 
-from jaxdepth.model_specs import MLMConfig
-from jaxdepth.token_ids import N_SPECIAL
+from jaxdepth.models.specs import MLMConfig
+from jaxdepth.models.token_ids import N_SPECIAL
 from jaxdepth.data.embedded import grammar
-from jaxdepth.data.corpus.mlm_sop import (
-    KIND_MASK,
-    KIND_NONE,
-    KIND_ORIGINAL,
-    KIND_RANDOM,
-    MLMBatchSource,
-    MLMDocuments,
-    eval_mlm_batches,
-    grammar_documents,
-    make_example_debug,
-    mlm_dataset,
-    split_sentences,
-    text_documents,
-    tokenize_mlm_documents,
-    word_start_table,
-)
+from jaxdepth.data.corpus.mlm_sop import (KIND_MASK, KIND_NONE, KIND_ORIGINAL, KIND_RANDOM,
+                                          MLMBatchSource, MLMDocuments, eval_mlm_batches,
+                                          grammar_documents, make_example_debug, mlm_dataset,
+                                          split_sentences, text_documents, tokenize_mlm_documents,
+                                          word_start_table)
 from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.data.corpus.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, train_tokenizer
 

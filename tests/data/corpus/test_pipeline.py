@@ -1,17 +1,9 @@
 import numpy as np
 import pytest
 
-from jaxdepth.data.corpus.pipeline import (
-    ExampleBatchSource,
-    LMBatchSource,
-    eval_batches,
-    lm_dataset,
-    lm_iterator,
-    load_tokens,
-    save_tokens,
-    split_documents,
-    tokenize_documents,
-)
+from jaxdepth.data.corpus.pipeline import (ExampleBatchSource, LMBatchSource, eval_batches,
+                                           lm_dataset, lm_iterator, load_tokens, save_tokens,
+                                           split_documents, tokenize_documents)
 
 # With tokens = arange, window k is arange(k*T, k*T+T+1): its first input token names it.
 T = 4

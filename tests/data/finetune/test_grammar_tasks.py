@@ -4,20 +4,11 @@ from functools import lru_cache
 import pytest
 
 from jaxdepth.data.embedded.grammar import NP, PP, Clause, make_sentence
-from jaxdepth.data.finetune.grammar_tasks import (
-    GRAMMAR_TASKS,
-    HELD_OUT_NAME,
-    HELD_OUT_NOUN,
-    LEXICAL_TYPES,
-    SPLITS,
-    STRUCTURAL_TYPES_BY_TASK,
-    TRAIN_MAX_CP_DEPTH,
-    TRAIN_MAX_PP_DEPTH,
-    build_task,
-    make_task,
-    passivization_example,
-    semantic_parsing_example,
-)
+from jaxdepth.data.finetune.grammar_tasks import (GRAMMAR_TASKS, HELD_OUT_NAME, HELD_OUT_NOUN,
+                                                  LEXICAL_TYPES, SPLITS, STRUCTURAL_TYPES_BY_TASK,
+                                                  TRAIN_MAX_CP_DEPTH, TRAIN_MAX_PP_DEPTH,
+                                                  build_task, make_task, passivization_example,
+                                                  semantic_parsing_example)
 from jaxdepth.data.finetune.seq2seq_readers import Example
 
 N_TRAIN, N_EVAL = 600, 40

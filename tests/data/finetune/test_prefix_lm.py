@@ -10,7 +10,7 @@ from jaxdepth.data.finetune.prefix_lm_features import (batch_features, count_unk
 from jaxdepth.data.finetune.seq2seq_readers import Example
 from jaxdepth.data.corpus.tokenizer import train_tokenizer
 from jaxdepth.models.decoder import DecoderLM
-from jaxdepth.trainer.losses import lm_loss_sums
+from jaxdepth.tasks.losses import lm_loss_sums
 
 
 def test_hand_example():

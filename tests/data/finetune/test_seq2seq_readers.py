@@ -7,17 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxdepth.data.finetune.seq2seq_readers import (
-    PASSIVIZATION_GEN_TYPE,
-    STRUCTURAL_TYPES,
-    Example,
-    is_generalization_type,
-    load_task,
-    read_cogs,
-    read_geoquery,
-    read_passivization,
-    split_validation,
-)
+from jaxdepth.data.finetune.seq2seq_readers import (PASSIVIZATION_GEN_TYPE, STRUCTURAL_TYPES,
+                                                    Example, is_generalization_type, load_task,
+                                                    read_cogs, read_geoquery, read_passivization,
+                                                    split_validation)
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "tasks"
 

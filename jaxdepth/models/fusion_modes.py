@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .choices import Choices, Registered
+from ..choices import Choices, Registered
 
 _MODES: Choices[type["FusionMode"]] = Choices("fusion mode", "fusion.mode",
                                               order=lambda cls: cls.ORDER)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .act_presets import ACT_PRESETS
-from .fields import require
+from ..fields import require
 from .halting import halting as halting_class
 
 
@@ -28,7 +28,7 @@ class ACTConfig:
     eps: float = 0.01  # a token halts once its cumulative halting probability passes 1 - eps
     dropout: float = 0.0  # dropout rate in the layer and embeddings; 0 off
     # act | fixed: exactly M iterations, no halting (weight-tied ALBERT); one class each in
-    # jaxdepth/halting.py
+    # jaxdepth/models/halting.py
     halting: str = "act"
     # b_h at init: < 0 starts every token at M (act-cpu); tests and benchmarks also move it
     # to force depths

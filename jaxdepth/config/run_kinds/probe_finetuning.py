@@ -1,6 +1,6 @@
 """Fine-tuning an ALBERT-family encoder on a probing task of the embedded grammar
 (task.name one of task_names.PROBE_TASKS)."""
-from ..errors import ConfigError
+from ...errors import ConfigError
 from ..task_names import FUSION_TASKS, PROBE_TASKS
 from . import FROM_PRETRAINED, GRAMMAR
 from . import encoder_pretraining as pretraining

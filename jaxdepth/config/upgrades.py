@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .archs import arch as arch_class, arch_names, archs_reading
-from .choices import Choices
-from .fields import require
-from .optimizers import OWN_FIELDS, optimizer, optimizer_names
+from ..models.archs import arch as arch_class, arch_names, archs_reading
+from ..choices import Choices
+from ..fields import require
+from ..optim.optimizers import OWN_FIELDS, optimizer, optimizer_names
 from .task_names import FUSION_TASKS
 
 

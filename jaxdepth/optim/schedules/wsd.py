@@ -5,7 +5,7 @@ down later. The fraction is a setting of this schedule's own (``FIELDS``: optim_
 gets it from here)."""
 import optax
 
-from ..fields import Setting
+from ...fields import Setting
 from . import Schedule
 
 

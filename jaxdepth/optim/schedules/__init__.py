@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 import optax
 
-from ..choices import Choices, import_all
+from ...choices import Choices, import_all
 
 
 _SCHEDULES: Choices[type["Schedule"]] = Choices("schedule", "optim.schedule")

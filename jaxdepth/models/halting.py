@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .choices import Choices, Registered
+from ..choices import Choices, Registered
 
 _HALTINGS: Choices[type["Halting"]] = Choices("halting", "act.halting",
                                               order=lambda cls: cls.ORDER)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fields import positive, require, resumable
+from ..fields import positive, require, resumable
 
 AUTO = 0  # num_processes "auto": jax.distributed finds the processes (trainer/processes.py)
 

@@ -1,5 +1,5 @@
 """The values of ``task.name``: what a run trains on, not what kind of run it is (that is its
-run kind, jaxdepth/run_kinds/). A leaf module, so that the run kinds can name the tasks they
+run kind, jaxdepth/config/run_kinds/). A leaf module, so that the run kinds can name the tasks they
 train on without importing the config schema that validates against them."""
 
 # Prefix-LM fine-tuning on a seq2seq task: the embedded grammar's (GRAMMAR_TASKS) or a

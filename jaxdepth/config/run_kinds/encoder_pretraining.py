@@ -1,6 +1,6 @@
 """MLM + SOP pretraining of the ALBERT family (model.arch act, albert or bert; no task.name):
 ALBERT is the ACT layer iterated exactly M times, BERT unties the M layers."""
-from ..errors import ConfigError
+from ...errors import ConfigError
 from . import CORPUS, GRAMMAR, MLM_EXAMPLES, RunKind, moments
 
 

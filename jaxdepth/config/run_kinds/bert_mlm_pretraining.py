@@ -1,6 +1,6 @@
 """MLM pretraining of the BERT encoder (model.arch encoder, no task.name), the backbone that
 layer fusion is studied over."""
-from ..errors import ConfigError
+from ...errors import ConfigError
 from ..task_names import FUSION_TASKS
 from . import CORPUS, GRAMMAR, MLM_EXAMPLES, RunKind, moments
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .act_presets import ACT_PRESETS
-from .config import Config, ConfigError, apply_overrides
-from .depth_family import SIZE_CLASSES, depth_family
+from ..models.act_presets import ACT_PRESETS
+from . import Config, ConfigError, apply_overrides
+from ..models.depth_family import SIZE_CLASSES, depth_family
 from .run_kinds.encoder_pretraining import EncoderPretraining
 from .run_kinds.prefix_lm_finetuning import PrefixLMFinetuning
 

@@ -3,7 +3,7 @@ warmup (with rate 1 and 10k steps, 0.01 for 10k steps, then decaying); min_lr_ra
 import jax
 import jax.numpy as jnp
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from . import Schedule
 
 

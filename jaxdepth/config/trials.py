@@ -8,8 +8,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .errors import ConfigError
-from .fields import require, resumable
+from ..errors import ConfigError
+from ..fields import require, resumable
 
 
 def parse_list(text: str, kind: type, name: str) -> list:

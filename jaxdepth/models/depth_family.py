@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .config import ConfigError, ModelConfig
+from ..errors import ConfigError
+from .config import ModelConfig
 
 
 def layer_constants(d_model: int, d_attn: int | None = None) -> tuple[int, int]:

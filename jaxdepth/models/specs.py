@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .fields import require
+from ..fields import require
 from .token_ids import CLS_ID, MASK_ID, N_SPECIAL, SEP_ID
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu")  # models/layers.py:activation_fn

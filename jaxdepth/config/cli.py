@@ -20,15 +20,15 @@ import tokenize
 from pathlib import Path
 from typing import Sequence
 
-from .archs import archs_reading
-from .choices import Choices
+from ..models.archs import archs_reading
+from ..choices import Choices
 from . import run_kinds
-from .config import RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides
+from . import RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides
 # fusion.method's registry: its classes are models, which config.py (imported by every model)
 # cannot import, so the command line checks the field (check_choices)
-from .models import fusions  # noqa: F401
+from ..models import fusions  # noqa: F401
 from .presets import from_preset, presets
-from .trial_grid import TRIAL_FIELDS, TrialsConfig, optim_per_trial, per_trial
+from .trials import TRIAL_FIELDS, TrialsConfig, optim_per_trial, per_trial
 from .run_kinds import kind_of
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}

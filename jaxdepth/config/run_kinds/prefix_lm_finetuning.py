@@ -1,5 +1,5 @@
 """Prefix-LM fine-tuning of the decoder on a seq2seq task (task.name one of task_names.TASKS)."""
-from ..errors import ConfigError
+from ...errors import ConfigError
 from ..task_names import FUSION_TASKS, PROBE_TASKS
 from . import FROM_PRETRAINED, RunKind, moments
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar
 
 import optax
 
-from ..choices import Choices, import_all
+from ...choices import Choices, import_all
 
 
 # The settings only some optimizers read: an optimizer's DEFAULTS names those it reads.

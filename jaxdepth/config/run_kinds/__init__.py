@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..choices import Choices, import_all
-from ..errors import ConfigError
+from ...choices import Choices, import_all
+from ...errors import ConfigError
 from ..task_names import TASKS
 
 

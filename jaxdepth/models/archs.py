@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .choices import Choices, Registered
+from ..choices import Choices, Registered
 from .halting import FixedDepth
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .choices import Choices, Registered
-from .errors import ConfigError
+from ..choices import Choices, Registered
+from ..errors import ConfigError
 
 
 _ATTENTIONS: Choices[type["AttentionPath"]] = Choices("attention", "model.attention",

@@ -1,7 +1,7 @@
 """Layer fusion for NER over any backbone (task.name ner; docs/design.md §4): its shape comes
 from task.init_from or the config."""
-from ..errors import ConfigError
-from ..fusion_modes import fusion_mode
+from ...errors import ConfigError
+from ...models.fusion_modes import fusion_mode
 from . import FROM_PRETRAINED, RunKind, moments
 
 
