@@ -50,7 +50,7 @@ from jaxdepth.config import (ATTENTIONS, Config, DataConfig, MeshConfig, ModelCo
 from jaxdepth.models.depth_family import SIZE_CLASSES, depth_family, param_count
 from jaxdepth.models.decoder import padded_d_ff
 from jaxdepth.models.flops import train_flops_per_token
-from jaxdepth.trainer.mfu import device_peak_flops, measure_matmul_peak
+from jaxdepth.trainer.metrics import device_peak_flops, measure_matmul_peak
 
 
 def peak_memory() -> tuple[int, str]:

@@ -96,7 +96,7 @@ from jaxdepth.config.trials import trial_configs
 from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.trials import Batches
-from jaxdepth.trainer.mfu import measure_matmul_peak
+from jaxdepth.trainer.metrics import measure_matmul_peak
 from jaxdepth.trainer.memory import DoesNotFit, step_check, xla_estimate
 from jaxdepth.trainer import sharding as shd
 from jaxdepth.trainer.sharding import make_mesh

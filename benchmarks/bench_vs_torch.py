@@ -48,7 +48,7 @@ from jaxdepth.config.presets import from_preset
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks.losses import lm_loss_sums
 from jaxdepth.models.flops import train_flops_per_token
-from jaxdepth.trainer.mfu import measure_matmul_peak
+from jaxdepth.trainer.metrics import measure_matmul_peak
 from jaxdepth.trainer.optim import make_optimizer
 
 try:

@@ -11,7 +11,7 @@ batches, evaluation (dev loss and greedy decoding, or validation perplexity), ch
 the rest (the summary, metrics). Steps are dispatched asynchronously, so every phase that
 follows a step first waits for the device (`block_until_ready`), which charges the step's
 time to the steps. The steps' achieved FLOP/s are set against the peak the trainer measures
-in the same process (a float32 1024^3 matmul on the CPU; trainer/mfu.py). Timers wrap the
+in the same process (a float32 1024^3 matmul on the CPU; trainer/metrics.py). Timers wrap the
 trainer's own methods from outside, in this process only.
 """
 from __future__ import annotations

@@ -183,7 +183,7 @@ def test_eval_on_a_config_of_an_unknown_layout_names_the_file(tmp_path, eval_mai
 
 @pytest.mark.fake_devices
 def test_a_flipped_bit_anywhere_is_caught_by_the_fingerprints():
-    from jaxdepth.trainer.fingerprint import fingerprints, mismatches
+    from jaxdepth.trainer.checkpoint import fingerprints, mismatches
 
     tree = {"w": jnp.arange(64, dtype=jnp.float32).reshape(8, 8) / 7,
             "b": jnp.ones((3,), jnp.bfloat16), "step": jnp.int32(5)}

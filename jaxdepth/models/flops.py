@@ -1,5 +1,5 @@
 """Analytic training FLOPs per token of the models (the trainer turns them into MFU against
-the device peak, trainer/mfu.py).
+the device peak, trainer/metrics.py).
 
 FLOPs convention (PaLM, Chowdhery et al. 2022, App. B): one training token costs
 ``6 * N + 12 * L * T * d_attn`` FLOPs, where N counts the parameters that take part in matrix

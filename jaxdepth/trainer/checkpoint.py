@@ -1,7 +1,13 @@
 """Orbax CheckpointManager: one step = train state + data-iterator state + resolved config +
-the fingerprints of all three (the ``fingerprints`` item: one per array of the state,
-trainer/fingerprint.py; a SHA-256 of each process's data-iterator state file and of the
-config).
+the fingerprints of all three (the ``fingerprints`` item: one per array of the state, below;
+a SHA-256 of each process's data-iterator state file and of the config).
+
+Each array's fingerprint: Orbax's files carry no checksum of their own (TensorStore's zstd
+frames are written without one), so a flipped bit in a checkpoint can restore as a different,
+often finite, number and a run would go on from a corrupted state. It is
+``sum_i bits_i * (2 i + 1) mod 2**32`` over the array's elements' bit patterns, computed on
+the devices: any single changed bit changes it (the multiplier is odd), as does moving a
+value to another position, and it does not depend on how the array is sharded.
 
 Saves are asynchronous and atomic (Orbax writes to a temporary directory and renames on
 commit), so a run killed at any moment leaves the previous checkpoints intact. A checkpoint
@@ -21,6 +27,7 @@ from typing import Any
 import equinox as eqx
 import grain
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
@@ -30,13 +37,57 @@ from jaxtyping import Array
 from ..config import Config, ConfigError, MeshConfig, resumable_fields
 from ..errors import UserError, describe, one_line, os_error_reason, warn
 from ..files import write_whole
-from .fingerprint import fingerprints, mismatches
 from .optim import make_optimizer
 from .sharding import make_mesh
 from .state import TrainState, state_shardings
 from ..models.trial_axis import shared_spec
 
 CORRUPT_DIR = "checkpoints-corrupt"
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+def _bits(x: jax.Array) -> jax.Array:
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32).ravel()
+    return jax.lax.bitcast_convert_type(x, _UINT[x.dtype.itemsize]).astype(jnp.uint32).ravel()
+
+
+@jax.jit
+def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
+    out = []
+    for x in leaves:
+        bits = _bits(x)
+        weights = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
+        out.append(jnp.sum(bits * weights, dtype=jnp.uint32))
+    return out
+
+
+def fingerprints(tree) -> dict[str, int]:
+    """Dotted path of every array leaf of `tree` -> its fingerprint (one device sync)."""
+    paths, leaves = [], []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if isinstance(leaf, jax.Array):
+            paths.append(jax.tree_util.keystr(path))
+            leaves.append(leaf)
+    # Each value is replicated; a process reads its own copy (on several hosts the global
+    # array is not addressable as a whole).
+    return {p: int(np.asarray(v.addressable_data(0))) for p, v in zip(paths, _fingerprints(leaves))}
+
+
+def mismatches(tree, saved: dict[str, int]) -> list[str]:
+    """Paths of the array leaves of `tree` whose fingerprint differs from the saved one
+    (leaves the saved record lacks are not checked)."""
+    now = fingerprints(tree)
+    return [p for p, v in now.items() if p in saved and saved[p] != v]
+
+
+# ----------------------------------------------------------------------------- the manager
 
 
 class NoReadableCheckpoint(UserError):

@@ -26,7 +26,7 @@ from . import checkpoint as ckpt
 from .hooks import Checkpoints, Evaluations, NonFinite, Records, Stuck, Throughput
 from .memory import step_check
 from .metrics import MetricsWriter, training_figures
-from .mfu import device_peak_flops
+from .metrics import device_peak_flops
 from .optim import make_optimizer, schedule
 from .processes import barrier, check_shared_dir
 from .run_lock import run_lock
