@@ -102,7 +102,7 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
         raise ConfigError(f"{flag}: a {kind_of(cfg).NAME} run's evaluation does not read it (it "
                           f"reads: {reads})", field=flag)
     if trial is not None:
-        from jaxdepth.trainer.trial_export import export_trial
+        from jaxdepth.trainer.trials import export_trial
 
         run = export_trial(run, trial, task_for)
         cfg, task, _ = task_of(run)

@@ -1,5 +1,5 @@
 """Export a trial of a run with trials (run.seeds or a trials list) as the single-trial run
-directory its solo run would have written (trainer/trial_export.py).
+directory its solo run would have written (trainer/trials.py: export_trial).
 
     python -m jaxdepth.export_trial --run runs/seeds --trial 2            # -> runs/seeds/trials/2
     python -m jaxdepth.export_trial --run runs/seeds --trial 2 --out runs/seed2
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
 
     def body() -> int:
         from .tasks import task_for
-        from .trainer.trial_export import export_trial
+        from .trainer.trials import export_trial
 
         print(export_trial(args.run, args.trial, task_for, args.out or None))
         return 0

@@ -219,7 +219,7 @@ class PlannedExperiment:
     def train_as_trials(self, what: str, cfg, units: list) -> list[dict]:
         """Train cfg, a run with trials, whose trial k must be exactly the solo run units[k]
         (a Config; else a ConfigError saying to give --sequential); export every trial to its
-        unit's run directory (trainer/trial_export.py) and return each trial's summary as its
+        unit's run directory (trainer/trials.py: export_trial) and return each trial's summary as its
         solo run's would read (the run's figures with the trial's entry over them)."""
         import dataclasses
         import time
@@ -229,7 +229,7 @@ class PlannedExperiment:
         from ..errors import RunFailed
         from ..tasks import task_for
         from ..trainer.loop import train
-        from ..trainer.trial_export import export_trial
+        from ..trainer.trials import export_trial
 
         cfgs = trial_configs(cfg)
         for k, (c, unit) in enumerate(zip(cfgs, units)):

@@ -464,7 +464,7 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
     from jaxdepth.trainer.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
     from jaxdepth.trainer.state import TrainState, state_shardings
-    from jaxdepth.trainer.trial_export import export_trial
+    from jaxdepth.trainer.trials import export_trial
 
     pre = runs("ner-solo1", lambda run: ner_args(run, **{"task.n_shot": 1}))
     mine = {"task.init_from": pre, "task.n_shot": 1}
@@ -503,7 +503,7 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
     # line that says so, and left where it is
     import jax.numpy as jnp
 
-    from jaxdepth.trainer.trial_export import _SavedState
+    from jaxdepth.trainer.trials import _SavedState
 
     old = runs.root / "ner-shared-old-layout"
     shutil.copytree(trials, old)
@@ -673,7 +673,7 @@ def test_an_interrupted_export_finishes_when_rerun_and_no_other_goes_there(
 
     from jaxdepth.export_trial import main as export_main
     from jaxdepth.tasks import load_model
-    from jaxdepth.trainer import trial_export
+    from jaxdepth.trainer import trials
 
     out = tmp_path / "trial1"
 
@@ -681,7 +681,7 @@ def test_an_interrupted_export_finishes_when_rerun_and_no_other_goes_there(
         raise OSError(errno.ENOSPC, "No space left on device", str(dest))
 
     with monkeypatch.context() as m:
-        m.setattr(trial_export, "_write_metrics", full_disk)
+        m.setattr(trials, "_write_metrics", full_disk)
         code, _, err = call(export_main, ["--run", stopped, "--trial", 1, "--out", out], capsys)
     assert code == 2 and "no space left on device" in error_line(err)
     assert (out / "checkpoints" / "3").is_dir() and not (out / "metrics.jsonl").exists()
