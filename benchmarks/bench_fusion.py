@@ -60,7 +60,7 @@ import numpy as np
 
 from jaxdepth.config import Config, ConfigError, apply_overrides
 from jaxdepth.data.finetune.ner_sentences import ner_labels
-from jaxdepth.models.fusion_modes import fusion_modes
+from jaxdepth.config import FUSION_MODES
 from jaxdepth.models.backbone import depth_and_width
 from jaxdepth.models.fusions import fusion_methods, own_settings
 from jaxdepth.tasks import task_for, train
@@ -72,7 +72,7 @@ from jaxdepth.models.trial_axis import stack
 
 # Every registered method and mode (a new fusion method is timed without editing this file).
 METHODS = fusion_methods()
-MODES = fusion_modes()
+MODES = tuple(FUSION_MODES)
 DWATT_TARGET = 1.10  # t(FE dwatt) / t(FE base) <= this
 UNIT_TARGET = 5.0  # t(uncached FE unit) / t(cached FE unit) >= this
 GRID_TARGET = 3.0  # t(uncached FE grid) / t(cached FE grid) >= this

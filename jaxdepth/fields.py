@@ -1,5 +1,5 @@
 """How a configuration field is declared and checked: the metadata helpers a section's fields
-are declared with (``resumable``), the settings a choice declares in its own
+are declared with (``resumable``, ``one_of``), the settings a choice declares in its own
 module (``Setting``, a choice class's ``FIELDS``, added to its section by ``declared_by_choices``
 and checked by ``check_declared``), the section fields a choice says only it reads (its
 ``SETTINGS``, checked by ``check_settings``), and the checks every section validates with (``require``,
@@ -40,6 +40,22 @@ def positive(obj: Any, section: str, *names: str) -> None:
         v = getattr(obj, n)
         require(v > 0, f"{section}.{n}", f"must be positive, got {v}")
 
+
+
+def one_of(default: str, allowed: tuple[str, ...]) -> Any:
+    """A field of a few fixed values (``allowed``, in the order --help and tables list them),
+    checked by ``check_one_of``: a choice with nothing to register but its name, read in the
+    module that declares it (say, as a property of its section)."""
+    return field(default=default, metadata={"allowed": allowed})
+
+
+def check_one_of(obj: Any, section: str) -> None:
+    """A ConfigError naming the first ``one_of`` field of `obj` whose value it does not allow."""
+    for f in dataclasses.fields(obj):
+        allowed = f.metadata.get("allowed")
+        value = getattr(obj, f.name)
+        require(allowed is None or value in allowed, f"{section}.{f.name}",
+                f"must be one of {', '.join(allowed or ())}, got {value!r}")
 
 
 def resumable(default: Any, words: dict | None = None) -> Any:

@@ -16,16 +16,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ..models.fusion_modes import fusion_mode, fusion_modes  # noqa: E402
+from ..config import FUSION_MODES  # noqa: E402
 from ..models.fusions import fusion_methods  # noqa: E402
 from .report import _csv, _fmt, _markdown, aggregate  # noqa: E402
 
 METHOD_ORDER = fusion_methods()
-MODE_ORDER = fusion_modes()
+MODE_ORDER = tuple(FUSION_MODES)
 
 
 def _mode_label(mode: str) -> str:
-    return fusion_mode(mode).LABEL if mode in MODE_ORDER else mode
+    return FUSION_MODES.get(mode, mode)
 
 
 def _ordered(values, order) -> list:

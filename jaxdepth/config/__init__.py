@@ -12,11 +12,10 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..fields import check_settings, positive, require, resumable, typed
+from ..fields import check_one_of, check_settings, one_of, positive, require, resumable, typed
 from ..models.act_config import ACTConfig
 from ..models.archs import arch as arch_class, arch_names, archs_reading
 from ..models.config import ARCHS, ATTENTIONS, ModelConfig  # noqa: F401  (re-exported)
-from ..models.fusion_modes import fusion_mode
 from .upgrades import upgrade
 from .mesh import MeshConfig
 from .optim import RECIPE_FIELDS, OptimConfig
@@ -173,6 +172,10 @@ class TaskConfig:
         return not self.dir
 
 
+# fusion.mode's values, in the few-shot grid's and its tables' order, with the tables' labels
+FUSION_MODES = {"fe": "feature extraction (FE)", "ft": "fine-tuning (FT)"}
+
+
 @dataclass(frozen=True)
 class FusionConfig:
     """What sits between the backbone and the head of a fusion task (task.name ner or mlm).
@@ -183,8 +186,7 @@ class FusionConfig:
     method: str = "dwatt"
     extra_layers: int = 1  # n of base+n
     # fe: backbone frozen, only the fusion module and head train | ft: all train
-    # (jaxdepth/models/fusion_modes.py)
-    mode: str = "fe"
+    mode: str = one_of("fe", tuple(FUSION_MODES))
     dropout: float = 0.1  # on h before the NER head (docs/design.md §4)
     # NER in fe mode: the frozen backbone runs once per sentence and training reads its
     # states from a cache (in memory, or memory-mapped under <run>/cache when larger than
@@ -198,8 +200,14 @@ class FusionConfig:
         require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
         require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
         check_settings(self, "fusion")  # a method's own setting, set for another method
-        fusion_mode(self.mode)  # a ConfigError naming fusion.mode
+        check_one_of(self, "fusion")
         require(0.0 <= self.dropout < 1.0, "fusion.dropout", f"must be in [0, 1), got {self.dropout}")
+
+    @property
+    def frozen_backbone(self) -> bool:
+        """fe: the backbone stays frozen (it runs without dropout under stop_gradient, gets no
+        optimizer moments, can be cached, and the recipe gives the rest a higher rate)."""
+        return self.mode == "fe"
 
 
 @dataclass(frozen=True)

@@ -174,12 +174,13 @@ def help_text(prog: str = "train.py") -> str:
             # them as the registry holds them now, so a new choice needs no edit here.
             kinds = kinds_reading(sec, f.name)
             archs = archs_reading(f"{sec}.{f.name}")
-            choices = Choices.of_field(f"{sec}.{f.name}")
+            registry = Choices.of_field(f"{sec}.{f.name}")
+            choices = registry.names() if registry else f.metadata.get("allowed")
             readers = [f"read by {field}: " + ", ".join(names) for field, r in Choices.registries()
                        if field.startswith(f"{sec}.") and (names := r.readers(f.name))]
             doc = "; ".join(filter(None, [
                 docs.get(f.name, ""),
-                "choices: " + ", ".join(choices.names()) if choices else "", *readers,
+                "choices: " + ", ".join(choices) if choices else "", *readers,
                 "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
                 else "",
                 f"read by {f.metadata['choice']}: " + ", ".join(f.metadata["readers"])

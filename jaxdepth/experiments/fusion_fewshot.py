@@ -34,8 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import Config, ConfigError, apply_overrides
-from ..models.fusion_modes import fusion_modes
+from ..config import FUSION_MODES, Config, ConfigError, apply_overrides
 from ..models.fusions import fusion_methods, own_settings
 from ..errors import RunFailed, run_main
 from .depth_sweep import _nested, _overrides
@@ -78,7 +77,7 @@ class Plan:
     ner_dir: str
     backbone: str = ""  # HF directory or run; empty: pretrain one from `pretrain`
     methods: tuple[str, ...] = fusion_methods()  # every method of models/fusions/
-    modes: tuple[str, ...] = fusion_modes()  # every mode of fusion_modes.py
+    modes: tuple[str, ...] = tuple(FUSION_MODES)  # every fusion.mode
     shots: tuple[int, ...] = (8, 16, 32, 64, 128)
     trials: int = 5
     extra_layers: int = 1  # n of Base+n
@@ -89,8 +88,8 @@ class Plan:
         bad = [m for m in self.methods if m not in fusion_methods()]
         if bad:
             raise ConfigError(f"methods: unknown {bad}; known: {list(fusion_methods())}")
-        if not set(self.modes) <= set(fusion_modes()) or not self.modes:
-            raise ConfigError(f"modes: must be {' and/or '.join(fusion_modes())}, got "
+        if not set(self.modes) <= set(FUSION_MODES) or not self.modes:
+            raise ConfigError(f"modes: must be {' and/or '.join(FUSION_MODES)}, got "
                               f"{list(self.modes)}")
         if not self.shots or min(self.shots) < 1:
             raise ConfigError(f"shots: positive N-shot values needed, got {list(self.shots)}")
@@ -259,7 +258,7 @@ def parse(argv):
                    "project; empty: pretrain a small encoder on the NER sentences")
     p.add_argument("--preset", choices=sorted(PRESETS), default="paper")
     p.add_argument("--methods", nargs="+", choices=fusion_methods())
-    p.add_argument("--modes", nargs="+", choices=fusion_modes())
+    p.add_argument("--modes", nargs="+", choices=tuple(FUSION_MODES))
     p.add_argument("--shots", nargs="+", type=int)
     p.add_argument("--trials", type=int)
     p.add_argument("--extra-layers", type=int, default=1)
@@ -277,7 +276,7 @@ def plan_from_args(args) -> Plan | None:
     pre = PRESETS[args.preset]
     return Plan(ner_dir=args.ner_dir, backbone=args.backbone,
                 methods=tuple(args.methods or fusion_methods()),
-                modes=tuple(args.modes or fusion_modes()),
+                modes=tuple(args.modes or FUSION_MODES),
                 shots=tuple(args.shots or pre["shots"]), trials=args.trials or pre["trials"],
                 extra_layers=args.extra_layers,
                 finetune={**pre["finetune"], **_overrides(args.finetune, "--finetune")},

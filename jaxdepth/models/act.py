@@ -30,7 +30,6 @@ from jaxtyping import Array
 
 from .act_presets import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
 from .act_config import ACTConfig
-from .halting import halting as halting_class
 from .trial_tracing import setting
 from .backbone import Backbone
 from .encoder import Encoder, default_inputs
@@ -270,8 +269,8 @@ class ACTEncoder(_Pretrainable):
 
     @property
     def ponder_weight(self) -> float:
-        adaptive = halting_class(self.cfg.halting).ADAPTIVE  # only adaptive halting ponders
-        return setting("act.tau", self.cfg.tau) if adaptive else 0.0
+        # only adaptive halting ponders
+        return setting("act.tau", self.cfg.tau) if self.cfg.adaptive else 0.0
 
     def halting_prob(self, h_hat_BTD: Array) -> Array:
         """p = sigmoid(w_h . h_hat + b_h), float32 [B, T]."""
@@ -313,7 +312,7 @@ class ACTEncoder(_Pretrainable):
     def _forward(self, driver, tokens_BT, segments_BT, mask_BT, key, return_states,
                  **driver_kw) -> ACTOutput:
         h0, mask_BT, k_layer = self._embed(tokens_BT, segments_BT, mask_BT, key)
-        if not halting_class(self.cfg.halting).ADAPTIVE:  # every token runs M iterations
+        if not self.cfg.adaptive:  # every token runs M iterations
             return self._fixed(h0, mask_BT, k_layer, return_states)
         return driver(self._step_fn(mask_BT, k_layer), h0, mask_BT, self.cfg.max_iters,
                       self.cfg.eps, return_states=return_states, **driver_kw)

@@ -5,8 +5,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .act_presets import ACT_PRESETS
-from ..fields import require
-from .halting import halting as halting_class
+from ..fields import check_one_of, one_of, require
+
+
+ADAPTIVE, FIXED = "act", "fixed"  # act.halting's values
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,9 @@ class ACTConfig:
     tau: float = 1e-3  # ponder-cost weight
     eps: float = 0.01  # a token halts once its cumulative halting probability passes 1 - eps
     dropout: float = 0.0  # dropout rate in the layer and embeddings; 0 off
-    # act | fixed: exactly M iterations, no halting (weight-tied ALBERT); one class each in
-    # jaxdepth/models/halting.py
-    halting: str = "act"
+    # act: each token stops once its halting probability passes 1 - eps, at a ponder cost |
+    # fixed: exactly M iterations, no halting (weight-tied ALBERT)
+    halting: str = one_of(ADAPTIVE, (ADAPTIVE, FIXED))
     # b_h at init: < 0 starts every token at M (act-cpu); tests and benchmarks also move it
     # to force depths
     halting_bias_init: float = 0.0
@@ -46,7 +48,13 @@ class ACTConfig:
         require(self.tau >= 0.0, "act.tau", f"must be >= 0, got {self.tau}")
         require(0.0 < self.eps < 1.0, "act.eps", f"must be in (0, 1), got {self.eps}")
         require(0.0 <= self.dropout < 1.0, "act.dropout", f"must be in [0, 1), got {self.dropout}")
-        halting_class(self.halting)  # a ConfigError naming act.halting
+        check_one_of(self, "act")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether tokens halt (ACT: the halting recurrence and its ponder cost), or every
+        token runs the shared layer max_iters times."""
+        return self.halting == ADAPTIVE
 
     @property
     def ff(self) -> int:

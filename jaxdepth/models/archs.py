@@ -4,15 +4,16 @@ the model, which kind of run trains it from scratch and which fine-tunes it on a
 dropout rate, and, for the ALBERT family, the options of its encoder.
 
 Nothing outside this module compares an architecture's name (the run kinds compare the kinds
-an architecture names with their own). It imports nothing of jaxdepth but choices.py and
-halting.py, so that config.py and run_kinds/ can ask it.
+an architecture names with their own). It imports nothing of jaxdepth but choices.py and the
+act section's halting values (act_config.py), so that the configuration and run_kinds/ can ask
+it without the models' code.
 """
 from __future__ import annotations
 
 from typing import ClassVar
 
 from ..choices import Choices, Registered
-from .halting import FixedDepth
+from .act_config import FIXED
 
 
 _ARCHS: Choices[type["Arch"]] = Choices("architecture", "model.arch",
@@ -78,7 +79,7 @@ class ALBERT(ALBERTFamily):
 
     @classmethod
     def halting(cls, cfg):
-        return FixedDepth.NAME
+        return FIXED
 
 
 class UntiedBERT(ALBERTFamily):

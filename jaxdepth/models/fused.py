@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from .fusion_modes import fusion_mode
 from .trial_tracing import may_drop, setting
 from .backbone import Backbone
 from .declared import Declared
@@ -49,11 +48,13 @@ class FusedModel(Declared):
     backbone: Backbone
     fusion: FusionMethod  # fusion.method's module (its class carries the name)
     head: Dense | MLMHead  # token classification, or BERT's MLM head
-    mode: str = eqx.field(static=True)  # fusion.mode
+    # fusion.mode fe: the backbone runs without dropout under stop_gradient, gets no optimizer
+    # moments and can be cached | ft: it trains with the rest
+    frozen_backbone: bool = eqx.field(static=True)
     rate: float = eqx.field(static=True)  # dropout on h before a classification head
 
-    def __init__(self, backbone, *, method: str, mode: str, n_labels: int = 0, mlm: bool = False,
-                 n_extra: int = 1, rate: float = 0.1, key: Array):
+    def __init__(self, backbone, *, method: str, frozen_backbone: bool, n_labels: int = 0,
+                 mlm: bool = False, n_extra: int = 1, rate: float = 0.1, key: Array):
         kf, kh = jax.random.split(key)
         self.backbone = backbone
         self.fusion = fusion_method(method).build(backbone, n_extra, key=kf)
@@ -64,7 +65,7 @@ class FusedModel(Declared):
             self.head = bert_mlm_head(backbone.cfg, key=kh)
         else:
             self.head = Dense(backbone.width, n_labels, key=kh)
-        self.mode, self.rate = mode, rate
+        self.frozen_backbone, self.rate = frozen_backbone, rate
 
     # the head's dropout, and a fine-tuned backbone's own
     uses_dropout = True
@@ -87,10 +88,6 @@ class FusedModel(Declared):
     def reads(self):
         """What the fusion method reads of the backbone (models/fusions/: Words or Sentence)."""
         return type(self.fusion).READS
-
-    @property
-    def frozen_backbone(self) -> bool:
-        return fusion_mode(self.mode).FROZEN_BACKBONE
 
     def trainable_spec(self):
         """Filter spec for the optimiser: the fusion module and head (+ the backbone in FT)."""

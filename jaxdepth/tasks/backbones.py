@@ -129,8 +129,9 @@ class FusionTask(TaskBase):
     def build_model(self, *, key):
         cfg, f = self.cfg, self.cfg.fusion
         k_bb, k_top = jax.random.split(key)
-        return FusedModel(build_backbone(cfg, key=k_bb), method=f.method, mode=f.mode,
-                          n_labels=self.n_labels, mlm=not self.n_labels,
+        return FusedModel(build_backbone(cfg, key=k_bb), method=f.method,
+                          frozen_backbone=f.frozen_backbone, n_labels=self.n_labels,
+                          mlm=not self.n_labels,
                           n_extra=f.extra_layers, rate=f.dropout, key=k_top)
 
     def trial_shared(self, model):

@@ -31,7 +31,6 @@ from ..config import Config, ConfigError
 from ..data.finetune import ner_sentences
 from ..data.corpus.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
-from ..models.fusion_modes import fusion_mode
 from ..models.fusions import FusionMethod, Sentence, Words
 from .losses import softmax_xent as _xent
 from .eval_request import EvalRequest
@@ -338,7 +337,7 @@ class NERTask(FusionTask):
         super().__init__(cfg)
         self.labels = ner_sentences.ner_labels(cfg.task.dir)
         self.n_labels = len(self.labels)
-        frozen = fusion_mode(cfg.fusion.mode).FROZEN_BACKBONE  # its states never change
+        frozen = cfg.fusion.frozen_backbone  # its states never change
         self.batches = batch_format(self.fusion_method, frozen and cfg.fusion.cache)
         # with the cache a step never runs the backbone (its FLOPs, models/fused.py)
         self.step_flops = {"cached_backbone": self.batches.CACHE is not None}

@@ -78,7 +78,8 @@ def test_every_fusion_method_shards_on_a_mesh(method):
     cfg = EncoderConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64,
                         max_positions=16)
     model = eqx.filter_eval_shape(
-        lambda k: FusedModel(Encoder(cfg, key=k), method=method, mode="ft", n_labels=5, key=k),
+        lambda k: FusedModel(Encoder(cfg, key=k), method=method, frozen_backbone=False,
+                             n_labels=5, key=k),
         jax.random.key(0))
     mesh = sharding.make_mesh(MeshConfig(data=4, model=2))
     shardings = sharding.param_shardings(model, mesh, fsdp=True)

@@ -134,7 +134,7 @@ def test_fe_trains_only_fusion_and_head(ner_dir, method):
     cfg = ner_cfg(ner_dir, method, "fe")
     state, step = state_and_step(cfg)
     model0 = model_of(state)
-    assert isinstance(model0, FusedModel) and model0.mode == "fe" and model0.method == method
+    assert isinstance(model0, FusedModel) and model0.frozen_backbone and model0.method == method
     batch = make_inputs()
 
     # The independent gradient: only fusion + head differentiated, the same dropout key as the
@@ -209,9 +209,9 @@ def test_fe_computes_no_backbone_gradient():
     batch = make_inputs(2)
     fn, totals = ner_objective()
     enc = Encoder(ENC, key=jax.random.key(3))
-    fe = FusedModel(enc, method="concat", mode="fe", n_labels=len(LABELS), rate=0.1,
+    fe = FusedModel(enc, method="concat", frozen_backbone=True, n_labels=len(LABELS), rate=0.1,
                     key=jax.random.key(4))
-    ft = FusedModel(enc, method="concat", mode="ft", n_labels=len(LABELS), rate=0.1,
+    ft = FusedModel(enc, method="concat", frozen_backbone=False, n_labels=len(LABELS), rate=0.1,
                     key=jax.random.key(4))
     key = jax.random.key(5)
 
@@ -236,7 +236,7 @@ def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
     cfg = ner_cfg(ner_dir, "dwatt", "ft")
     state, step = state_and_step(cfg)
     model0 = model_of(state)
-    assert model0.mode == "ft"
+    assert not model0.frozen_backbone
     spec = model0.trainable_spec()
     assert all(jax.tree.leaves(eqx.filter(spec.backbone, lambda x: x is not None)))
     n_trainable = len(jax.tree.leaves(eqx.filter(model0, spec)))
@@ -259,7 +259,7 @@ def test_ft_trains_the_backbone_but_not_k_pos(ner_dir):
 @pytest.mark.parametrize("method", ["dwatt", "concat", "base", "base+n"])
 def test_gather_before_equals_gather_after(method):
     inp = make_inputs(4)
-    model = FusedModel(Encoder(ENC, key=jax.random.key(5)), method=method, mode="fe",
+    model = FusedModel(Encoder(ENC, key=jax.random.key(5)), method=method, frozen_backbone=True,
                        n_labels=len(LABELS), key=jax.random.key(6))
     model = eqx.tree_at(lambda m: m.fusion, model, randomize(model.fusion, 7))
     args = (inp["tokens"], inp["segments"], inp["mask"])
@@ -296,7 +296,8 @@ def _assert_stacked_layer_states(model, n_layers: int, inp, mode: str) -> None:
     """layer_states of a backbone with stacked layers = its layers applied one by one after its
     embedding; a Base fusion model's features = the last of them."""
     args = (inp["tokens"], inp["segments"], inp["mask"])
-    fused = FusedModel(model, method="base", mode=mode, n_labels=3, key=jax.random.key(1))
+    fused = FusedModel(model, method="base", frozen_backbone=mode == "fe", n_labels=3,
+                       key=jax.random.key(1))
 
     @eqx.filter_jit
     def run(model, fused):
@@ -315,7 +316,7 @@ def test_layer_states_encoder():
     enc = randomize(Encoder(ENC, key=jax.random.key(8)), 9, scale=0.2)
     _assert_stacked_layer_states(enc, ENC.n_layers, make_inputs(5), "fe")
     # strip_to_backbone finds the encoder inside both an EncoderMLM and a FusedModel
-    fused = FusedModel(enc, method="base", mode="fe", n_labels=3, key=jax.random.key(1))
+    fused = FusedModel(enc, method="base", frozen_backbone=True, n_labels=3, key=jax.random.key(1))
     assert strip_to_backbone(fused) is enc
     assert strip_to_backbone(EncoderMLM(enc, key=jax.random.key(2))) is enc
 
@@ -326,7 +327,8 @@ def test_layer_states_act(halting):
     args = (inp["tokens"], inp["segments"], inp["mask"])
     cfg = dataclasses.replace(ACT_CFG, halting=halting)
     model = ACTEncoder(cfg, key=jax.random.key(10))
-    fused = FusedModel(model, method="base", mode="fe", n_labels=3, key=jax.random.key(1))
+    fused = FusedModel(model, method="base", frozen_backbone=True, n_labels=3,
+                       key=jax.random.key(1))
 
     @eqx.filter_jit
     def run(model, fused):
@@ -359,7 +361,8 @@ def test_layer_states_decoder():
     inp = make_inputs(8)
     cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=3, d_ff=64, n_heads=2)
     model = DecoderLM(cfg, key=jax.random.key(12))
-    fused = FusedModel(model, method="base", mode="fe", n_labels=3, key=jax.random.key(1))
+    fused = FusedModel(model, method="base", frozen_backbone=True, n_labels=3,
+                       key=jax.random.key(1))
 
     @eqx.filter_jit
     def run(model, fused):
@@ -400,7 +403,7 @@ def test_fusion_param_count_matches_the_built_module(backbone_kind, method):
         bb = ACTEncoder(ACT_CFG, key=jax.random.key(13))
         L, d_ff = ACT_CFG.max_iters, ACT_CFG.d_ff
     n_extra = 2
-    model = FusedModel(bb, method=method, mode="fe", n_labels=5, n_extra=n_extra,
+    model = FusedModel(bb, method=method, frozen_backbone=True, n_labels=5, n_extra=n_extra,
                        key=jax.random.key(14))
     count = fusion_param_count(method, bb, n_extra)
     if method == "base":
@@ -438,7 +441,7 @@ def test_encoder_mlm_masked_logits_match_numpy():
     model, inp = mlm_model_and_inputs()
     enc, hd = model.encoder, model.head
     args = (inp["tokens"], inp["segments"], inp["mask"])
-    fused = FusedModel(enc, method="base", mode="fe", mlm=True, key=jax.random.key(18))
+    fused = FusedModel(enc, method="base", frozen_backbone=True, mlm=True, key=jax.random.key(18))
     fused = eqx.tree_at(lambda m: m.head, fused, hd)
 
     @eqx.filter_jit

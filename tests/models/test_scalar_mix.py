@@ -29,8 +29,8 @@ def test_mix_matches_numpy(getkey):
 def test_a_fusion_method_of_the_grid_that_trains_l_plus_one_parameters(getkey):
     assert "scalar_mix" in fusion_methods()
     cfg = EncoderConfig(vocab_size=30, d_model=D, n_layers=L, n_heads=2, d_ff=16, max_positions=T)
-    model = FusedModel(Encoder(cfg, key=getkey()), method="scalar_mix", mode="fe", n_labels=4,
-                       key=getkey())
+    model = FusedModel(Encoder(cfg, key=getkey()), method="scalar_mix", frozen_backbone=True,
+                       n_labels=4, key=getkey())
     assert fusion_param_count("scalar_mix", model.backbone) == L + 1
     tokens = jax.random.randint(getkey(), (B, T), 0, 30)
     mask = jnp.ones((B, T), bool)

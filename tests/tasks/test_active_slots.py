@@ -28,8 +28,8 @@ def _batch():
 
 @pytest.mark.parametrize("method, mode", [("dwatt", "fe"), ("concat", "ft")])
 def test_logits_at_the_slots_in_use_do_not_change(method, mode):
-    model = FusedModel(Encoder(ENC, key=jax.random.key(1)), method=method, mode=mode,
-                       n_labels=7, key=jax.random.key(2))
+    model = FusedModel(Encoder(ENC, key=jax.random.key(1)), method=method,
+                       frozen_backbone=mode == "fe", n_labels=7, key=jax.random.key(2))
     tokens, mask, positions, words = _batch()
     used = positions > 0
     key = jax.random.key(3)  # dropout on: the masks must be the same draws

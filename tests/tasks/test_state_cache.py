@@ -89,7 +89,7 @@ def _small_model(method):
 
     enc = EncoderConfig(vocab_size=50, d_model=32, n_layers=3, n_heads=2, d_ff=64,
                         max_positions=64, dropout=0.1)
-    return FusedModel(Encoder(enc, key=jax.random.key(1)), method=method, mode="fe",
+    return FusedModel(Encoder(enc, key=jax.random.key(1)), method=method, frozen_backbone=True,
                       n_labels=5, key=jax.random.key(2))
 
 

@@ -15,7 +15,7 @@ edge can only point that way.
 Every module of this package is imported here, so a new kind is a new module here and its
 Task under jaxdepth/tasks/ (whose ``RUNS`` names it): defining a subclass with a ``NAME``
 registers it. This package
-imports nothing of jaxdepth but errors.py, choices.py, task_names.py and fusion_modes.py, not
+imports nothing of jaxdepth but errors.py, choices.py and task_names.py, not
 even config.py for type checking: a ``cfg`` here is a config.Config.
 """
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Layer fusion for NER over any backbone (task.name ner; docs/design.md §4): its shape comes
 from task.init_from or the config."""
 from ...errors import ConfigError
-from ...models.fusion_modes import fusion_mode
 from . import FROM_PRETRAINED, RunKind, moments
 
 
@@ -34,5 +33,5 @@ class FusionNER(RunKind):
     def recipe(cls, cfg) -> dict:
         # With a frozen backbone (fusion.mode fe) only a fresh fusion module and head train,
         # which 5e-5 barely moves in a few hundred steps: 1e-3 there.
-        frozen = fusion_mode(cfg.fusion.mode).FROZEN_BACKBONE
+        frozen = cfg.fusion.frozen_backbone
         return {**cls.RECIPE, "lr": 1e-3} if frozen else cls.RECIPE
