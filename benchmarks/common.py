@@ -3,8 +3,8 @@ timing, the record of the machine, tables, JSON output and the real LM train ste
 
 A benchmark imports this module before anything that allocates (jax, numpy arrays): importing
 it puts the checkout on ``sys.path`` (the scripts run uninstalled) and, when the process is a
-benchmark script, applies ``jaxdepth.trainer.runtime.tune_malloc()`` as ``train.py`` does, so that every
-contestant runs with the same allocator settings (a test that imports a benchmark as a module
+benchmark script, applies ``jaxdepth.trainer.runtime.tune_malloc()`` as ``train.py`` does,
+so that every contestant runs with the same allocator settings (a test that imports a benchmark as a module
 leaves its process's allocator alone).
 """
 from __future__ import annotations

@@ -55,7 +55,7 @@ _FENCE = re.compile(r"^\s*(```|~~~)")
 _ENV = r"(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*"
 # A launcher that starts the command on every node (srun and its options), then one of the
 # three forms of the training command.
-_LAUNCH = r"(?:srun(?:\s+-[\w-]+(?:=\S+)?)*\s+)?"
+_LAUNCH = r"(?:srun(?:\s+(?:-[\w-]+(?:=\S+)?|\d+))*\s+)?"  # options, numbers their values
 _TRAIN = r"(?:python3? train\.py|python3? -m jaxdepth\.train|jaxdepth-train)"
 # In a code block: a command at the start of a line or after && / ; (not inside a comment).
 _BLOCK_CMD = re.compile(rf"(?:^\s*|&&\s*|;\s*)({_ENV}{_LAUNCH}{_TRAIN}(?:\s.*)?)$")
@@ -82,7 +82,7 @@ class Command:
             env.append(words.pop(0))
         launcher = []
         if words[0] == "srun":
-            while words[0] == "srun" or words[0].startswith("-"):
+            while words[0] == "srun" or words[0].startswith("-") or words[0].isdigit():
                 launcher.append(words.pop(0))
         n = next((len(form) for form in _FORMS if words[:len(form)] == form), None)
         assert n is not None, (where, text)
@@ -113,7 +113,8 @@ def _fenced(lines: list[str], rel: str, pattern: re.Pattern):
 def extract(rel: str, root: Path = REPO) -> list[Command]:
     """The train.py commands of one Markdown file, in document order."""
     lines = (root / rel).read_text(encoding="utf-8").splitlines()
-    out = [(int(w.rsplit(":", 1)[1]), Command.parse(w, t)) for w, t in _fenced(lines, rel, _BLOCK_CMD)]
+    out = [(int(w.rsplit(":", 1)[1]), Command.parse(w, t))
+           for w, t in _fenced(lines, rel, _BLOCK_CMD)]
     fenced = False
     for i, line in enumerate(lines):
         if _FENCE.match(line):
@@ -509,7 +510,8 @@ def test_expectations_name_documented_commands():
 
 def test_experiment_commands_are_found():
     """The cluster page has a command for each engine, each parsed below."""
-    cluster = [argv for where, _, argv in EXPERIMENT_COMMANDS if where.startswith("docs/cluster.md")]
+    cluster = [argv for where, _, argv in EXPERIMENT_COMMANDS
+               if where.startswith("docs/cluster.md")]
     for flags in (["--executor", "slurm"], ["--executor", "ray"], ["--processes", "auto"]):
         assert any(" ".join(flags) in " ".join(argv) for argv in cluster), flags
     assert len(EXPERIMENT_COMMANDS) >= 15, EXPERIMENT_COMMANDS
@@ -536,7 +538,7 @@ def test_extract_on_a_sample(tmp_path):
             "python train.py --a.b 1 \\\n    --c.d 'x y'   # a comment\n"
             "# python train.py --not.this 1\n"
             "FOO=1 python train.py --e.f 2 ...\n"
-            "srun --ntasks-per-node=1 python -m jaxdepth.train --g.h auto\n"
+            "srun -N 4 --ntasks-per-node=1 python -m jaxdepth.train --g.h auto\n"
             "jaxdepth-train --i.j 3\n```\n")
     (tmp_path / "x.md").write_text(text)
     got = [(c.where, c.env, c.argv) for c in extract("x.md", tmp_path)]
@@ -544,7 +546,7 @@ def test_extract_on_a_sample(tmp_path):
                    ("x.md:4", (), ("--a.b", "1", "--c.d", "x y")),
                    ("x.md:7", ("FOO=1",), ("--e.f", "2")), ("x.md:8", (), ("--g.h", "auto")),
                    ("x.md:9", (), ("--i.j", "3"))]
-    assert extract("x.md", tmp_path)[4].launcher == ("srun", "--ntasks-per-node=1")
+    assert extract("x.md", tmp_path)[4].launcher == ("srun", "-N", "4", "--ntasks-per-node=1")
 
 
 def _check_recipe(cfg, want, where: str) -> None:

@@ -37,7 +37,8 @@ class OptimConfig:
     # one class each: jaxdepth/optim/optimizers/
     name: str = None
     lr: float = None  # adafactor: relative to each parameter's RMS
-    # warmup, then the schedule's decay to lr * min_lr_ratio (one class each: jaxdepth/optim/schedules/)
+    # warmup, then the schedule's decay to lr * min_lr_ratio (one class each:
+    # jaxdepth/optim/schedules/)
     schedule: str = None
     warmup_steps: int = None  # steps of linear warmup from 0 to lr
     min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr

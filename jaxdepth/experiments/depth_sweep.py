@@ -209,7 +209,7 @@ class Sweep(PlannedExperiment):
     @staticmethod
     def _per_seed(path: str, seed: int) -> str:
         """A path of seed `seed`'s pretraining run (its last component ends -s<seed>), with
-        that seed as trial_grid.SEED_FIELD: each trial reads its own."""
+        that seed as config.trials.SEED_FIELD: each trial reads its own."""
         if not path:
             return path
         p = Path(path)

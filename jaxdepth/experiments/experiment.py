@@ -219,8 +219,9 @@ class PlannedExperiment:
     def train_as_trials(self, what: str, cfg, units: list) -> list[dict]:
         """Train cfg, a run with trials, whose trial k must be exactly the solo run units[k]
         (a Config; else a ConfigError saying to give --sequential); export every trial to its
-        unit's run directory (trainer/trials.py: export_trial) and return each trial's summary as its
-        solo run's would read (the run's figures with the trial's entry over them)."""
+        unit's run directory (trainer/trials.py: export_trial) and return each trial's
+        summary as its solo run's would read (the run's figures with the trial's entry over
+        them)."""
         import dataclasses
         import time
 

@@ -39,7 +39,7 @@ from .options import with_options
 from .stack import init_stack
 
 
-# The config (ACTConfig, with the presets) lives in jaxdepth/config/__init__.py as the `act` section.
+# The config (ACTConfig, with the presets) is act_config.py: the `act` section.
 
 
 # ------------------------------------------------------------------------------- the recurrence

@@ -33,7 +33,8 @@ class Arch(Registered):
     TRIAL_DROPOUT: ClassVar[str | None] = None
     # The fields of its section that this architecture reads and some other does not
     # ("model.rel_buckets"): set for an architecture that does not declare it, such a field is
-    # refused (config.Config) and dropped from a saved config of an older layout (layouts.py).
+    # refused (config.Config) and dropped from a saved config of an older layout
+    # (config/upgrades.py).
     # A field no architecture declares is read by every architecture of its section.
     READS: ClassVar[tuple[str, ...]] = ()
 

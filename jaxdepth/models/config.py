@@ -50,7 +50,7 @@ class ModelConfig:
     scan_unroll: int = resumable(0)
     # tokens per chunk of the fused output-projection + loss; 0: unfused
     xent_chunk: int = resumable(2048)
-    # The decoder's training/eval attention (one class each in jaxdepth/models/attentions.py): einsum
+    # The decoder's training/eval attention (one class each in models/attentions.py): einsum
     # (our own, the reference) | dot_product (jax.nn.dot_product_attention,
     # implementation=None: XLA's path in jax 0.10) | cudnn (the same call forcing cuDNN's
     # fused flash kernel: GPU only, bf16 compute).

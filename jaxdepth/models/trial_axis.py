@@ -71,14 +71,17 @@ def _per_device(fn: Callable, stacked: bool, mesh: Mesh, trial_axis: str | None,
     """fn under jax.shard_map over every axis of `mesh`: each device gets its trials (every
     one, or its share over `trial_axis`), vmapped as Models' call vmaps them, or the one model
     (not stacked), and its rows (split over `row_axes`), and computes alone."""
-    def body(arrays, shared, *rows):
+    def call(arrays, shared, *rows):
         model = eqx.combine(arrays, static[0]) if shared is None else \
             eqx.combine(arrays, shared, static[0])
+        return fn(model, *rows, *static[1:])
+
+    def body(arrays, shared, *rows):
         if not stacked:
-            return jax.tree.map(lambda x: x[None], fn(model, *rows, *static[1:]))
-        return eqx.filter_vmap(lambda m, *a: fn(m, *a, *static[1:]),
-                               in_axes=(eqx.if_array(0),) + (None,) * n_rows,
-                               axis_name=TRIAL_AXIS)(model, *rows)
+            return jax.tree.map(lambda x: x[None], call(arrays, shared, *rows))
+        # the trials' own arrays mapped, the ones they share (one copy) not
+        return eqx.filter_vmap(call, in_axes=(eqx.if_array(0), None) + (None,) * n_rows,
+                               axis_name=TRIAL_AXIS)(arrays, shared, *rows)
 
     row, trials = P(row_axes), P(trial_axis) if trial_axis else P()  # (P() fits a scalar)
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(trials, P()) + (row,) * n_rows,
@@ -88,10 +91,11 @@ def _per_device(fn: Callable, stacked: bool, mesh: Mesh, trial_axis: str | None,
 def _mesh_of(tree) -> Mesh:
     """The mesh the arrays of `tree` are laid out on (a one-device mesh where they are on one
     device)."""
-    for x in jax.tree.leaves(tree):
-        if isinstance(getattr(x, "sharding", None), NamedSharding):
+    arrays = jax.tree.leaves(eqx.filter(tree, eqx.is_array))
+    for x in arrays:
+        if isinstance(x.sharding, NamedSharding):
             return x.sharding.mesh
-    device = next(iter(jax.tree.leaves(tree)[0].devices()))
+    device = next(iter(arrays[0].devices()))
     return Mesh(np.asarray([device]), ("data",))
 
 

@@ -84,7 +84,7 @@ def _restore(trials: Trials, mngr, abstract, shardings):
 
 def train(cfg: Config, task: Task | list[Task]) -> dict:
     """Run (or resume) the training cfg describes, of the model and data `task` gives;
-    returns the summary it writes. A run with trials (trial_grid.trial_configs gives several)
+    returns the summary it writes. A run with trials (config.trials.trial_configs gives several)
     takes one task per trial, built from its trial's config, in that order. The run directory
     is locked for the duration (process 0 holds the lock for every process of a
     multi-process run).

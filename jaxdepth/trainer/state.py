@@ -1,7 +1,7 @@
 """A run's train state (one eqx.Module), its sharded initialisation, and its jitted step.
 
 Every run is K >= 1 trials (trials.py), each exactly the solo run its own config describes
-(trial_grid.trial_configs); a run without trials is K = 1. Their states are stacked on a
+(config.trials.trial_configs); a run without trials is K = 1. Their states are stacked on a
 leading trial axis, each initialised by one init program that takes the seed as an argument,
 and one trial's update (``make_update``) is applied to every trial (trial_axis.over_trials:
 vmapped when K > 1, called as it is on the one trial when K = 1) and jitted once. What varies
@@ -254,9 +254,8 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
     each), whose gradients are taken apart (vmapped) and accumulated apart, so that each
     device adds up its own partial gradients and the devices reduce them once, after the
     scan; a gradient of the whole micro-batch would be all-reduced once per micro-batch. The
-    sums are the same up to rounding (the order of the additions); each group draws its
-    dropout from its own key (fold_in of the micro-batch's key and the group), so with
-    dropout the masks depend on the number of groups."""
+    sums are the same up to rounding (the order of the additions). Only without dropout
+    (make_step): a group's masks would differ from its rows' share of the micro-batch's."""
     accum = cfg.optim.accum_steps
     objective_fn, total_fn = task.objective()
     # Differentiates its first argument only: the arrays left in `static` (a frozen backbone)
@@ -271,11 +270,9 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
         return x if micro_sharding is None else jax.lax.with_sharding_constraint(x, micro_sharding)
 
     def group_grads(params, static, mb, k, totals):
-        """grad_fn of each group of the micro-batch, stacked."""
-        keys = None if k is None else jax.vmap(lambda g: jax.random.fold_in(k, g))(
-            jnp.arange(groups))
-        return jax.vmap(grad_fn, in_axes=(None, None, 0, None if k is None else 0, None))(
-            params, static, mb, keys, totals)
+        """grad_fn of each group of the micro-batch, stacked (no dropout: k is None)."""
+        return jax.vmap(grad_fn, in_axes=(None, None, 0, None, None))(params, static, mb, k,
+                                                                      totals)
 
     micro_grad = grad_fn if groups == 1 else group_grads
 
@@ -358,14 +355,17 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
     on_compile and the returned function."""
     cfg = cfgs[0]
     axis = trial_mesh_axis(mesh, len(cfgs))
-    # within a trial, its rows over the data axis unless the trials took it
     # a trial's rows over several data shards, in micro-batches: each device accumulates its
     # own gradients (make_update's groups), except under FSDP, whose gradients are sharded
-    # over the data axis as the parameters are (reduce-scattered, per micro-batch)
+    # over the data axis as the parameters are (reduce-scattered, per micro-batch), and with
+    # dropout, whose masks would then depend on the mesh (a run would not equal itself on
+    # another mesh, nor a solo run its trial)
+    dropout = any(map(_uses_dropout, tasks))
     groups = mesh.shape["data"] if not axis and cfg.optim.accum_steps > 1 \
-        and not cfg.mesh.fsdp else 1
+        and not cfg.mesh.fsdp and not dropout else 1
+    # within a trial, its rows over the data axis unless the trials took it
     update = make_update(cfg, tasks[0], None if axis else NamedSharding(mesh, P(None, "data")),
-                         dropout=any(map(_uses_dropout, tasks)), groups=groups)
+                         dropout=dropout, groups=groups)
 
     def one(state: TrainState, batch, shared):
         mine = state  # this trial's own arrays

@@ -7,19 +7,20 @@ own data; a run without trials is K = 1. Their state is one TrainState on a lead
 outputs name no trial, its outputs go to the run directory (``Trials.several`` decides only
 that, here).
 
-Exporting a trial (``export_trial``, below): a trial of a run with trials, exported as the single-trial run directory its solo run would
-have written: its config, every checkpoint of the run as that trial's own (state, data-iterator
-state and fingerprints of the solo layout), its metrics, its summary, its data. What reads a
-run (eval.py, task.init_from, the analyses) reads it unchanged, and it resumes as a solo run.
+Exporting a trial (``export_trial``, below): a trial of a run with trials, exported as the
+single-trial run directory its solo run would have written: its config, every checkpoint of the
+run as that trial's own (state, data-iterator state and fingerprints of the solo layout), its
+metrics, its summary, its data. What reads a run (eval.py, task.init_from, the analyses) reads
+it unchanged, and it resumes as a solo run.
 
 An export goes to the trial's own directory (<run>/trials/<k>, where its evaluations already
-are) or to a directory outside the run that is new, empty, or an export of the same trial of
-the same run (its marker, .export.json, written before anything else there): rerunning an
+are) or to a directory outside the run that is new, empty, or an export of the same trial of the
+same run (its marker, .export.json, written before anything else there): rerunning an
 interrupted or finished export finishes or refreshes it, keeping the checkpoints and files it
-already wrote and writing config.json, metrics.jsonl and summary.json afresh from the run (as
-a re-export to <run>/trials/<k> does). Any other directory is refused before anything is
-written: the export would mix two runs' files. Of the source run, only <run>/trials/<k> is
-written to, and only when it is the destination.
+already wrote and writing config.json, metrics.jsonl and summary.json afresh from the run (as a
+re-export to <run>/trials/<k> does). Any other directory is refused before anything is written:
+the export would mix two runs' files. Of the source run, only <run>/trials/<k> is written to,
+and only when it is the destination.
 """
 from __future__ import annotations
 

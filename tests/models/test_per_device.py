@@ -96,3 +96,21 @@ def test_act_while_loop_stops_on_each_device_when_its_own_rows_have_halted(mesh)
     np.testing.assert_array_equal(np.asarray(ran), own)
     assert own[0] == 0 and len(set(own.tolist())) > 1, own  # the devices stopped apart
     assert int(whole.iterations_run) == own.max() > own.min()
+
+
+def test_trials_that_share_arrays_decode_as_each_trial_alone(mesh):
+    """Two trials sharing their layers (one copy, Models.shared, as a frozen backbone is):
+    each decodes as its own model, its arrays with the shared ones, on one device."""
+    stacked = _stacked(2)
+    ones = [jax.tree.map(lambda x: x[i] if eqx.is_array(x) else x, stacked) for i in range(2)]
+    spec = eqx.tree_at(lambda m: m.blocks, jax.tree.map(lambda _: False, ones[0]), True)
+    shared = eqx.filter(ones[0], spec)
+    own = [eqx.filter(m, spec, inverse=True) for m in ones]
+    stacked_own = jax.tree.map(lambda *xs: jnp.stack(xs), *own)
+    prompts, lengths = _prompts(6, seed=2)
+    want = [_one_device(eqx.combine(o, shared), prompts, lengths) for o in own]
+    placed = jax.device_put(stacked_own, NamedSharding(mesh, P()))
+    got = Models(placed, 2, shared).per_device(_greedy, (prompts, lengths), MAX_NEW)
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(got[i]), want[i], err_msg=f"trial {i}")
+    assert not np.array_equal(want[0], want[1])  # the trials' own arrays differ

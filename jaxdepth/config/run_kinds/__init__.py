@@ -55,7 +55,7 @@ class RunKind:
     # A setting no kind declares is read by every kind.
     READS: ClassVar[tuple[str, ...]] = ()
     DEFAULT: ClassVar[bool] = False  # the kind of the default config (one kind says so)
-    # The optimizer settings a config leaves unset take these (optim_config.RECIPE_FIELDS, with
+    # The optimizer settings a config leaves unset take these (config.optim.RECIPE_FIELDS, with
     # "moments" per optimizer): the kind's paper's recipe (docs/design.md §6).
     RECIPE: ClassVar[dict]
 

@@ -15,7 +15,8 @@ import sentencepiece as spm
 
 from ...errors import DataError, one_line
 from ...files import write_whole
-from ...models.token_ids import CLS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID  # noqa: F401 (the layout)
+from ...models.token_ids import (CLS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID,  # noqa: F401
+                                  UNK_ID)  # (the layout)
 
 SPECIAL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")  # ids CLS_ID, SEP_ID, MASK_ID in this order
 

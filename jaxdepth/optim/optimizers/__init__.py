@@ -3,7 +3,7 @@ package each.
 
 A class holds everything about its optimizer: its name, which of the settings that only some
 optimizers read (``OWN_FIELDS``: optim.b1, b2, eps) it reads and its defaults for them
-(``DEFAULTS``; optim_config.OptimConfig refuses the others when they are set), and how it is built
+(``DEFAULTS``; config.optim.OptimConfig refuses the others when they are set), and how it is built
 from optax (``OPTAX``, called with those settings, or ``build``). Nothing outside these modules
 compares an optimizer's name.
 

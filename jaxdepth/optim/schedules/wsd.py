@@ -1,7 +1,7 @@
 """Warmup-stable-decay (Hägele et al. 2024, MiniCPM): after warmup the rate stays at its peak,
 and only the last ``optim.decay_fraction`` of the run's steps decays it linearly to
 rate * min_lr_ratio, so a run can be extended from any point of its stable phase and cooled
-down later. The fraction is a setting of this schedule's own (``FIELDS``: optim_config.OptimConfig
+down later. The fraction is a setting of this schedule's own (``FIELDS``: config.optim.OptimConfig
 gets it from here)."""
 import optax
 
