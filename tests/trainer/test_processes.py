@@ -16,23 +16,14 @@ import sys
 import numpy as np
 import pytest
 
-from _train_helpers import (GRAMMAR_DOCS, REPO, TRAIN_PY, base_args, finish, leaves,
+from _train_helpers import (REPO, TRAIN_PY, base_args, finish, leaves,
                             load_state, read_metrics, run_train, slurm_envs, start_processes,
                             step_losses, subprocess_env)
-from jaxdepth.data.corpus.tokenizer import train_tokenizer
-from jaxdepth.data.embedded import grammar
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 STEPS = 4
 AUTO = {"mesh.num_processes": "auto"}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.model"
-    train_tokenizer(grammar.corpus_texts(GRAMMAR_DOCS, seed=1234), 512).save(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
