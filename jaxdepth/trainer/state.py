@@ -269,8 +269,11 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
             x = x.reshape(accum, groups, x.shape[1] // groups, *x.shape[2:])
         return x if micro_sharding is None else jax.lax.with_sharding_constraint(x, micro_sharding)
 
+    if groups > 1 and dropout is not False:  # a group's masks would not be its rows' share
+        raise ValueError(f"make_update: groups {groups} only without dropout (dropout=False)")
+
     def group_grads(params, static, mb, k, totals):
-        """grad_fn of each group of the micro-batch, stacked (no dropout: k is None)."""
+        """grad_fn of each group of the micro-batch, stacked (k is None: no dropout)."""
         return jax.vmap(grad_fn, in_axes=(None, None, 0, None, None))(params, static, mb, k,
                                                                       totals)
 
@@ -292,13 +295,14 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
             g_acc = jax.tree.map(jnp.add, g_acc, g)
             return (g_acc, jax.tree.map(jnp.add, m_acc, metrics)), None
 
-        g_shape, m_shape = jax.eval_shape(
-            lambda: micro_grad(params, static, jax.tree.map(lambda x: x[0], micro), None,
-                               totals))[::-1]
-        zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), (g_shape, m_shape[1]))
-        if groups == 1:  # laid out as the parameters (under FSDP: sharded as they are)
-            zeros = (jax.tree.map(jnp.zeros_like, params), zeros[1])
-        (grads, sums), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(accum)))
+        m_shape = jax.eval_shape(lambda: micro_grad(params, static,
+                                                    jax.tree.map(lambda x: x[0], micro), None,
+                                                    totals)[0][1])
+        m_zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), m_shape)
+        # a gradient per group, or laid out as the parameters (under FSDP: sharded as they are)
+        g_zeros = jax.tree.map(lambda p: jnp.zeros((groups, *p.shape), p.dtype), params) \
+            if groups > 1 else jax.tree.map(jnp.zeros_like, params)
+        (grads, sums), _ = jax.lax.scan(body, (g_zeros, m_zeros), (micro, jnp.arange(accum)))
         if groups > 1:  # the one reduction over the devices
             grads, sums = jax.tree.map(lambda x: x.sum(0), (grads, sums))
         if "divisor" in totals:
