@@ -1,6 +1,12 @@
 """A registry of the classes that are the values of one config field (fusion.method,
-optim.name): a class registers by being defined, and a package of choices imports every
-module it holds, so a new choice is a new module and nothing else.
+optim.name): a class registers by being defined (``Registered``), and a package of choices
+imports every module it holds, so a new choice is a new module and nothing else.
+
+A choice says which settings it reads in one way, its ``READS``: the "section.field" settings
+(or whole sections) that it reads and some other choice of its registry does not. A setting
+that no choice of a registry declares is read by all of them. From READS alone come --help's
+"read by" lists, the refusal of a setting given for a choice that does not read it
+(``Choices.refuse_unread``) and the upgrade of saved configs that held such settings.
 
 Every registry is found by its field (``Choices.of_field``): the command line lists a field's
 choices in --help and checks its value from there (cli.py), whichever package holds the
@@ -51,22 +57,41 @@ class Choices(Generic[C]):
         """Every choice's name, ordered by ``order`` then name."""
         return tuple(sorted(self._by_name, key=lambda n: (self.order(self._by_name[n]), n)))
 
-    def readers(self, setting: str) -> tuple[str, ...]:
-        """The choices that declare ``setting`` (a field of the section of this registry's
-        field, by name) one that only they read, in their ``SETTINGS``; () when none does."""
-        return tuple(n for n in self.names() if setting in getattr(self._by_name[n], "SETTINGS", ()))
+    def readers(self, setting: str) -> tuple[str, ...] | None:
+        """The choices that read ``setting`` ("section.field"): those whose READS name it or
+        its section; None when none does (then every choice reads it)."""
+        wanted = {setting, setting.partition(".")[0]}
+        return tuple(n for n in self.names() if wanted & set(self._by_name[n].READS)) or None
+
+    def refuse_unread(self, setting: str, chosen: str, given_as: str | None = None) -> None:
+        """A ConfigError naming the field ``given_as`` (a trials list that varies
+        ``setting``; default: the setting) when some choice declares that it reads
+        ``setting`` and ``chosen`` is not one of them."""
+        readers = self.readers(setting)
+        if readers is not None and chosen not in readers:
+            shown = setting if given_as in (None, setting) else f"{given_as} (varies {setting})"
+            raise ConfigError(f"{shown}: {self.field} {chosen} does not read it (read by: "
+                              f"{', '.join(readers)})", field=given_as or setting)
 
 
 class Registered:
     """A base for a field's choice classes: a subclass that defines a ``NAME`` registers
-    itself in ``REGISTRY``, its field's Choices."""
+    itself in ``REGISTRY``, its field's Choices, once ``defined`` accepts it."""
 
     REGISTRY: ClassVar[Choices]
+    NAME: ClassVar[str]  # the field's value
+    READS: ClassVar[tuple[str, ...]] = ()  # settings it reads and another choice does not
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if "NAME" in cls.__dict__:
+            cls.defined()
             cls.REGISTRY.add(cls)
+
+    @classmethod
+    def defined(cls) -> None:
+        """A TypeError for a choice that lacks what its kind of choice must define: refused
+        when the class is defined, not when a config first reaches it."""
 
 
 def import_all(package: str, path: Iterable[str]) -> None:

@@ -58,12 +58,11 @@ def read_by_kind(prefix: list[str], defaults: dict, fields: dict) -> dict:
     """defaults (a helper's settings for every kind of run), less those the run's kind does not
     read (RunKind.READS: train.py refuses them), then fields, the test's own, kept whole."""
     from jaxdepth.config.cli import parse_args
-    from jaxdepth.config.cli import kinds_reading
     from jaxdepth.config import ConfigError
-    from jaxdepth.config.run_kinds import kind_of
+    from jaxdepth.config.run_kinds import KINDS, kind_of
 
     def declared(k: str):
-        return kinds_reading(*k.split("."))
+        return KINDS.readers(k)
     undeclared = {k: v for k, v in defaults.items() if declared(k) is None}
     try:
         kind = kind_of(parse_args(flags(prefix, {**undeclared, **fields}))).NAME

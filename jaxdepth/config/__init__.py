@@ -12,9 +12,10 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..fields import check_one_of, check_settings, one_of, positive, require, resumable, typed
+from ..fields import check_one_of, check_reads, one_of, positive, require, resumable, typed
 from ..models.act_config import ACTConfig
-from ..models.archs import arch as arch_class, arch_names, archs_reading
+from ..models.archs import arch as arch_class, arch_names
+from ..models.fusions import fusion_method
 from ..models.config import ARCHS, ATTENTIONS, ModelConfig  # noqa: F401  (re-exported)
 from .upgrades import upgrade
 from .mesh import MeshConfig
@@ -195,11 +196,10 @@ class FusionConfig:
     cache_mib: int = 2048  # the state cache stays in memory up to this size (MiB)
 
     def __post_init__(self):
-        # method is checked on the command line (cli.check_choices): its classes are models,
-        # which import this module
+        fusion_method(self.method)  # a ConfigError naming fusion.method
         require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
         require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
-        check_settings(self, "fusion")  # a method's own setting, set for another method
+        check_reads(self, "fusion", "method")  # a method's own setting, set for another method
         check_one_of(self, "fusion")
         require(0.0 <= self.dropout < 1.0, "fusion.dropout", f"must be in [0, 1), got {self.dropout}")
 
@@ -240,11 +240,7 @@ class Config:
                     else f"{other}.{name} is read for model.arch {users} only")
             raise ConfigError(f"{other}.{name}: model.arch={self.model.arch!r} is described "
                               f"by the {mine} section; {hint}", field=f"{other}.{name}")
-        for name in self.changed("model"):  # the architectures declare what they read
-            archs = archs_reading(f"model.{name}")
-            require(archs is None or self.model.arch in archs, f"model.{name}",
-                    f"model.arch={self.model.arch!r} does not read it (read for model.arch "
-                    f"{', '.join(archs or ())})")
+        check_reads(self.model, "model", "arch")  # the architectures declare what they read
         # Which sections must agree for a given model.arch and task.name is decided by
         # run_kinds.kind_of, the one place that dispatches on them.
         require(self.data.batch_size % self.optim.accum_steps == 0, "optim.accum_steps",

@@ -20,39 +20,25 @@ import tokenize
 from pathlib import Path
 from typing import Sequence
 
-from ..models.archs import archs_reading
 from ..choices import Choices
-from . import run_kinds
 from . import RECIPE_FIELDS, SECTIONS, Config, ConfigError, apply_overrides
-# fusion.method's registry: its classes are models, which config.py (imported by every model)
-# cannot import, so the command line checks the field (check_choices)
-from ..models import fusions  # noqa: F401
 from .presets import from_preset, presets
 from .trials import TRIAL_FIELDS, TrialsConfig, optim_per_trial, per_trial
-from .run_kinds import kind_of
+from .run_kinds import KINDS, kind_of
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
-def kinds_reading(section: str, name: str) -> tuple[str, ...] | None:
-    """The run kinds that read ``section.name`` (each declares it, RunKind.READS); None: every
-    kind that has the section."""
-    return run_kinds.kinds_reading(f"{section}.{name}")
-
-
 def refuse_unread(cfg: Config, given) -> None:
     """ConfigError for the first field of `given` (``(section, name)`` pairs the user set
-    explicitly, trial lists as the field they vary) that cfg's run kind does not read."""
+    explicitly, trial lists as the field they vary) that cfg's run kind does not read. Only
+    what the command line gives is checked: a config file or preset holds every field."""
     kind = kind_of(cfg).NAME
     for section, name in given:
-        given_as = what = f"{section}.{name}"
+        setting = given_as = f"{section}.{name}"
         if section == "trials" and name in TRIAL_FIELDS:  # the field it varies
-            what += f" (varies {TRIAL_FIELDS[name][0]})"
-            section, name = TRIAL_FIELDS[name][0].split(".")
-        kinds = kinds_reading(section, name)
-        if kinds is not None and kind not in kinds:
-            raise ConfigError(f"{what}: a run of kind {kind} does not read it (read by: "
-                              f"{', '.join(kinds)})", field=given_as)
+            setting = TRIAL_FIELDS[name][0]
+        KINDS.refuse_unread(setting, kind, given_as)
 
 
 def refuse_shadowed(cfg: Config, given) -> None:
@@ -115,7 +101,7 @@ def read_config_file(path: Path) -> Config:
         raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})",
                           field="config") from None
     try:
-        return check_choices(Config.from_dict(saved))
+        return Config.from_dict(saved)
     except ConfigError as e:
         line = _line_of(text, e.field)
         raise ConfigError(f"{path}{f':{line}' if line else ''}: {e}", field=e.field) from None
@@ -148,9 +134,6 @@ def field_docs(cls) -> dict[str, str]:
             inline = [t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT]
             docs[m.group(1)] = " ".join(above + inline)
         above = []
-    # a field a choice declares (fields.Setting) is documented where it is declared
-    docs.update({f.name: f.metadata["setting"].doc for f in dataclasses.fields(cls)
-                 if "setting" in f.metadata})
     return docs
 
 
@@ -172,39 +155,19 @@ def help_text(prog: str = "train.py") -> str:
             lines.append(f"  --{sec}.{f.name:<20} {ftype:<6} {shown}")
             # A field whose values or readers are a registry's (jaxdepth/choices.py) lists
             # them as the registry holds them now, so a new choice needs no edit here.
-            kinds = kinds_reading(sec, f.name)
-            archs = archs_reading(f"{sec}.{f.name}")
             registry = Choices.of_field(f"{sec}.{f.name}")
             choices = registry.names() if registry else f.metadata.get("allowed")
             readers = [f"read by {field}: " + ", ".join(names) for field, r in Choices.registries()
-                       if field.startswith(f"{sec}.") and (names := r.readers(f.name))]
+                       if (names := r.readers(f"{sec}.{f.name}"))]
             doc = "; ".join(filter(None, [
-                docs.get(f.name, ""),
-                "choices: " + ", ".join(choices) if choices else "", *readers,
-                "read by: " + ", ".join(f.metadata["read_by"]()) if "read_by" in f.metadata
-                else "",
-                f"read by {f.metadata['choice']}: " + ", ".join(f.metadata["readers"])
-                if "readers" in f.metadata else "",
-                "run kinds: " + ", ".join(kinds) if kinds else "",
-                "model.arch: " + ", ".join(archs) if archs else "",
+                docs.get(f.name, ""), "choices: " + ", ".join(choices) if choices else "",
+                *readers,
                 "may change when a run resumes" if f.metadata.get("resumable") else ""]))
             lines += textwrap.wrap(doc, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
         lines.append("")
     names = sorted(presets())
     lines.append("presets: " + ", ".join(names))
     return "\n".join(lines)
-
-
-def check_choices(cfg: Config) -> Config:
-    """cfg, or a ConfigError naming the first field whose value no class of its registry
-    holds (config.py checks those whose registries it can import; this, every one)."""
-    for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            choices = Choices.of_field(f"{section}.{f.name}")
-            value = getattr(getattr(cfg, section), f.name)
-            if choices is not None and value is not None:
-                choices(value)
-    return cfg
 
 
 def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "train.py") -> Config:
@@ -249,7 +212,7 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
         if sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
             raise ConfigError(f"{k}: unknown field (see --help)", field=k)
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
-    cfg = check_choices(apply_overrides(cfg, overrides) if overrides else cfg)
+    cfg = apply_overrides(cfg, overrides) if overrides else cfg
     kind_of(cfg)  # refuse a model.arch / task.name combination no task runs, before any work
     # a field given here that this kind of run does not read would be silently ignored (a
     # config file or preset may hold every field: only what is given here is checked)

@@ -1,6 +1,5 @@
-"""The optim section: the optimizer, its fields left to the run kind's recipe
-(``RECIPE_FIELDS``), and the fields an optimizer or schedule declares in its own module
-(fields.Setting)."""
+"""The optim section: the optimizer, its schedule and the fields left to the run kind's recipe
+(``RECIPE_FIELDS``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +7,8 @@ from dataclasses import dataclass, field
 
 from . import run_kinds
 from ..errors import ConfigError
-from ..fields import check_declared, declared_by_choices, positive, require
-from ..optim.optimizers import OWN_FIELDS, optimizer, readers
+from ..fields import check_reads, positive, require
+from ..optim.optimizers import OPTIMIZERS, OWN_FIELDS, optimizer
 from ..optim.schedules import schedule_class
 
 
@@ -24,12 +23,7 @@ RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weig
                  "b1", "b2", "eps", "clip_norm")
 
 
-def _read_by(f: str):
-    return lambda: readers(f)
-
-
 @dataclass(frozen=True)
-@declared_by_choices("optim")  # and the fields an optimizer or schedule declares (fields.Setting)
 class OptimConfig:
     """The optimizer. Every field but accum_steps defaults to the run kind's recipe
     (RunKind.RECIPE; None here means "the recipe's"); a value given here is kept whatever the
@@ -43,12 +37,14 @@ class OptimConfig:
     warmup_steps: int = None  # steps of linear warmup from 0 to lr
     min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr
     weight_decay: float = None  # decoupled (AdamW/LAMB), never on norm scales and biases
-    b1: float = field(default=None, metadata={"read_by": _read_by("b1")})  # first-moment decay
-    b2: float = field(default=None, metadata={"read_by": _read_by("b2")})  # second-moment decay
-    # added to the root of the second moment
-    eps: float = field(default=None, metadata={"read_by": _read_by("eps")})
+    b1: float = None  # first-moment decay
+    b2: float = None  # second-moment decay
+    eps: float = None  # added to the root of the second moment
     clip_norm: float = None  # 0 disables global-norm clipping
     accum_steps: int = 1  # micro-batches per optimizer step
+    # wsd: the share of run.steps (warmup included) that its final linear decay takes
+    # (Hägele et al.'s 20% cooldown)
+    decay_fraction: float = 0.2
     # The RECIPE_FIELDS that were left unset, filled from a recipe (Config refills them from
     # its run kind's). Not a setting: never saved, not compared.
     from_recipe: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
@@ -63,25 +59,20 @@ class OptimConfig:
         # A field the optimizer does not read stays None, taken from no recipe; while the
         # optimizer is the recipe's, the run kind's may still change it (with_recipe).
         object.__setattr__(self, "from_recipe", unset if "name" in unset else unset - unread)
-        for f in OWN_FIELDS:
-            if f in opt.DEFAULTS:
-                if f in unset:
-                    own = recipe["moments"].get(self.name, {})
-                    object.__setattr__(self, f, own.get(f, opt.DEFAULTS[f]))
-                continue
-            # An optimizer left to the recipe may still become the run kind's (with_recipe),
-            # which may read f: only a named optimizer refuses it.
-            require(getattr(self, f) is None or "name" in unset, f"optim.{f}",
-                    f"optim.name {self.name} does not read it (read by: "
-                    f"{', '.join(readers(f)) or 'none'})")
+        for f in set(OWN_FIELDS) & set(opt.DEFAULTS) & unset:
+            own = recipe["moments"].get(self.name, {})
+            object.__setattr__(self, f, own.get(f, opt.DEFAULTS[f]))
+        # A choice left to the recipe may still become the run kind's (with_recipe), which may
+        # read what this one does not: only a choice made refuses a field it does not read.
         sched = schedule_class(self.schedule)  # a ConfigError naming optim.schedule
+        for choice in ("name", "schedule"):
+            if choice not in unset:
+                check_reads(self, "optim", choice)
         positive(self, "optim", "lr", "accum_steps")
         require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
         sched.check(self)
         require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
         require(self.clip_norm >= 0.0, "optim.clip_norm", "must be >= 0")
-        # a choice left to the recipe may still become the run kind's (with_recipe)
-        check_declared(self, "optim", unset)
 
     def with_recipe(self, recipe: dict, kind: str,
                     per_trial: frozenset = frozenset()) -> "OptimConfig":
@@ -101,9 +92,10 @@ class OptimConfig:
         reads = optimizer(name).DEFAULTS
         unread = [f for f in OWN_FIELDS if f in given and f not in reads]
         if unread and "name" not in given:  # the user set a moment, not this optimizer
-            raise ConfigError(f"optim.{unread[0]}: the {kind} recipe's optimizer {name} does not "
-                              f"read it (read by: {', '.join(readers(unread[0])) or 'none'}); "
-                              f"name one that does with --optim.name", field=f"optim.{unread[0]}")
+            setting = f"optim.{unread[0]}"
+            raise ConfigError(f"{setting}: the {kind} recipe's optimizer {name} does not read it "
+                              f"(read by: {', '.join(OPTIMIZERS.readers(setting))}); name one "
+                              f"that does with --optim.name", field=setting)
         own = recipe["moments"].get(name, {})
         taken = {**{f: own.get(f, default) for f, default in reads.items()},
                  **{f: v for f, v in recipe.items() if f != "moments"}}

@@ -2,13 +2,11 @@
 (``upgrade``, called by config.Config.from_dict)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 
-from ..models.archs import arch as arch_class, arch_names, archs_reading
+from ..models.archs import arch as arch_class, arch_names
 from ..choices import Choices
 from ..fields import require
-from ..optim.optimizers import OWN_FIELDS, optimizer, optimizer_names
 from .task_names import FUSION_TASKS
 
 
@@ -19,13 +17,12 @@ def upgrade(d: dict, model_cls: type) -> dict:
     Version 1 described act/albert/bert models in the act section but took their vocabulary
     from model.vocab_size, and wrote every section whatever the architecture: the section
     that did not describe the model held values the run never read, and they are dropped.
-    Versions 1 and 2 saved optim.b1, b2 and eps whatever the optimizer; those its optimizer
-    does not read (which today's config refuses) are dropped. Versions 1-3 accepted the
-    decoder's own model fields for model.arch encoder, and model/act fields for a fusion run
-    over task.init_from (whose backbone is the source's); never read, they are dropped.
-    Versions 1-4 saved a choice's own settings (``SETTINGS``: Base+n's fusion.extra_layers,
-    which the few-shot grid gave every method) whatever the choice; where the choice made
-    does not read one, it is dropped."""
+    Versions 1-3 accepted model/act fields for a fusion run over task.init_from (whose
+    backbone is the source's); never read, they are dropped. Versions 1-4 saved settings
+    whatever the choice that reads them (optim.b1, b2 and eps whatever the optimizer, the
+    decoder's own model fields for model.arch encoder, Base+n's fusion.extra_layers for every
+    method); those the choice made does not read (its READS, jaxdepth/choices.py), which
+    today's config refuses, are dropped."""
     version = d.get("version", 1)
     require(version in (1, 2, 3, 4, 5), "version",
             f"must be 1, 2, 3, 4 or 5, got {json.dumps(version)}")
@@ -35,37 +32,29 @@ def upgrade(d: dict, model_cls: type) -> dict:
     if version == 4:
         return {**d, "version": 5}
     d = _upgrade_model_sections(d, model_cls) if version == 1 else d
-    optim = d.get("optim")
-    if version < 3 and isinstance(optim, dict) and optim.get("name") in optimizer_names():
-        reads = optimizer(optim["name"]).DEFAULTS
-        d = {**d, "optim": {k: v for k, v in optim.items() if k in reads or k not in OWN_FIELDS}}
-    return {**_drop_unread_model_fields(d, model_cls), "version": 5}
+    return {**_drop_fusion_model(d), "version": 5}
 
 
 def _drop_unread_settings(d: dict) -> dict:
-    """d without the settings of a choice's own (``SETTINGS``) that the choice it names does
-    not read; a registry not imported drops nothing (config validation then names them)."""
+    """d without the settings that the choices it names do not read (their READS); a registry
+    not imported drops nothing (config validation then names them)."""
     for choice_field, registry in Choices.registries():
         section, _, name = choice_field.partition(".")
         values = d.get(section)
         if not isinstance(values, dict) or values.get(name) not in registry.names():
             continue
-        readers = {k: registry.readers(k) for k in values}
-        d = {**d, section: {k: v for k, v in values.items()
-                            if not readers[k] or values[name] in readers[k]}}
+        readers = {k: registry.readers(f"{section}.{k}") or registry.names() for k in values}
+        d = {**d, section: {k: v for k, v in values.items() if values[name] in readers[k]}}
     return d
 
 
-def _drop_unread_model_fields(d: dict, model_cls: type) -> dict:
-    model, task = d.get("model"), d.get("task", {})
+def _drop_fusion_model(d: dict) -> dict:
+    model, task = d.get("model", {}), d.get("task", {})
     if not isinstance(model, dict) or not isinstance(task, dict):
         return d  # from_dict names whatever is malformed
-    arch = model.get("arch", model_cls.arch)
     if task.get("init_from") and task.get("name") in FUSION_TASKS:
         return {**d, "model": {k: v for k, v in model.items() if k == "arch"}, "act": {}}
-    unread = {f.name for f in dataclasses.fields(model_cls)
-              if arch not in (archs_reading(f"model.{f.name}") or (arch,))}
-    return {**d, "model": {k: v for k, v in model.items() if k not in unread}}
+    return d
 
 
 def _upgrade_model_sections(d: dict, model_cls: type) -> dict:

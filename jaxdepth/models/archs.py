@@ -31,12 +31,6 @@ class Arch(Registered):
     # The setting (trial_tracing.setting) a trial varies as the model's dropout rate; None: its rate
     # is not a trial setting (a BERT encoder's comes from its checkpoint as often as not).
     TRIAL_DROPOUT: ClassVar[str | None] = None
-    # The fields of its section that this architecture reads and some other does not
-    # ("model.rel_buckets"): set for an architecture that does not declare it, such a field is
-    # refused (config.Config) and dropped from a saved config of an older layout
-    # (config/upgrades.py).
-    # A field no architecture declares is read by every architecture of its section.
-    READS: ClassVar[tuple[str, ...]] = ()
 
     REGISTRY = _ARCHS
 
@@ -91,12 +85,6 @@ class UntiedBERT(ALBERTFamily):
 def arch(name: str) -> type[Arch]:
     """The architecture called ``name``; a ConfigError naming model.arch for any other."""
     return _ARCHS(name)
-
-
-def archs_reading(setting: str) -> tuple[str, ...] | None:
-    """The architectures that read ``setting`` ("section.field"), in ORDER; None: no
-    architecture declares it (``Arch.READS``), so every one of its section reads it."""
-    return tuple(n for n in _ARCHS.names() if setting in _ARCHS(n).READS) or None
 
 
 def arch_names() -> tuple[str, ...]:

@@ -3,7 +3,7 @@
 
 ``h`` is computed from the backbone's layer outputs ``z_LBTD`` by the module of
 ``fusion.method``, a class of models/fusions/ (Base, Base+n, Concat, DWAtt, ScalarMix). What
-the method reads (its ``READS``: each word's states, or the whole sentence) is the one thing
+the method reads (its ``INPUT``: each word's states, or the whole sentence) is the one thing
 this model asks of it, here through ``reads``: what to take of ``z_LBTD``, how h comes at the
 wanted positions, how a frozen backbone's states form one row per sentence.
 
@@ -87,7 +87,7 @@ class FusedModel(Declared):
     @property
     def reads(self):
         """What the fusion method reads of the backbone (models/fusions/: Words or Sentence)."""
-        return type(self.fusion).READS
+        return type(self.fusion).INPUT
 
     def trainable_spec(self):
         """Filter spec for the optimiser: the fusion module and head (+ the backbone in FT)."""

@@ -220,14 +220,14 @@ class WordStateBatches(NERBatches):
                                              accum=accum, per_micro=per_micro, **where)
 
 
-# The cached format of each kind of states a fusion method reads (models/fusions/: READS)
+# The cached format of each kind of states a fusion method reads (models/fusions/: INPUT)
 _CACHED = {Words: WordStateBatches, Sentence: SentenceStateBatches}
 
 
 def batch_format(method: type[FusionMethod], cached: bool) -> type[NERBatches]:
     """The batches of an NER run with fusion method `method`: word pieces, or with the frozen
     backbone's states cached (cached), the states the method reads."""
-    return _CACHED[method.READS] if cached else TokenBatches
+    return _CACHED[method.INPUT] if cached else TokenBatches
 
 
 def slots_in_use(arrays: dict) -> np.ndarray:

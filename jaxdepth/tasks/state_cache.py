@@ -15,7 +15,7 @@ evaluates the fusion module and head on it. Two layouts:
   it): z_L at every position, one [T, D] row per sentence.
 
 Each cache lays out and stores its own states (``shape``, ``store``); the NER task picks
-the cache of the method's ``READS`` (tasks/ner.py, its batch formats).
+the cache of the method's ``INPUT`` (tasks/ner.py, its batch formats).
 
 A split's cache is held in memory, or written to a memory-mapped ``.npy`` file under
 ``<run>/cache/`` when all splits together exceed ``fusion.cache_mib``.
@@ -187,7 +187,7 @@ _REUSED_MAX = 8  # splits; an experiment's units share their dev and test sets
 
 def backbone_digest(model) -> bytes:
     """A digest of the backbone's weights and structure (its run-time options are static
-    fields of the tree) and of the kind of states the fusion method reads (its READS)."""
+    fields of the tree) and of the kind of states the fusion method reads (its INPUT)."""
     h = hashlib.blake2b(digest_size=20)
     h.update(str(jax.tree.structure(model.backbone)).encode())
     h.update(model.reads.__name__.encode())

@@ -51,9 +51,9 @@ def test_the_command_line_and_help_know_it():
     assert "wsd" in " ".join(help_text().splitlines()[line:line + 4])
 
 
-def test_its_decay_fraction_is_a_setting_it_declares():
-    """optim.decay_fraction comes from WSD.FIELDS (fields.Setting): it sets the cooldown, is
-    checked and documented from the declaration, and is refused for another schedule."""
+def test_its_decay_fraction_is_a_setting_it_alone_reads():
+    """optim.decay_fraction is read by WSD alone (its READS): it sets the cooldown, is
+    checked by WSD, and is refused for another schedule, --help naming its reader."""
     import pytest
 
     from jaxdepth.config import ConfigError

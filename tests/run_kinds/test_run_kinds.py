@@ -112,30 +112,27 @@ def test_a_second_task_for_a_kind_is_refused_where_it_is_defined():
         type("AnotherLM", (TaskBase,), {"RUNS": KINDS("lm")})
 
 
-def test_the_settings_that_kinds_declare_exist():
-    """RunKind.READS names settings as "section.field" or "section": a misspelt one would
+def test_the_settings_that_choices_declare_exist():
+    """Every choice's READS (run kinds, architectures, optimizers, schedules, fusion methods)
+    names settings as "section.field" (or, for run kinds, "section"): a misspelt one would
     refuse nothing."""
     import dataclasses
 
+    from jaxdepth.choices import Choices
     from jaxdepth.config import SECTIONS
-    known = set(SECTIONS) | {f"{sec}.{f.name}" for sec, cls in SECTIONS.items()
-                             for f in dataclasses.fields(cls)}
-    for name in KINDS.names():
-        assert set(KINDS(name).READS) <= known, (name, set(KINDS(name).READS) - known)
-    for name in ARCHS:  # and the architectures', in the section they describe
+    known = {f"{sec}.{f.name}" for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    declaring = set()
+    for field, registry in Choices.registries():
+        for name in registry.names():
+            reads = set(registry(name).READS)
+            sections = set(SECTIONS) if field == "run kind" else set()
+            assert reads <= known | sections, (field, name, reads - known - sections)
+            declaring |= {field} if reads else set()
+    assert declaring == {"run kind", "model.arch", "optim.name", "optim.schedule",
+                         "fusion.method"}, declaring
+    for name in ARCHS:  # the architectures', in the section they describe
         reads = set(arch_class(name).READS)
-        assert reads <= known and all(r.startswith(arch_class(name).SECTION + ".") for r in reads), name
-
-
-def test_the_kinds_that_fields_declare_exist():
-    """cli.kinds_reading names run kinds by their NAME."""
-    import dataclasses
-
-    from jaxdepth.config.cli import kinds_reading
-    from jaxdepth.config import SECTIONS
-    named = {k for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)
-             for k in (kinds_reading(sec, f.name) or ())}
-    assert named and named <= set(KINDS.names()), named - set(KINDS.names())
+        assert all(r.startswith(arch_class(name).SECTION + ".") for r in reads), name
 
 
 def test_the_kinds_that_architectures_name_exist():

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ...choices import Choices, import_all
+from ...choices import Choices, Registered, import_all
 from ...errors import ConfigError
 from ..task_names import TASKS
 
@@ -46,28 +46,25 @@ def moments(b1: float, b2: float, eps: float) -> dict[str, dict]:
     return {"adamw": m, "lamb": m}
 
 
-class RunKind:
+class RunKind(Registered):
     NAME: ClassVar[str]  # in messages
     ORDER: ClassVar[int] = 100  # place in messages and --help (then by name)
-    # The settings ("section.field", or a whole "section") that this kind reads and some other
-    # kind does not: given on the command line for a kind that does not declare it, a setting
-    # that some kind declares is refused (cli.refuse_unread), and --help lists its readers.
-    # A setting no kind declares is read by every kind.
-    READS: ClassVar[tuple[str, ...]] = ()
+    # READS: the settings ("section.field", or a whole "section") that this kind reads and
+    # some other kind does not. Given on the command line for a kind that does not read it,
+    # such a setting is refused (cli.refuse_unread); a setting no kind names is read by all.
     DEFAULT: ClassVar[bool] = False  # the kind of the default config (one kind says so)
     # The optimizer settings a config leaves unset take these (config.optim.RECIPE_FIELDS, with
     # "moments" per optimizer): the kind's paper's recipe (docs/design.md §6).
     RECIPE: ClassVar[dict]
+    REGISTRY = KINDS
 
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        if "NAME" in cls.__dict__:
-            missing = [] if hasattr(cls, "RECIPE") else ["RECIPE"]
-            if cls.claims.__func__ is RunKind.claims.__func__:
-                missing.append("claims")
-            if missing:  # refused when it is defined, not when a config first reaches it
-                raise TypeError(f"run kind {cls.NAME!r} defines no {', '.join(missing)}")
-            KINDS.add(cls)
+    @classmethod
+    def defined(cls) -> None:
+        missing = [] if hasattr(cls, "RECIPE") else ["RECIPE"]
+        if cls.claims.__func__ is RunKind.claims.__func__:
+            missing.append("claims")
+        if missing:
+            raise TypeError(f"run kind {cls.NAME!r} defines no {', '.join(missing)}")
 
     @classmethod
     def claims(cls, cfg) -> bool:
@@ -101,15 +98,6 @@ def kind_of(cfg) -> type[RunKind]:
                                f"{cfg.model.arch!r}, task.name={cfg.task.name!r}")
     claimed[0].check(cfg)
     return claimed[0]
-
-
-def kinds_reading(setting: str) -> tuple[str, ...] | None:
-    """The kinds that read ``setting`` ("section.field"), in ORDER; None: no kind declares it
-    (``RunKind.READS``), so every kind reads it."""
-    section = setting.split(".")[0]
-    kinds = [KINDS(n) for n in KINDS.names()]
-    reading = tuple(k.NAME for k in kinds if setting in k.READS or section in k.READS)
-    return reading or None
 
 
 def default_recipe() -> dict:

@@ -2,7 +2,8 @@
 module of this package each. The class is the module the method adds between the backbone and
 the head, and it carries everything about the method that the rest of the code asks: its name,
 its place in tables, how it is built on a backbone (``build``), the trainable parameters it
-adds, and what it reads of the backbone's output (``READS``).
+adds, what it reads of the backbone's output (``INPUT``) and the fusion settings that only it
+reads (``READS``).
 
 What a method reads decides how the model feeds it, and that is the one thing in which the
 methods differ outside their own modules. ``Words``: each word's own L layer states, so h at a
@@ -11,10 +12,10 @@ wanted positions before fusing (cost ∝ P, not T), a batch runs at its words in
 frozen backbone's states are kept per word. ``Sentence``: the last layer's output at every
 position (Base+n, whose layers attend over the sentence): h is gathered after fusing, and a
 frozen backbone's states are kept per sentence. ``FusedModel`` (models/fused.py) and the NER
-task's state cache ask the READS type; nothing outside these modules compares a method's name.
+task's state cache ask the INPUT type; nothing outside these modules compares a method's name.
 
 Every module of this package is imported here, so a new method is a new module: defining a
-subclass with a ``NAME`` registers it (``__init_subclass__``).
+subclass with a ``NAME`` registers it (jaxdepth/choices.py).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ...choices import Choices, import_all
+from ...choices import Choices, Registered, import_all
 from ..fusion import fusion_trainable
 from ..heads import gather_positions
 
@@ -89,21 +90,14 @@ class Sentence:
         return states_BTD
 
 
-class FusionMethod(eqx.Module):
-    """A layer-fusion method: the module it adds, called on what it READS (see ``Words``,
+class FusionMethod(eqx.Module, Registered):
+    """A layer-fusion method: the module it adds, called on its INPUT (see ``Words``,
     ``Sentence``)."""
 
     NAME: ClassVar[str]  # the value of fusion.method, and its label in tables (``label``)
     ORDER: ClassVar[int]  # place in the few-shot grid and its tables (baselines first)
-    READS: ClassVar[type] = Words  # Words or Sentence
-    # The fields of the fusion section that only this method reads (a value set while another
-    # method is chosen is refused: fields.check_settings; --help names the readers).
-    SETTINGS: ClassVar[tuple[str, ...]] = ()
-
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        if "NAME" in cls.__dict__:
-            _METHODS.add(cls)
+    INPUT: ClassVar[type] = Words  # Words or Sentence
+    REGISTRY: ClassVar[Choices] = _METHODS
 
     @classmethod
     def build(cls, backbone, n_extra: int, *, key: Array) -> "FusionMethod":
@@ -143,9 +137,10 @@ def fusion_method(name: str) -> type[FusionMethod]:
 
 
 def own_settings(method: str, source) -> dict:
-    """{setting: value} of the fusion settings only ``method`` reads (its SETTINGS), taken
-    from the attributes of the same names of ``source`` (a plan, parsed arguments)."""
-    return {s: getattr(source, s) for s in fusion_method(method).SETTINGS}
+    """{field: value} of the fusion settings only ``method`` reads (its READS), taken from
+    the attributes of the same names of ``source`` (a plan, parsed arguments)."""
+    names = [s.partition(".")[2] for s in fusion_method(method).READS]
+    return {n: getattr(source, n) for n in names}
 
 
 def fusion_methods() -> tuple[str, ...]:

@@ -11,8 +11,8 @@ from . import FusionMethod, Sentence
 
 class BasePlusN(FusionMethod):
     NAME, ORDER = "base+n", 20
-    READS = Sentence
-    SETTINGS = ("extra_layers",)  # its n
+    INPUT = Sentence
+    READS = ("fusion.extra_layers",)  # its n
 
     layers: PostLNLayer  # every leaf has a leading axis n
     n: int = eqx.field(static=True)

@@ -3,7 +3,8 @@ package each.
 
 A class holds everything about its optimizer: its name, which of the settings that only some
 optimizers read (``OWN_FIELDS``: optim.b1, b2, eps) it reads and its defaults for them
-(``DEFAULTS``; config.optim.OptimConfig refuses the others when they are set), and how it is built
+(``DEFAULTS``, which are its ``READS``; config.optim.OptimConfig refuses the others when
+they are set), and how it is built
 from optax (``OPTAX``, called with those settings, or ``build``). Nothing outside these modules
 compares an optimizer's name.
 
@@ -17,33 +18,33 @@ from typing import Any, Callable, ClassVar
 
 import optax
 
-from ...choices import Choices, import_all
+from ...choices import Choices, Registered, import_all
 
 
 # The settings only some optimizers read: an optimizer's DEFAULTS names those it reads.
 OWN_FIELDS = ("b1", "b2", "eps")
 
-_OPTIMIZERS: Choices[type["Optimizer"]] = Choices("optimizer", "optim.name")
+OPTIMIZERS: Choices[type["Optimizer"]] = Choices("optimizer", "optim.name")
 
 
-class Optimizer:
+class Optimizer(Registered):
     NAME: ClassVar[str]  # the value of optim.name
     # The OWN_FIELDS this optimizer reads, with its defaults for them (used where neither the
-    # config nor the run kind's recipe sets one).
+    # config nor the run kind's recipe sets one): they join its READS.
     DEFAULTS: ClassVar[dict[str, float]] = {}
     # optax's constructor, called as OPTAX(rate, <DEFAULTS' fields>, weight_decay=, mask=)
     OPTAX: ClassVar[Callable[..., optax.GradientTransformation] | None] = None
+    REGISTRY = OPTIMIZERS
 
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        if "NAME" in cls.__dict__:
-            unknown = set(cls.DEFAULTS) - set(OWN_FIELDS)
-            if unknown:
-                raise TypeError(f"optimizer {cls.NAME!r}: DEFAULTS names {sorted(unknown)}, "
-                                f"not among {OWN_FIELDS}")
-            if cls.OPTAX is None and cls.build.__func__ is Optimizer.build.__func__:
-                raise TypeError(f"optimizer {cls.NAME!r} defines neither OPTAX nor build")
-            _OPTIMIZERS.add(cls)
+    @classmethod
+    def defined(cls) -> None:
+        unknown = set(cls.DEFAULTS) - set(OWN_FIELDS)
+        if unknown:
+            raise TypeError(f"optimizer {cls.NAME!r}: DEFAULTS names {sorted(unknown)}, "
+                            f"not among {OWN_FIELDS}")
+        if cls.OPTAX is None and cls.build.__func__ is Optimizer.build.__func__:
+            raise TypeError(f"optimizer {cls.NAME!r} defines neither OPTAX nor build")
+        cls.READS = (*cls.__dict__.get("READS", ()), *(f"optim.{f}" for f in cls.DEFAULTS))
 
     @classmethod
     def build(cls, cfg, rate: optax.Schedule, weight_decay: Any,
@@ -57,16 +58,11 @@ class Optimizer:
 
 def optimizer(name: str) -> type[Optimizer]:
     """The optimizer called ``name``; a ConfigError naming optim.name for any other name."""
-    return _OPTIMIZERS(name)
+    return OPTIMIZERS(name)
 
 
 def optimizer_names() -> tuple[str, ...]:
-    return _OPTIMIZERS.names()
-
-
-def readers(field: str) -> tuple[str, ...]:
-    """The optimizers that read OWN_FIELDS member ``field``."""
-    return tuple(n for n in optimizer_names() if field in optimizer(n).DEFAULTS)
+    return OPTIMIZERS.names()
 
 
 import_all(__name__, __path__)

@@ -15,23 +15,22 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 import optax
 
-from ...choices import Choices, import_all
+from ...choices import Choices, Registered, import_all
 
 
 _SCHEDULES: Choices[type["Schedule"]] = Choices("schedule", "optim.schedule")
 
 
-class Schedule:
+class Schedule(Registered):
     NAME: ClassVar[str]  # the value of optim.schedule
+    REGISTRY = _SCHEDULES
 
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        if "NAME" in cls.__dict__:
-            # after_warmup(cfg, rate, end, decay_steps): the schedule from the end of warmup,
-            # from rate to end over decay_steps; a schedule with its own warmup overrides build.
-            if not hasattr(cls, "after_warmup") and cls.build.__func__ is Schedule.build.__func__:
-                raise TypeError(f"schedule {cls.NAME!r} defines neither after_warmup nor build")
-            _SCHEDULES.add(cls)
+    @classmethod
+    def defined(cls) -> None:
+        # after_warmup(cfg, rate, end, decay_steps): the schedule from the end of warmup,
+        # from rate to end over decay_steps; a schedule with its own warmup overrides build.
+        if not hasattr(cls, "after_warmup") and cls.build.__func__ is Schedule.build.__func__:
+            raise TypeError(f"schedule {cls.NAME!r} defines neither after_warmup nor build")
 
     @classmethod
     def build(cls, cfg, total_steps: int, rate: Any) -> optax.Schedule:

@@ -1,20 +1,21 @@
 """Warmup-stable-decay (Hägele et al. 2024, MiniCPM): after warmup the rate stays at its peak,
 and only the last ``optim.decay_fraction`` of the run's steps decays it linearly to
 rate * min_lr_ratio, so a run can be extended from any point of its stable phase and cooled
-down later. The fraction is a setting of this schedule's own (``FIELDS``: config.optim.OptimConfig
-gets it from here)."""
+down later. The fraction, optim.decay_fraction, is read by this schedule alone (``READS``)."""
 import optax
 
-from ...fields import Setting
+from ...fields import require
 from . import Schedule
 
 
 class WSD(Schedule):
     NAME = "wsd"
-    FIELDS = {"decay_fraction": Setting(
-        0.2, "wsd: the share of run.steps (warmup included) that its final linear decay takes "
-        "(Hägele et al.'s 20% cooldown)", check=lambda v: 0.0 < v <= 1.0,
-        must="must be in (0, 1]")}
+    READS = ("optim.decay_fraction",)
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        require(0.0 < cfg.decay_fraction <= 1.0, "optim.decay_fraction",
+                f"must be in (0, 1], got {cfg.decay_fraction!r}")
 
     @classmethod
     def after_warmup(cls, cfg, rate, end, decay_steps):
