@@ -1,16 +1,38 @@
-"""docs/design.md's reading path names whole files of the tree with their line counts, and its
-total: each file exists and has the lines the page says (an edit of one of them updates the
-page), and the total is their sum."""
+"""docs/design.md's footprint and reading path are the tree's: the footprint names every room
+of jaxdepth/ with its files and lines, and their total; the reading path names whole files with
+their line counts, and their total (an edit of one of them updates the page)."""
 import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _section() -> str:
+def _section(title: str = "### Reading path", end: str = "\n## ") -> str:
     text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
-    start = text.index("### Reading path")
-    return text[start:text.index("\n## ", start)]
+    start = text.index(title)
+    return text[start:text.index(end, start)]
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_the_footprint_table_is_the_tree_s():
+    section = _section("### Footprint", "\n### ")
+    rows = re.findall(r"^\| `([^`]+)` \| (\d+) \| ([\d,]+) \|", section, re.M)
+    package = REPO / "jaxdepth"
+    rooms = {f"jaxdepth/{e.name}" + ("/" if e.is_dir() else "") for e in package.iterdir()
+             if e.name != "__init__.py" and (e.suffix == ".py" or (e / "__init__.py").is_file())}
+    assert {path for path, _, _ in rows} == rooms
+    files = lines = 0
+    for path, n, k in rows:
+        found = sorted((REPO / path).rglob("*.py")) if path.endswith("/") else [REPO / path]
+        assert (len(found), sum(map(_lines, found))) == (int(n), int(k.replace(",", ""))), path
+        files, lines = files + len(found), lines + sum(map(_lines, found))
+    total = re.search(r"^In all: ([\d,]+) lines in (\d+) files", section, re.M)
+    init = _lines(package / "__init__.py")
+    assert total and (int(total.group(1).replace(",", "")), int(total.group(2))) == \
+        (lines + init, files + 1), total
 
 
 def test_the_reading_path_s_files_and_counts_are_the_tree_s():

@@ -7,7 +7,7 @@ process p of P reads rows [p*B/P, (p+1)*B/P).
 
 Documents are lists of sentences (`grammar_documents`, `text_documents`); `tokenize_mlm_documents`
 encodes every sentence once and keeps the documents with at least two sentences (SOP needs two
-segments from one document). One example (`make_example`):
+segments from one document). One example (`MLMBatchSource.example`):
 
 1. Start sentence: uniform over every sentence that is not the last of its document (so a document
    is picked with probability proportional to its number of sentences minus one, as ALBERT, which
@@ -386,19 +386,6 @@ def _make_example(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int, rng: np.r
     }
     info = MLMExampleInfo(d, sents1, sents2, original, budget, tuple(ngrams))
     return example, info
-
-
-def make_example_debug(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int,
-                       rng: np.random.Generator) -> tuple[dict[str, np.ndarray], MLMExampleInfo]:
-    """`make_example` and how it was made (documents, sentences, unmasked tokens, n-grams)."""
-    _check_vocab(docs, vocab_size, cfg.first_random_id)
-    return _make_example(docs, cfg, vocab_size, rng, _sop_starts(docs))
-
-
-def make_example(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int,
-                 rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """One example (see the module docstring), drawn with `rng`."""
-    return make_example_debug(docs, cfg, vocab_size, rng)[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -120,11 +120,6 @@ def read_wikiann(path: str | Path) -> list[Sentence]:
             for tok, tags, where in _read_blocks(Path(path), parse)]
 
 
-def entity_types(sentences: Sequence[Sentence]) -> list[str]:
-    """Sorted entity types (the C classes of few-shot sampling) seen in the data."""
-    return sorted({tag[2:] for s in sentences for tag in s.tags if tag != "O"})
-
-
 def encode_tags(tags: Sequence[str], labels: Sequence[str],
                 where: Sequence[str] = ()) -> list[int]:
     """Label ids of tags; an unknown tag is an error rather than a silent O, naming the

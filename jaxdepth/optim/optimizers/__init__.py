@@ -61,8 +61,4 @@ def optimizer(name: str) -> type[Optimizer]:
     return OPTIMIZERS(name)
 
 
-def optimizer_names() -> tuple[str, ...]:
-    return OPTIMIZERS.names()
-
-
 import_all(__name__, __path__)

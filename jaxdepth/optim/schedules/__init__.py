@@ -54,8 +54,4 @@ def schedule_class(name: str) -> type[Schedule]:
     return _SCHEDULES(name)
 
 
-def schedule_names() -> tuple[str, ...]:
-    return _SCHEDULES.names()
-
-
 import_all(__name__, __path__)

@@ -8,7 +8,7 @@ from jaxdepth.models.token_ids import N_SPECIAL
 from jaxdepth.data.embedded import grammar
 from jaxdepth.data.corpus.mlm_sop import (KIND_MASK, KIND_NONE, KIND_ORIGINAL, KIND_RANDOM,
                                           MLMBatchSource, MLMDocuments, eval_mlm_batches,
-                                          grammar_documents, make_example_debug, mlm_dataset,
+                                          grammar_documents, mlm_dataset,
                                           split_sentences, text_documents, tokenize_mlm_documents,
                                           word_start_table)
 from jaxdepth.data.corpus.pipeline import lm_iterator
@@ -298,8 +298,6 @@ def test_probabilities_summing_over_one_name_p_random():
 def test_bad_vocab_size(docs, tok):
     with pytest.raises(ValueError, match="vocab_size"):
         MLMBatchSource(docs, MLMConfig(), 100, global_batch=2, seed=0)
-    with pytest.raises(ValueError, match="vocab_size"):
-        make_example_debug(docs, MLMConfig(), 6, np.random.default_rng(0))
 
 
 def test_id_lists_work_without_a_tokenizer():

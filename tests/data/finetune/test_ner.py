@@ -9,10 +9,15 @@ from seqeval.metrics import f1_score
 
 from jaxdepth.analysis.entity_f1 import f1
 from jaxdepth.data.finetune.ner_sentences import (IGNORE_LABEL, LABELS, Sentence, encode_tags,
-                                                  entity_types, few_shot_sample, iob1_to_iob2,
+                                                  few_shot_sample, iob1_to_iob2,
                                                   read_conll2003, read_wikiann)
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "ner"
+
+
+def entity_types(sentences) -> list[str]:
+    """Sorted entity types (the C classes of few-shot sampling) seen in the data."""
+    return sorted({tag[2:] for s in sentences for tag in s.tags if tag != "O"})
 
 
 def label_set(sentences) -> tuple[str, ...]:
