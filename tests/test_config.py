@@ -369,7 +369,7 @@ def test_field_docs_reads_the_comment_beside_and_above_each_field():
 def test_resume_check_treats_fields_added_later_as_their_defaults(tmp_path):
     """A checkpoint written before a config field existed (e.g. the fusion section) resumes
     when the field is still at its default, and is refused, naming the field, otherwise."""
-    from jaxdepth.trainer.checkpoint import check_compatible
+    from jaxdepth.trainer.restore import check_compatible
 
     old = Config().to_dict()
     old.pop("fusion")
@@ -492,7 +492,7 @@ def test_version_3_configs_drop_the_model_fields_they_never_read():
 
 
 def test_a_version_1_checkpoint_config_resumes(tmp_path):
-    from jaxdepth.trainer.checkpoint import check_compatible
+    from jaxdepth.trainer.restore import check_compatible
 
     now = from_preset("act-tiny")
     old = {**now.to_dict(), "model": {**vars(ModelConfig()), "arch": "act"}}
@@ -506,7 +506,7 @@ def test_which_changes_a_resume_accepts_is_declared_with_each_field(tmp_path):
     """config.resumable marks the fields a resumed run may change (how long and how visibly it
     trains, where, and how the same computation is laid out); every other difference refuses."""
     from jaxdepth.config import resumable_fields
-    from jaxdepth.trainer.checkpoint import check_compatible
+    from jaxdepth.trainer.restore import check_compatible
 
     run = {"dir", "steps", "log_every", "eval_every", "eval_batches", "save_every", "keep",
            "samples", "sample_tokens", "grammar_samples", "progress", "stop_after"}

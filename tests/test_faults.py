@@ -497,13 +497,13 @@ def test_stop_after_saves_where_it_stops_and_the_rest_resumes_bit_for_bit(
 
 def test_readers_restore_the_model_only(finished):
     from jaxdepth.tasks import task_for
-    from jaxdepth.trainer import checkpoint as ckpt
+    from jaxdepth.trainer import checkpoint as ckpt, restore as rs
     from jaxdepth.trainer.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
     from jaxdepth.trainer.state import state_shardings
 
     run = finished[0]
-    model, cfg, step = ckpt.load_model(run, task_for)
+    model, cfg, step = rs.load_model(run, task_for)
     assert step == STEPS
     _, full = load_state(run, STEPS)
     for x, y in zip(jax.tree.leaves(full.model), jax.tree.leaves(model)):
@@ -511,7 +511,7 @@ def test_readers_restore_the_model_only(finished):
     mngr = ckpt.open_manager(run, read_only=True)
     try:
         mesh = make_mesh(MeshConfig(data=1))
-        state = ckpt._restore_model(mngr, STEPS, *state_shardings(
+        state = rs._restore_model(mngr, STEPS, *state_shardings(
             [cfg], make_optimizer(cfg.optim, cfg.run.steps), mesh, task_for(cfg)))
     finally:
         mngr.close()
@@ -604,7 +604,7 @@ def test_the_validation_split_of_a_text_corpus_has_its_own_seed(tmp_path):
     assert valid() == valid(valid_seed=1234)
     # A checkpoint from before data.valid_seed: its split was seeded with data.grammar_seed,
     # so resuming it asks for that seed rather than silently taking another split.
-    from jaxdepth.trainer.checkpoint import check_compatible
+    from jaxdepth.trainer.restore import check_compatible
 
     older = Config(data=DataConfig(grammar_seed=7)).to_dict()
     del older["data"]["valid_seed"]

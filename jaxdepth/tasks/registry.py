@@ -21,5 +21,5 @@ def task_for(cfg: Config):
 def load_model(run_dir, step: int | None = None, mesh=None, mesh_cfg=None, label: str = "step"):
     """(model, saved Config, step) of a run's checkpoint (latest by default), opened
     read-only, whatever kind of run wrote it."""
-    from ..trainer import checkpoint as ckpt  # orbax: not needed to validate a config
-    return ckpt.load_model(run_dir, task_for, step, mesh, mesh_cfg, label)
+    from ..trainer import restore as rs  # orbax: not needed to validate a config
+    return rs.load_model(run_dir, task_for, step, mesh, mesh_cfg, label)

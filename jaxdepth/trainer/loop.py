@@ -22,7 +22,7 @@ from ..config import Config, ConfigError
 from ..config.trials import trial_configs
 from ..errors import Interrupted, warn
 from ..files import write_whole
-from . import checkpoint as ckpt
+from . import checkpoint as ckpt, restore as rs
 from .hooks import Checkpoints, Evaluations, NonFinite, Records, Stuck, Throughput
 from .memory import step_check
 from .metrics import MetricsWriter, training_figures
@@ -54,7 +54,7 @@ def restore_or_init(trials: Trials, tx, mngr, data_iter):
     for k, t in enumerate(trials.tasks):
         t.model_ready(models.one(k))
     if data_state is not None:
-        data_iter.set_states(ckpt.data_states(data_state, trials.k))
+        data_iter.set_states(rs.data_states(data_state, trials.k))
     data_iter.start_prefetch()  # loader threads or workers start while the step compiles
     return state, shardings, fresh
 
@@ -62,19 +62,19 @@ def restore_or_init(trials: Trials, tx, mngr, data_iter):
 def _restore(trials: Trials, mngr, abstract, shardings):
     """(the newest readable checkpoint's state, its data iterator's saved state)."""
     def restore_one(step: int):
-        ckpt.saved_config(mngr, step)  # a checkpoint is read whole: its config and data
-        data_state = ckpt.read_data_state(mngr, step)  # state too, before anything moves
-        return ckpt.restore(mngr, step, abstract, shardings), data_state
+        rs.saved_config(mngr, step)  # a checkpoint is read whole: its config and data
+        data_state = rs.read_data_state(mngr, step)  # state too, before anything moves
+        return rs.restore_state(mngr, step, abstract, shardings), data_state
 
     run_dir = Path(trials.cfgs[0].run.dir)
     where = run_dir / "checkpoints"  # as the user gave it, not Orbax's absolute path
-    (state, data_state), step, skipped = ckpt.restore_newest(
+    (state, data_state), step, skipped = rs.restore_newest(
         mngr, restore_one, where=where,
         advice=f"; move {where} aside (or give another --run.dir) to start afresh")
     if skipped:
         if jax.process_index() == 0:
             for s, why in skipped:
-                dest = ckpt.move_aside(run_dir, s)
+                dest = rs.move_aside(run_dir, s)
                 warn(f"checkpoint {s} in {where} is unreadable ({why}); moved to {dest}; "
                      f"resuming from step {step}")
         barrier("checkpoint_fallback")
@@ -179,11 +179,11 @@ def _start(cfg: Config, tasks: list[Task], run_dir: Path, primary: bool) -> _Run
 
 def _check_resume(cfg: Config, mngr, run_dir: Path) -> None:
     """Refuse an impossible resume before touching any file."""
-    newest = ckpt.newest_config(mngr)
+    newest = rs.newest_config(mngr)
     if newest is None:
         return
     latest, saved = newest
-    ckpt.check_compatible(saved, cfg, run_dir)
+    rs.check_compatible(saved, cfg, run_dir)
     if cfg.run.steps < latest:
         raise ConfigError(f"run.steps: {cfg.run.steps} is below step {latest} of the latest "
                           f"checkpoint in {run_dir / 'checkpoints'}; give --run.steps "

@@ -38,7 +38,7 @@ from ..config.trials import trial_configs
 from ..errors import warn
 from ..files import write_whole
 from ..data.corpus.pipeline import lm_iterator
-from . import checkpoint as ckpt
+from . import checkpoint as ckpt, restore as rs
 from . import state as st
 from .optim import make_optimizer
 from .processes import barrier, one_device_each
@@ -387,7 +387,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
         steps = sorted(mngr.all_steps())
         if not steps:
             raise ConfigError(f"--run: no checkpoint in {run / 'checkpoints'}", field="run")
-        cfg = Config.from_dict(ckpt.saved_config(mngr, steps[-1]))
+        cfg = Config.from_dict(rs.saved_config(mngr, steps[-1]))
         cfgs = trial_configs(cfg)
         if len(cfgs) == 1:
             raise ConfigError(f"--trial: {run} is a run without trials (no run.seeds or "
@@ -415,10 +415,10 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
                 if step in done:
                     continue
                 try:
-                    data = ckpt.data_states(ckpt.read_data_state(mngr, step), len(cfgs))
-                    state = ckpt.restore(mngr, step, abstract, shardings)
+                    data = rs.data_states(rs.read_data_state(mngr, step), len(cfgs))
+                    state = rs.restore_state(mngr, step, abstract, shardings)
                 except Exception as e:
-                    unreadable.append((step, ckpt.unreadable_because(e)))
+                    unreadable.append((step, rs.unreadable_because(e)))
                     continue
                 ckpt.save(solo, step, state.trial(k), _SavedState(data[k]), cfgs[k])
                 solo.wait_until_finished()
@@ -431,7 +431,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
         if fresh and primary:  # leave the directory as it was found: the refusal writes nothing
             _unmark(dest)
         what = "; ".join(f"step {s}: {why}" for s, why in unreadable)
-        raise ckpt.NoReadableCheckpoint(f"no readable checkpoint in {run / 'checkpoints'} "
+        raise rs.NoReadableCheckpoint(f"no readable checkpoint in {run / 'checkpoints'} "
                                         f"({what}); nothing exported")
     if primary:
         for step, why in unreadable:

@@ -15,7 +15,7 @@ from jaxdepth.config.cli import parse_args
 from jaxdepth.config import Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks import task_for
-from jaxdepth.trainer.checkpoint import check_compatible
+from jaxdepth.trainer.restore import check_compatible
 from jaxdepth.tasks.losses import lm_loss_sums
 from jaxdepth.trainer.sharding import make_mesh
 from jaxdepth.trainer.state import batch_sharding, start

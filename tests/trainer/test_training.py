@@ -374,7 +374,7 @@ def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path)
 
     from jaxdepth.config import MeshConfig
     from jaxdepth.data.corpus.tokenizer import Tokenizer
-    from jaxdepth.trainer import checkpoint as ckpt
+    from jaxdepth.trainer import checkpoint as ckpt, restore as rs
 
     spec = importlib.util.spec_from_file_location("eval_py", REPO / "eval.py")
     eval_py = importlib.util.module_from_spec(spec)
@@ -394,7 +394,7 @@ def test_eval_py_matches_training_and_scores_a_text_file(straight_run, tmp_path)
     cfg = Config.from_dict(json.loads((straight_run / "config.json").read_text()))
     mngr = ckpt.open_manager(straight_run, read_only=True)
     mesh = make_mesh(MeshConfig(data=1))
-    state = ckpt.restore(mngr, RESUME_STEPS, *state_shardings(
+    state = rs.restore_state(mngr, RESUME_STEPS, *state_shardings(
         [cfg], make_optimizer(cfg.optim, cfg.run.steps), mesh, task_for(cfg)))
     mngr.close()
     model = state.models().one(0)

@@ -460,7 +460,7 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
     and test F1, evaluated vmapped), and an exported trial holds the whole model."""
     from jaxdepth.config import Config
     from jaxdepth.tasks import load_model, task_for
-    from jaxdepth.trainer import checkpoint as ckpt
+    from jaxdepth.trainer import checkpoint as ckpt, restore as rs
     from jaxdepth.trainer.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
     from jaxdepth.trainer.state import TrainState, state_shardings
@@ -482,7 +482,7 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
                                           make_mesh(MeshConfig(data=1)), task_for(cfgs[0]))
     mngr = ckpt.open_manager(trials, read_only=True)
     try:
-        state = ckpt.restore(mngr, 4, abstract, shardings)
+        state = rs.restore_state(mngr, 4, abstract, shardings)
     finally:
         mngr.close()
 
