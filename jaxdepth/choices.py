@@ -25,10 +25,14 @@ C = TypeVar("C", bound=type)
 class Choices(Generic[C]):
     _of_field: dict[str, "Choices"] = {}  # every registry, by the field it gives values to
 
-    def __init__(self, what: str, field: str, order: Callable[[C], object] = lambda c: 0):
+    def __init__(self, what: str, field: str | None,
+                 order: Callable[[C], object] = lambda c: 0):
+        """field: the config field ("section.name") whose values the classes are, or the
+        "run kind"; None for a registry that is no field's (the Tasks, keyed by their kind)."""
         self.what, self.field, self.order = what, field, order
         self._by_name: dict[str, C] = {}
-        Choices._of_field[field] = self
+        if field is not None:
+            Choices._of_field[field] = self
 
     @classmethod
     def of_field(cls, field: str) -> "Choices | None":
@@ -47,8 +51,11 @@ class Choices(Generic[C]):
         self._by_name[cls.NAME] = cls
 
     def __call__(self, name: str) -> C:
-        """The choice called ``name``; a ConfigError naming the field for any other name."""
+        """The choice called ``name``; a ConfigError naming the field for any other name (a
+        registry of no field: a TypeError, the code's error)."""
         if name not in self._by_name:
+            if self.field is None:
+                raise TypeError(f"no {self.what} {name!r} is defined")
             raise ConfigError(f"{self.field}: must be one of {', '.join(self.names())}, "
                               f"got {name!r}", field=self.field)
         return self._by_name[name]

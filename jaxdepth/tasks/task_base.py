@@ -9,20 +9,19 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
+from ..choices import Choices, Registered
 from ..config import Config
 
 
-_RUNNERS: dict[type, type] = {}  # run kind -> the Task class that runs it
+_TASKS: Choices[type["TaskBase"]] = Choices("Task of run kind", None)
 
 
 def runner(kind: type) -> type:
     """The Task class that runs run kind ``kind`` (the one whose ``RUNS`` it is)."""
-    if kind not in _RUNNERS:
-        raise TypeError(f"run kind {kind.NAME!r}: no Task class of jaxdepth/tasks/ runs it")
-    return _RUNNERS[kind]
+    return _TASKS(kind.NAME)
 
 
-class TaskBase:
+class TaskBase(Registered):
     """Defaults: no pretrained weights, nothing to do once the model is ready. What trains,
     dropout, parameters and FLOPs are the model's own answers (models/declared.py).
 
@@ -40,14 +39,12 @@ class TaskBase:
     init_step: int | None = None  # task.init_from's checkpoint step, once initial_model read it
     prepared: Any = None  # what prepare returned; None before it
 
+    REGISTRY = _TASKS  # a class registers under the name of the kind it RUNS
+
     def __init_subclass__(cls, **kw):
+        if cls.__dict__.get("RUNS") is not None:
+            cls.NAME = cls.RUNS.NAME
         super().__init_subclass__(**kw)
-        kind = cls.__dict__.get("RUNS")
-        if kind is not None:
-            if kind in _RUNNERS:
-                raise TypeError(f"run kind {kind.NAME!r} is run by {_RUNNERS[kind].__name__} "
-                                f"already, not also by {cls.__name__}")
-            _RUNNERS[kind] = cls
 
     def __init__(self, cfg: Config):
         self.cfg = cfg

@@ -108,7 +108,7 @@ def test_each_kind_is_run_by_one_task_class_that_names_it():
 
 
 def test_a_second_task_for_a_kind_is_refused_where_it_is_defined():
-    with pytest.raises(TypeError, match="run kind 'lm' is run by LMTask already"):
+    with pytest.raises(TypeError, match="Task of run kind 'lm' is defined twice"):
         type("AnotherLM", (TaskBase,), {"RUNS": KINDS("lm")})
 
 
