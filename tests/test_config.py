@@ -295,7 +295,7 @@ def test_cli_help(capsys):
 def test_fusion_method_is_checked_when_parsed_and_listed_from_its_registry(tmp_path, capsys):
     """Every class of models/fusions/ is a choice of fusion.method, in --help and on the
     command line or in a --config file, refused there (naming the field) by any other name."""
-    from jaxdepth.config.cli import help_text
+    from jaxdepth.config.help import help_text
     from jaxdepth.models.fusions import fusion_methods
 
     names = fusion_methods()
@@ -320,7 +320,7 @@ def test_a_fusion_setting_is_read_by_the_methods_that_declare_it(tmp_path):
     method it is refused (on the command line, in a --config file, in a config built in
     code), naming its reader, instead of being silently unused; --help names the reader from
     the declaration."""
-    from jaxdepth.config.cli import help_text
+    from jaxdepth.config.help import help_text
 
     ner = ["--task.name", "ner", "--task.dir", str(tmp_path), "--model.arch", "encoder"]
     assert parse_args(ner + ["--fusion.method", "base+n", "--fusion.extra_layers", "2"]
@@ -351,7 +351,7 @@ def test_a_fusion_setting_is_read_by_the_methods_that_declare_it(tmp_path):
 
 
 def test_field_docs_reads_the_comment_beside_and_above_each_field():
-    from jaxdepth.config.cli import field_docs
+    from jaxdepth.config.help import field_docs
 
     @dataclasses.dataclass(frozen=True)
     class Sample:

@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdepth.config.cli import help_text, parse_args
+from jaxdepth.config.cli import parse_args
+from jaxdepth.config.help import help_text
 from jaxdepth.config import OptimConfig
 from jaxdepth.trainer.optim import schedule
 
