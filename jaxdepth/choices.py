@@ -8,9 +8,10 @@ that no choice of a registry declares is read by all of them. From READS alone c
 "read by" lists, the refusal of a setting given for a choice that does not read it
 (``Choices.refuse_unread``) and the upgrade of saved configs that held such settings.
 
-Every registry is found by its field (``Choices.of_field``): the command line lists a field's
-choices in --help and checks its value from there (cli.py), whichever package holds the
-classes, so neither names a registry field by field."""
+Every registry is found by its field (``Choices.of_field``): --help lists a field's choices
+and readers from there (config/help.py), and a section checks the settings its choices read
+(fields.check_reads), whichever package holds the classes, so neither names a registry field by
+field."""
 from __future__ import annotations
 
 import importlib
