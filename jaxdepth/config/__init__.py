@@ -1,7 +1,8 @@
 """The run's configuration: the sections (``--section.field value``, cli.py), and the Config
 that composes them and checks which run kinds read which field (run_kinds/, each kind with its
 recipe). Beside it: the optim, mesh and trials sections (optim.py, mesh.py, trials.py), the
-fine-tuning sections task and fusion (finetune.py), the task names, the named presets (presets.py) and the upgrades of configs saved by earlier versions
+fine-tuning sections task and fusion (finetune.py), the task names, the named presets
+(presets.py), --help (help.py) and the upgrades of configs saved by earlier versions
 (upgrades.py). The model owns its own sections (jaxdepth/models/config.py, act_config.py);
 this package composes them. Validation happens at construction, so an impossible config never
 reaches the trainer."""

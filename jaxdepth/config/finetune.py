@@ -91,10 +91,12 @@ class FusionConfig:
     def __post_init__(self):
         fusion_method(self.method)  # a ConfigError naming fusion.method
         require(self.cache_mib >= 0, "fusion.cache_mib", f"must be >= 0, got {self.cache_mib}")
-        require(self.extra_layers > 0, "fusion.extra_layers", f"must be positive, got {self.extra_layers}")
+        require(self.extra_layers > 0, "fusion.extra_layers",
+                f"must be positive, got {self.extra_layers}")
         check_reads(self, "fusion", "method")  # a method's own setting, set for another method
         check_one_of(self, "fusion")
-        require(0.0 <= self.dropout < 1.0, "fusion.dropout", f"must be in [0, 1), got {self.dropout}")
+        require(0.0 <= self.dropout < 1.0, "fusion.dropout",
+                f"must be in [0, 1), got {self.dropout}")
 
     @property
     def frozen_backbone(self) -> bool:

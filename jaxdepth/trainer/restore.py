@@ -87,7 +87,8 @@ def check_compatible(saved: dict, cfg: Config, where: Path) -> None:
     diff = [k for k in sorted(set(now) | set(before))
             if k not in resumable and now.get(k) != before.get(k) and k != "preset"]
     if diff:
-        details = ", ".join(f"{k}: checkpoint {before.get(k)!r} vs now {now.get(k)!r}" for k in diff)
+        details = ", ".join(f"{k}: checkpoint {before.get(k)!r} vs now {now.get(k)!r}"
+                            for k in diff)
         raise ConfigError(f"{diff[0]}: cannot resume {where} with a different config ({details})")
 
 
