@@ -64,7 +64,7 @@ from jaxdepth.config import FUSION_MODES
 from jaxdepth.models.backbone import depth_and_width
 from jaxdepth.models.fusions import fusion_methods, own_settings
 from jaxdepth.tasks import task_for, train
-from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
 from jaxdepth.trainer.state import batch_sharding as trial_batch_sharding
 from jaxdepth.trainer.state import init_one, make_step, state_shardings

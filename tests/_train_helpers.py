@@ -20,7 +20,7 @@ import orbax.checkpoint as ocp
 from conftest import FAST_COMPILE
 from jaxdepth.config import Config, MeshConfig
 from jaxdepth.tasks import task_for
-from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.optim import make_optimizer
 from jaxdepth.trainer.sharding import make_mesh
 from jaxdepth.trainer import checkpoint as ckpt
 from jaxdepth.trainer.state import state_shardings

@@ -498,7 +498,7 @@ def test_stop_after_saves_where_it_stops_and_the_rest_resumes_bit_for_bit(
 def test_readers_restore_the_model_only(finished):
     from jaxdepth.tasks import task_for
     from jaxdepth.trainer import checkpoint as ckpt, restore as rs
-    from jaxdepth.trainer.optim import make_optimizer
+    from jaxdepth.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
     from jaxdepth.trainer.state import state_shardings
 

@@ -27,7 +27,7 @@ from .hooks import Checkpoints, Evaluations, NonFinite, Records, Stuck, Throughp
 from .memory import step_check
 from .metrics import MetricsWriter, training_figures
 from .metrics import device_peak_flops
-from .optim import make_optimizer, schedule
+from ..optim import make_optimizer, schedule
 from .processes import barrier, check_shared_dir
 from .run_lock import run_lock
 from .sharding import batch_sharding, make_mesh, to_global

@@ -21,7 +21,7 @@ from ..errors import UserError, one_line, warn
 from ..models.trial_axis import shared_spec
 from .checkpoint import (CONFIG_KEY, OneTrial, Stacked, config_digest, data_key, layouts,
                          mismatches, open_manager, sha256_hex)
-from .optim import make_optimizer
+from ..optim import make_optimizer
 from .sharding import make_mesh
 from .state import TrainState, state_shardings
 

@@ -34,7 +34,7 @@ from ..config import Config
 from ..models.trial_axis import Models, over_trials, select, shared_spec, stack
 from ..models.trial_tracing import DROPOUT_SETTINGS, Keep, trial_values
 from . import sharding as shd
-from .optim import make_optimizer
+from ..optim import make_optimizer
 from .task import Task
 
 # Optimizer settings a trial may vary, as make_optimizer's keyword arguments.

@@ -40,7 +40,7 @@ from ..files import write_whole
 from ..data.corpus.pipeline import lm_iterator
 from . import checkpoint as ckpt, restore as rs
 from . import state as st
-from .optim import make_optimizer
+from ..optim import make_optimizer
 from .processes import barrier, one_device_each
 from .sharding import make_mesh
 from .state import state_shardings

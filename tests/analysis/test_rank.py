@@ -119,7 +119,7 @@ def _save_checkpoint(run_dir, steps):
     from jaxdepth.data.corpus.pipeline import lm_dataset, lm_iterator
     from jaxdepth.tasks import task_for
     from jaxdepth.trainer import checkpoint as ckpt
-    from jaxdepth.trainer.optim import make_optimizer
+    from jaxdepth.optim import make_optimizer
     from jaxdepth.trainer.state import init_one
     from jaxdepth.trainer.trials import Batches
     from jaxdepth.models.trial_axis import stack

@@ -13,7 +13,7 @@ from jaxdepth.config import ModelConfig, OptimConfig
 from jaxdepth.models.depth_family import param_count
 from jaxdepth.models.decoder import DecoderLM, generate, prefill
 from jaxdepth.tasks.losses import lm_loss_sums
-from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.optim import make_optimizer
 
 CFG = ModelConfig(vocab_size=80, d_model=64, n_layers=2, d_ff=96, n_heads=4)
 T = 12

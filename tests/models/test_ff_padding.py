@@ -16,7 +16,7 @@ from jaxdepth.errors import ConfigError
 from jaxdepth.models.decoder import DecoderLM, padded_d_ff
 from jaxdepth.models.flops import train_flops_per_token
 from jaxdepth.tasks.losses import lm_loss_sums
-from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.optim import make_optimizer
 
 # tiny-L4: d_model 64, 4 layers, Eq. 1's d_ff 85; d_ff_multiple 1 is the unpadded reference.
 CFG = dataclasses.replace(depth_family("tiny")[4], d_ff_multiple=1)

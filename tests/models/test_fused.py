@@ -34,7 +34,7 @@ from jaxdepth.models.fusions.dwatt import KEY_DIM, DWAtt
 from jaxdepth.models.heads import gather_positions
 from jaxdepth.tasks import task_for
 from jaxdepth.tasks.ner import ner_objective
-from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.optim import make_optimizer
 from jaxdepth.trainer.sharding import make_mesh
 from jaxdepth.trainer.state import init_one, start, state_shardings
 

@@ -1,4 +1,4 @@
-"""Lion (jaxdepth/optim/optimizers/lion.py) against a NumPy transcription of Chen et al. 2023's
+"""Lion (jaxdepth/optim/optimizers.py) against a NumPy transcription of Chen et al. 2023's
 Algorithm 2, through make_optimizer (schedule, decay mask, trial values), and its settings."""
 import equinox as eqx
 import jax
@@ -9,7 +9,7 @@ import pytest
 from jaxdepth.config.cli import parse_args
 from jaxdepth.config import ConfigError, OptimConfig
 from jaxdepth.models.declared import Declared
-from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.optim import make_optimizer
 
 
 class Tiny(Declared):

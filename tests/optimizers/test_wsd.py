@@ -1,4 +1,4 @@
-"""The warmup-stable-decay schedule (jaxdepth/optim/schedules/wsd.py) against hand-computed rates,
+"""The warmup-stable-decay schedule (jaxdepth/optim/schedules.py) against hand-computed rates,
 and that the command line and --help know it from the registry alone."""
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 from jaxdepth.config.cli import parse_args
 from jaxdepth.config.help import help_text
 from jaxdepth.config import OptimConfig
-from jaxdepth.trainer.optim import schedule
+from jaxdepth.optim import schedule
 
 
 def lr_at(cfg, total, steps, lr=None):

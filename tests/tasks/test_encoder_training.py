@@ -109,7 +109,7 @@ def test_accumulation_and_sharding_leave_the_update_alone(batch, arch):
 
 
 def test_lamb_decays_weights_only():
-    from jaxdepth.trainer.optim import decay_mask
+    from jaxdepth.optim import decay_mask
 
     model = act.ACTEncoder(act.ACTConfig(**ACT, vocab_size=64), key=jax.random.key(0))
     mask = decay_mask(eqx.filter(model, eqx.is_array))
@@ -177,7 +177,7 @@ def test_probe_fine_tuning_from_a_pretrained_encoder(tmp_path, eval_main, capsys
             from jaxdepth.data.corpus.pipeline import lm_iterator
             from jaxdepth.tasks import task_for
             from jaxdepth.trainer.loop import restore_or_init
-            from jaxdepth.trainer.optim import make_optimizer
+            from jaxdepth.optim import make_optimizer
             from jaxdepth.trainer.sharding import make_mesh
             from jaxdepth.trainer.state import init_one
             from jaxdepth.trainer.trials import Batches, Trials

@@ -109,7 +109,7 @@ def test_starts_from_pretrained_weights_and_checks_shapes(tmp_path):
     from jaxdepth.tasks import load_model, task_for, train
     from jaxdepth.trainer import checkpoint as ckpt
     from jaxdepth.trainer.loop import restore_or_init
-    from jaxdepth.trainer.optim import make_optimizer
+    from jaxdepth.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
 
     def prepared(cfg, run_dir):

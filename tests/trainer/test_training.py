@@ -24,7 +24,7 @@ from jaxdepth.models.depth_family import depth_family_dff
 from jaxdepth.data.embedded import grammar
 from jaxdepth.data.corpus.tokenizer import train_tokenizer
 from jaxdepth.tasks import task_for
-from jaxdepth.trainer.optim import make_optimizer
+from jaxdepth.optim import make_optimizer
 from jaxdepth.trainer.sharding import make_mesh
 from jaxdepth.trainer.state import state_shardings
 

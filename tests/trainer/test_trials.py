@@ -461,7 +461,7 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
     from jaxdepth.config import Config
     from jaxdepth.tasks import load_model, task_for
     from jaxdepth.trainer import checkpoint as ckpt, restore as rs
-    from jaxdepth.trainer.optim import make_optimizer
+    from jaxdepth.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
     from jaxdepth.trainer.state import TrainState, state_shardings
     from jaxdepth.trainer.trials import export_trial
@@ -846,7 +846,7 @@ def test_one_seed_is_the_solo_run(lm):
 def test_the_trial_axis_goes_over_data_when_the_trials_divide_it(data, k, axis):
     from jaxdepth.tasks import task_for
     from jaxdepth.trainer import state as st
-    from jaxdepth.trainer.optim import make_optimizer
+    from jaxdepth.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
 
     mesh = make_mesh(MeshConfig(data=data))
