@@ -45,7 +45,7 @@ class UserError(Exception):
 class ConfigError(UserError, ValueError):
     """An impossible or inconsistent configuration; the message names the field (also kept
     as ``field``, so a config file's reader can point at its line). Defined here rather than
-    in config.py so that the choices config.py validates against (jaxdepth/optim/) can raise
+    in config.py so that the choices config.py validates against (jaxdepth/optim.py) can raise
     it without importing the schema."""
 
     label = "config error"

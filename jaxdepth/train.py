@@ -25,7 +25,7 @@ def _train(argv: list[str]) -> int:
         print("\n".join(lines))
 
     from jaxdepth.tasks.summary_text import summary_text
-    from jaxdepth.tasks import train
+    from jaxdepth.tasks.registry import train
 
     summary = train(cfg)  # one task per trial if it has trials (trainer/trials.py)
     if jax.process_index() == 0:

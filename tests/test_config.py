@@ -282,7 +282,7 @@ def test_cli_help(capsys):
             "kind: lm" in lines)
     # a registry's choices and readers, and whether a resume may change the field
     text = " ".join(out.split())
-    assert "--optim.name str the run kind's recipe one class each: jaxdepth/optim/optimizers.py; " \
+    assert "--optim.name str the run kind's recipe one class each: jaxdepth/optim.py; " \
            "choices: adafactor, adamw, lamb, lion" in text
     assert "--optim.eps float the run kind's recipe added to the root of the second moment; " \
            "read by optim.name: adamw, lamb --optim" in text

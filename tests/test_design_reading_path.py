@@ -38,7 +38,7 @@ def test_the_footprint_table_is_the_tree_s():
 def test_the_reading_path_s_files_and_counts_are_the_tree_s():
     section = _section()
     rows = re.findall(r"^\| `([^`]+)` \| (\d+) \|", section, re.M)
-    assert len(rows) >= 15, rows
+    assert len(rows) >= 4, rows  # the step's files, then the three models
     for path, lines in rows:
         assert (REPO / path).is_file(), path
         have = len((REPO / path).read_text(encoding="utf-8").splitlines())

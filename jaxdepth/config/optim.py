@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from . import run_kinds
 from ..errors import ConfigError
 from ..fields import check_reads, positive, require
-from ..optim.optimizers import OPTIMIZERS, OWN_FIELDS, optimizer
-from ..optim.schedules import schedule_class
+from ..optim import OPTIMIZERS, OWN_FIELDS, optimizer
+from ..optim import schedule_class
 
 
 # The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/config/run_kinds/). Left
 # unset (None) in a config, they take the recipe of the run's kind, so a default tuned for
 # one kind of run never changes another's; a standalone OptimConfig takes the LM pretraining
 # recipe. Of these, OWN_FIELDS are read by some optimizers only (each optimizer's class says
-# which, jaxdepth/optim/optimizers.py): a recipe gives them per optimizer (its "moments"), the
+# which, jaxdepth/optim.py): a recipe gives them per optimizer (its "moments"), the
 # optimizer's own DEFAULTS fill those it does not give, and a field the optimizer does not
 # read stays None (set, it is refused).
 RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay",
@@ -28,11 +28,11 @@ class OptimConfig:
     """The optimizer. Every field but accum_steps defaults to the run kind's recipe
     (RunKind.RECIPE; None here means "the recipe's"); a value given here is kept whatever the
     kind."""
-    # one class each: jaxdepth/optim/optimizers.py
+    # one class each: jaxdepth/optim.py
     name: str = None
     lr: float = None  # adafactor: relative to each parameter's RMS
     # warmup, then the schedule's decay to lr * min_lr_ratio (one class each:
-    # jaxdepth/optim/schedules.py)
+    # jaxdepth/optim.py)
     schedule: str = None
     warmup_steps: int = None  # steps of linear warmup from 0 to lr
     min_lr_ratio: float = None  # end of linear/cosine decay, as a fraction of lr

@@ -1,7 +1,7 @@
 """The Task (trainer/task.py) that runs each kind of run (jaxdepth/config/run_kinds/ declares the
 kinds; each Task class names the kind it runs, ``TaskBase.RUNS``); ``task_for(config)``
-(registry.py) builds it. Every module of this package is imported here, so that each kind
-finds its Task.
+(registry.py) builds it, ``train(config)`` trains with it. Every module of this package is
+imported here, so that each kind finds its Task.
 
     lm                causal LM pretraining of the decoder           (lm.py)
     prefix_lm         prefix-LM fine-tuning on a seq2seq task        (prefix_lm.py)
@@ -13,18 +13,8 @@ finds its Task.
 from __future__ import annotations
 
 from ..choices import import_all
-from ..config import Config
-from ..config.trials import trial_configs
 from ..config.run_kinds import kind_of
-from .registry import load_model, task_for
+from .registry import load_model, task_for, train
 
 __all__ = ["kind_of", "load_model", "task_for", "train"]
 import_all(__name__, __path__)
-
-
-def train(cfg: Config) -> dict:
-    """Run (or resume) the training cfg describes, with one task per trial if it has trials;
-    returns its summary."""
-    from ..trainer.loop import train as run
-    tasks = [task_for(c) for c in trial_configs(cfg)]
-    return run(cfg, tasks if len(tasks) > 1 else tasks[0])

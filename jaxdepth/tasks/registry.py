@@ -1,13 +1,14 @@
-"""The Task of each run kind, and any run's model.
+"""The Task of each run kind, its training, and any run's model.
 
-``task_for(cfg)`` builds the Task that runs cfg's kind (run_kinds.kind_of: the one function
-that looks at ``model.arch`` and ``task.name`` together; each Task class names the kind it
-runs, ``TaskBase.RUNS``). ``load_model`` restores any run's model through the same dispatch,
+``train(cfg)`` trains with one Task per trial; ``task_for(cfg)`` builds the Task that runs
+cfg's kind (run_kinds.kind_of: the one function that looks at ``model.arch`` and
+``task.name`` together; each Task class names the kind it runs, ``TaskBase.RUNS``). ``load_model`` restores any run's model through the same dispatch,
 so eval.py, pretrained initialisation and the analyses read every kind of checkpoint alike.
 """
 from __future__ import annotations
 
 from ..config import Config
+from ..config.trials import trial_configs
 from ..config.run_kinds import kind_of
 from .task_base import runner
 
@@ -23,3 +24,11 @@ def load_model(run_dir, step: int | None = None, mesh=None, mesh_cfg=None, label
     read-only, whatever kind of run wrote it."""
     from ..trainer import restore as rs  # orbax: not needed to validate a config
     return rs.load_model(run_dir, task_for, step, mesh, mesh_cfg, label)
+
+
+def train(cfg: Config) -> dict:
+    """Run (or resume) the training cfg describes, with one task per trial if it has trials;
+    returns its summary."""
+    from ..trainer.loop import train as run
+    tasks = [task_for(c) for c in trial_configs(cfg)]
+    return run(cfg, tasks if len(tasks) > 1 else tasks[0])

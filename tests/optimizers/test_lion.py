@@ -1,4 +1,4 @@
-"""Lion (jaxdepth/optim/optimizers.py) against a NumPy transcription of Chen et al. 2023's
+"""Lion (jaxdepth/optim.py) against a NumPy transcription of Chen et al. 2023's
 Algorithm 2, through make_optimizer (schedule, decay mask, trial values), and its settings."""
 import equinox as eqx
 import jax

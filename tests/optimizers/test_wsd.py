@@ -1,4 +1,4 @@
-"""The warmup-stable-decay schedule (jaxdepth/optim/schedules.py) against hand-computed rates,
+"""The warmup-stable-decay schedule (jaxdepth/optim.py) against hand-computed rates,
 and that the command line and --help know it from the registry alone."""
 import jax
 import jax.numpy as jnp
