@@ -39,7 +39,8 @@ from pathlib import Path
 def parse(argv):
     from jaxdepth.tasks.eval_request import add_flags
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run directory written by train.py")
     p.add_argument("--trial", type=int, default=None,
                    help="a run with trials (required there, refused elsewhere): evaluate this "

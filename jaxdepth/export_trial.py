@@ -6,9 +6,10 @@ directory its solo run would have written (trainer/trials.py: export_trial).
 
 --out must be a new or empty directory outside the run, or one this same export wrote to
 before (its .export.json names the run and trial): rerunning an interrupted (or finished)
-export finishes (or refreshes) it, keeping the checkpoints it already wrote. Any other directory (another run's, the run itself)
-is refused before anything is written. The run is only read (but for <run>/trials/<k>, the
-default destination, where the trial's evaluations already are).
+export finishes (or refreshes) it, keeping the checkpoints it already wrote. Any other
+directory (another run's, the run itself) is refused before anything is written. The run is
+only read (but for <run>/trials/<k>, the default destination, where the trial's evaluations
+already are).
 """
 from __future__ import annotations
 

@@ -47,3 +47,13 @@ def test_the_reading_path_s_files_and_counts_are_the_tree_s():
     total = re.search(r"^(\d+) files, ([\d,]+) lines", section, re.M)
     assert total and (int(total.group(1)), int(total.group(2).replace(",", ""))) == \
         (len(step), sum(int(n) for _, n in step)), total
+
+
+def test_the_package_s_lines_fit_in_100_columns():
+    """The footprint counts lines of at most 100 columns (issue 49's measure): a longer line
+    would hide lines from it."""
+    files = sorted((REPO / "jaxdepth").rglob("*.py")) + [REPO / "train.py", REPO / "eval.py"]
+    long = [f"{p.relative_to(REPO)}:{i} ({len(line)} columns)" for p in files
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if len(line) > 100]
+    assert not long, "lines over 100 columns:\n" + "\n".join(long)

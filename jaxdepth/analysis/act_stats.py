@@ -1,4 +1,5 @@
-"""Statistics of the ACT encoder (Simoulin & Crabbé 2021; docs/design.md §3, "Statistics to report").
+"""Statistics of the ACT encoder (Simoulin & Crabbé 2021; docs/design.md §3, "Statistics to
+report").
 
 * Table 1: MLM and SOP accuracy and the mean number of iterations N (the number of updates a
   token received) for all real tokens, unmasked tokens, the three kinds of MLM-selected tokens

@@ -44,7 +44,8 @@ def table(rows: Sequence[Mapping[str, Any]], value_key: str = "test_f1") -> tupl
     for mode in modes:
         for m in methods:
             cells = [aggs.get((m, mode, n)) for n in shots]
-            md.append([mode.upper(), m] + [_fmt(a["mean"], a["ci95"], 100.0) if a else "" for a in cells])
+            md.append([mode.upper(), m]
+                      + [_fmt(a["mean"], a["ci95"], 100.0) if a else "" for a in cells])
             csv.append([mode, m] + [f"{100 * a['mean']:.2f}" if a else "" for a in cells])
     trials = sorted({r["seed"] for r in rows})
     what = "test F1 at the best dev point" if value_key == "test_f1" else "best dev F1"

@@ -18,7 +18,8 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jaxdepth.analysis.results import aggregate, relative_perplexity as _relative_perplexity  # noqa: E402
+from jaxdepth.analysis.results import (  # noqa: E402
+    aggregate, relative_perplexity as _relative_perplexity)
 from jaxdepth.analysis.results import size_classes, tasks  # noqa: E402
 
 DPI = 120

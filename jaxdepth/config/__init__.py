@@ -73,7 +73,8 @@ class DataConfig:
     def __post_init__(self):
         positive(self, "data", "seq_len", "batch_size", "grammar_docs", "max_predictions",
                  "max_ngram")
-        require(0.0 < self.mask_rate <= 1.0, "data.mask_rate", f"must be in (0, 1], got {self.mask_rate}")
+        require(0.0 < self.mask_rate <= 1.0, "data.mask_rate",
+                f"must be in (0, 1], got {self.mask_rate}")
         require(0.0 <= self.valid_fraction < 1.0, "data.valid_fraction",
                 f"must be in [0, 1), got {self.valid_fraction}")
         require(bool(self.corpus.strip()), "data.corpus", "must be 'grammar' or file paths")

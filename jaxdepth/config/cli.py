@@ -125,7 +125,8 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
     while i < len(args):
         a = args[i]
         if not a.startswith("--"):
-            raise ConfigError(f"unexpected argument {a!r} (fields are given as --section.field value)")
+            raise ConfigError(f"unexpected argument {a!r} (fields are given as --section.field "
+                              "value)")
         if "=" in a:
             key, val = a[2:].split("=", 1)
         else:

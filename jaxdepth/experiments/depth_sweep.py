@@ -60,7 +60,8 @@ class Plan:
 
     def __post_init__(self):
         if self.size not in SIZE_CLASSES:
-            raise ConfigError(f"size: unknown size class {self.size!r}; known: {sorted(SIZE_CLASSES)}")
+            raise ConfigError(f"size: unknown size class {self.size!r}; known: "
+                              f"{sorted(SIZE_CLASSES)}")
         bad = [d for d in self.depths if d not in SIZE_CLASSES[self.size].depths]
         if bad:
             raise ConfigError(f"depths: {bad} not in the {self.size} family "
@@ -122,7 +123,8 @@ ENGLISH = Plan(
     matched=False,
 )
 # Fine-tuning defaults of the paper (t5x); a plan's `finetune` entries override them.
-PAPER_FINETUNE = {f"{sec}.{k}": v for sec, vals in PAPER_FINETUNING.items() for k, v in vals.items()}
+PAPER_FINETUNE = {f"{sec}.{k}": v for sec, vals in PAPER_FINETUNING.items()
+                  for k, v in vals.items()}
 PLANS = {"miniature": MINIATURE, "english": ENGLISH}
 
 
@@ -172,13 +174,15 @@ class Sweep(PlannedExperiment):
         return self.out / "finetune" / task / f"L{depth}-s{seed}{suffix}"
 
     def pretrain_config(self, depth: int, seed: int) -> Config:
-        cfg = apply_overrides(from_preset(f"{self.plan.size}-L{depth}"), _nested(self.plan.pretrain))
+        cfg = apply_overrides(from_preset(f"{self.plan.size}-L{depth}"),
+                              _nested(self.plan.pretrain))
         every = cfg.run.save_every
         return apply_overrides(cfg, {"run": {
             "dir": str(self.pretrain_dir(depth, seed)), "seed": seed, "progress": False,
             "samples": 0, "eval_every": every, "keep": cfg.run.steps // every + 1}})
 
-    def finetune_config(self, task: str, depth: int, seed: int, init: str, init_step: int) -> Config:
+    def finetune_config(self, task: str, depth: int, seed: int, init: str,
+                        init_step: int) -> Config:
         base = self.pretrain_config(depth, seed)
         cfg = apply_overrides(base, _nested({**PAPER_FINETUNE, **self.plan.finetune}))
         pretrained = self.pretrain_dir(depth, seed)
@@ -493,7 +497,8 @@ def _overrides(items: list[str], flag: str) -> dict:
     for item in items:
         key, eq, raw = item.partition("=")
         sec, _, name = key.partition(".")
-        if not eq or sec not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
+        if not eq or sec not in SECTIONS \
+                or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
             raise ConfigError(f"{flag} {item!r}: expected section.field=value with a known field")
         out[key] = _parse_value(sec, name, raw)
     return out

@@ -85,7 +85,8 @@ def saved_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
                               f"(differs in {', '.join(diff)}); use another --out")
         return saved, True
     if plan is None:
-        raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with `{start}`")
+        raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with "
+                                f"`{start}`")
     return plan, False
 
 

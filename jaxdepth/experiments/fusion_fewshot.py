@@ -16,8 +16,8 @@ as JSON and `unit NAME` runs one, as depth_sweep's do (experiments/executors.py 
 here, on a pool of worker processes, on Ray or on SLURM). The plan is saved in DIR/plan.json
 and a different plan for the same DIR is refused. Every
 finished unit writes its row to DIR/results/<unit>.json and is skipped when the command runs
-again; an interrupted unit resumes from its checkpoint. `report` writes DIR/report/: the table of mean
-and 95% CI over trials (md, csv), F1 vs N-shot per method (Fig. 3) and dev F1 vs training
+again; an interrupted unit resumes from its checkpoint. `report` writes DIR/report/: the table
+of mean and 95% CI over trials (md, csv), F1 vs N-shot per method (Fig. 3) and dev F1 vs training
 step (Fig. 4), as PNG.
 """
 from __future__ import annotations

@@ -21,7 +21,8 @@ def parse(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run directory written by train.py")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    p.add_argument("--out", default="", help="output directory (default: <run>/analysis/rank_step<N>)")
+    p.add_argument("--out", default="",
+                   help="output directory (default: <run>/analysis/rank_step<N>)")
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an error as well as its one line")
     return p.parse_args(argv)

@@ -41,7 +41,8 @@ class ACTConfig:
         for name in ("vocab_size", "embed_dim", "d_model", "n_heads", "max_len", "n_segments",
                      "max_iters"):
             v = getattr(self, name)
-            require(isinstance(v, int) and v > 0, f"act.{name}", f"must be a positive integer, got {v!r}")
+            require(isinstance(v, int) and v > 0, f"act.{name}",
+                    f"must be a positive integer, got {v!r}")
         require(self.d_ff >= 0, "act.d_ff", f"must be >= 0 (0 means 4 * d_model), got {self.d_ff}")
         require(self.d_model % self.n_heads == 0, "act.n_heads",
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
@@ -71,5 +72,6 @@ class ACTConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ACTConfig":
-        require(name in ACT_PRESETS, "act.preset", f"unknown preset {name!r}; known: {sorted(ACT_PRESETS)}")
+        require(name in ACT_PRESETS, "act.preset",
+                f"unknown preset {name!r}; known: {sorted(ACT_PRESETS)}")
         return cls(**{**ACT_PRESETS[name], **overrides})

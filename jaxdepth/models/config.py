@@ -66,7 +66,8 @@ class ModelConfig:
         require(self.n_heads >= 0, "model.n_heads", f"must be >= 0, got {self.n_heads}")
         require(self.d_model % self.heads == 0, "model.n_heads",
                 f"d_model={self.d_model} is not divisible by n_heads={self.heads}")
-        require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        require(0.0 <= self.dropout < 1.0, "model.dropout",
+                f"must be in [0, 1), got {self.dropout}")
         require(self.z_loss >= 0.0, "model.z_loss", f"must be >= 0, got {self.z_loss}")
         require(self.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
                 f"must be float32 or bfloat16, got {self.compute_dtype!r}")

@@ -61,7 +61,8 @@ class DecoderLM(Backbone):
         ke, kb, kr, kh = jax.random.split(key, 4)
         self.embed = jax.random.normal(ke, (cfg.vocab_size, cfg.d_model), jnp.float32)
         self.blocks = init_stack(lambda k: DecoderBlock(cfg, key=k), cfg.n_layers, key=kb)
-        self.rel_bias = RelativePositionBias(cfg.rel_buckets, cfg.heads, cfg.rel_max_distance, key=kr)
+        self.rel_bias = RelativePositionBias(cfg.rel_buckets, cfg.heads, cfg.rel_max_distance,
+                                             key=kr)
         self.final_norm = RMSNorm(cfg.d_model)
         self.lm_head = kernel_init(kh, (cfg.d_model, cfg.vocab_size), jnp.float32)
         self.cfg = cfg
@@ -174,7 +175,8 @@ class DecoderLM(Backbone):
 
         def body(x, layer):
             p, k_c, v_c = layer
-            x, k_c, v_c = eqx.combine(p, static).decode(x, bias_BNTS, mask_BNTS, k_c, v_c, cache.pos_B)
+            x, k_c, v_c = eqx.combine(p, static).decode(x, bias_BNTS, mask_BNTS, k_c, v_c,
+                                                        cache.pos_B)
             return x, (k_c, v_c)
 
         x_BTD, (k_new, v_new) = jax.lax.scan(body, x_BTD, (params, cache.k_LBSNH, cache.v_LBSNH))

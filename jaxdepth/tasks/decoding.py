@@ -42,7 +42,8 @@ class Geometry:
         return cls(batch, _round_up(src + 2, 8), tgt + 1 + SLACK)
 
 
-def prompts(examples: Sequence[Example], tok: Tokenizer, width: int) -> tuple[np.ndarray, np.ndarray]:
+def prompts(examples: Sequence[Example], tok: Tokenizer,
+            width: int) -> tuple[np.ndarray, np.ndarray]:
     """[N, width] prompts `0 source EOS` (the decoder input of prefix_lm_features up to and
     including the source's EOS), right-padded, and their lengths."""
     ids = tok.encode_batch([e.source for e in examples])

@@ -48,7 +48,8 @@ def encoder_objective(cfg: Config):
         w_BP = mb["mlm_weights"].astype(jnp.float32)
         mlm_ce = _xent(model.mlm_logits(out.h_BTD, mb["mlm_positions"]), mb["mlm_ids"])
         mlm = jnp.sum(w_BP * mlm_ce) / totals["predictions"]
-        sop = jnp.sum(_xent(model.sop_logits(out.h_BTD, key=k_sop), mb["sop_labels"])) / totals["rows"]
+        sop = jnp.sum(_xent(model.sop_logits(out.h_BTD, key=k_sop), mb["sop_labels"])) \
+            / totals["rows"]
         real = mb["mask"].astype(jnp.float32)
         ponder = jnp.sum(real * (out.N_BT + out.R_BT)) / totals["rows"]
         value = mlm + sop + model.ponder_weight * ponder
@@ -67,7 +68,8 @@ def encoder_objective(cfg: Config):
 def mlm_config(cfg: Config) -> MLMConfig:
     d = cfg.data
     try:
-        return MLMConfig(seq_len=d.seq_len, mask_rate=d.mask_rate, max_predictions=d.max_predictions,
+        return MLMConfig(seq_len=d.seq_len, mask_rate=d.mask_rate,
+                         max_predictions=d.max_predictions,
                          max_ngram=d.max_ngram)
     except ValueError as e:  # name the config field, not the internal dataclass
         raise ConfigError(f"data: {e}") from None
@@ -109,7 +111,8 @@ def read_mlm_corpus(cfg: Config, run_dir: Path, primary: bool, barrier, mlm: MLM
     trained on the training documents unless one is given."""
     train_docs, valid_docs = _documents(cfg)
     if not valid_docs:
-        raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give data.valid)")
+        raise ConfigError("data.valid_fraction: no validation documents (set it > 0 or give "
+                          "data.valid)")
     tokenizer = tokenizer or run_tokenizer(
         run_dir, vocab, primary, barrier, copy_from=copy_from,
         texts=lambda: [" ".join(doc) for doc in train_docs],
@@ -181,7 +184,8 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
             label = f"{self.arch} step {step}"
             write_table1(res, out / "table1.md", out / "table1.json", label=label)
             write_cosine_table(res["cosine"], out / "cosine.csv")
-            plot_cosine(res["cosine"], out / "cosine.png", title=f"{label}: consecutive-state cosine")
+            plot_cosine(res["cosine"], out / "cosine.png",
+                        title=f"{label}: consecutive-state cosine")
         msg = ", ".join(f"{k} {v:.4f}" for k, v in scalars.items() if v is not None)
         return {**scalars, "table1": t1, "cosine": _finite(res["cosine"]["overall"])}, msg
 
@@ -203,7 +207,8 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         valid = reader.read_data(run, primary=False, barrier=lambda: None).valid  # never writes
         res = evaluate_act(model, valid, use_while=self.adaptive)
         directory = Path(request.out) if request.out else run / "eval" / f"step{step}"
-        out = {"run": str(run), "step": step, "data": request.data or "validation batches of the run",
+        out = {"run": str(run), "step": step,
+               "data": request.data or "validation batches of the run",
                "table1": res["table1"]}
         label = f"{self.arch} step {step}"
         with writing_result(out, directory):  # computed first: printed even if not written
@@ -216,5 +221,6 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
 
 
 def _finite(xs) -> list:
-    return [None if (x is None or (isinstance(x, float) and math.isnan(x))) else float(x) for x in xs]
+    return [None if (x is None or (isinstance(x, float) and math.isnan(x))) else float(x)
+            for x in xs]
 

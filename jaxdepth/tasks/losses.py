@@ -1,4 +1,5 @@
-"""Token-level losses. Sums (not means) so gradient accumulation is exact: divide once at the end."""
+"""Token-level losses. Sums (not means) so gradient accumulation is exact: divide once at the
+end."""
 from __future__ import annotations
 
 import jax
@@ -100,7 +101,8 @@ def fused_lm_head_loss(x_ND: Array, w_DV: Array, targets_N: Array, weights_N: Ar
         if with_z:
             g_x = g_x + (g_obj * z_loss) * dx[1]
             g_w = g_w + (g_obj * z_loss) * dw[1]
-        return g_x.astype(x_dtype), g_w.astype(w_dtype), None, None  # no gradient for targets or weights
+        # no gradient for the targets or the weights
+        return g_x.astype(x_dtype), g_w.astype(w_dtype), None, None
 
     loss.defvjp(loss_fwd, loss_bwd)
     return loss(x_ND, w_DV, targets_N, weights_N)

@@ -96,7 +96,8 @@ class MLMTask(MLMCorpus):
         cfg, model, step, _, _ = load_checkpoint(run, request.step, request.batch, tokenizer=False)
         cfg = scored_on(cfg, request)
         valid = type(self)(cfg).read_data(run, primary=False, barrier=lambda: None).valid
-        out = {"run": str(run), "step": step, "data": request.data or "validation batches of the run",
+        out = {"run": str(run), "step": step,
+               "data": request.data or "validation batches of the run",
                **mlm_perplexity(model, valid)}
         write_json(Path(request.out or run / f"eval_step{step}.json"), out)
         return out

@@ -557,4 +557,5 @@ def _curve(path: Path) -> list[dict]:
 def best_of(curve: list[dict]) -> dict:
     """Best dev F1 over training (earliest step on ties) and the test F1 at that point."""
     best = max(curve, key=lambda r: (r["dev_f1"], -r["step"]))
-    return {"best_dev_f1": best["dev_f1"], "best_step": best["step"], "test_f1_at_best": best["test_f1"]}
+    return {"best_dev_f1": best["dev_f1"], "best_step": best["step"],
+            "test_f1_at_best": best["test_f1"]}

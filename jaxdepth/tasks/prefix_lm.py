@@ -163,7 +163,8 @@ class PrefixLMTask(DecoderTask):
 def _pad_rows(features: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
     """Zero rows (weight 0) appended so the row count divides `multiple`."""
     pad = -len(features["inputs"]) % multiple
-    return {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in features.items()}
+    return {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
+            for k, v in features.items()}
 
 
 def fixed_subset(examples: list, n: int, seed: int) -> list:

@@ -81,7 +81,8 @@ class ProbeTask(EncoderTask):
 
     def build_model(self, *, key):
         k_enc, k_head = jax.random.split(key)
-        return EncoderClassifier(self.build_encoder(key=k_enc), len(label_names(self.cfg.task.name)),
+        return EncoderClassifier(self.build_encoder(key=k_enc),
+                                 len(label_names(self.cfg.task.name)),
                                  self.token_level, key=k_head)
 
     def read_data(self, run_dir: Path, primary: bool, barrier) -> ProbePrepared:
@@ -129,7 +130,8 @@ class ProbeTask(EncoderTask):
         if source.untied != self.untied:
             raise ConfigError(f"model.arch: {self.arch!r} cannot start from the "
                               f"{source.arch!r} checkpoint {src}")
-        names = ("dropout", "remat") if self.untied else ("dropout", "tau", "eps", "halting", "remat")
+        names = (("dropout", "remat") if self.untied
+                 else ("dropout", "tau", "eps", "halting", "remat"))
         encoder = encoder.with_options(**{f: getattr(mine, f) for f in names})
         return eqx.tree_at(lambda m: m.encoder, fresh, encoder)
 

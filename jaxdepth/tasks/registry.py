@@ -2,8 +2,9 @@
 
 ``train(cfg)`` trains with one Task per trial; ``task_for(cfg)`` builds the Task that runs
 cfg's kind (run_kinds.kind_of: the one function that looks at ``model.arch`` and
-``task.name`` together; each Task class names the kind it runs, ``TaskBase.RUNS``). ``load_model`` restores any run's model through the same dispatch,
-so eval.py, pretrained initialisation and the analyses read every kind of checkpoint alike.
+``task.name`` together; each Task class names the kind it runs, ``TaskBase.RUNS``).
+``load_model`` restores any run's model through the same dispatch, so eval.py, pretrained
+initialisation and the analyses read every kind of checkpoint alike.
 """
 from __future__ import annotations
 

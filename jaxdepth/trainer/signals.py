@@ -15,8 +15,9 @@ from jax.experimental import multihost_utils
 class StopSignals:
     """SIGTERM (a cluster's preemption) and SIGINT (Ctrl-C) while training: the first asks the
     loop to stop after the step in progress and save it (``signum`` is then set); the same
-    signal again exits at once, without saving, by the signal's default action. Installed only on the main
-    thread (the only one Python lets set handlers); the previous handlers come back on exit."""
+    signal again exits at once, without saving, by the signal's default action. Installed only
+    on the main thread (the only one Python lets set handlers); the previous handlers come back
+    on exit."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -17,9 +17,9 @@ segments from one document). One example (`MLMBatchSource.example`):
    at least two sentences. The chunk is split at a uniform sentence boundary into A and B.
 3. SOP (when `cfg.sop`): with probability 0.5 A and B are swapped; label 1 = swapped, 0 = in order.
 4. ALBERT's `truncate_seq_pair`: while `len(A) + len(B) > seq_len - 3`, drop one token from the
-   longer segment (the second, B, on a tie, as ALBERT does), from its front or back with probability 1/2 each. Both segments stay
-   non-empty. Layout `[CLS] A [SEP] B [SEP] pad...`; segment ids 0 for `[CLS] A [SEP]`, 1 for
-   `B [SEP]`, 0 on padding.
+   longer segment (the second, B, on a tie, as ALBERT does), from its front or back with
+   probability 1/2 each. Both segments stay non-empty. Layout `[CLS] A [SEP] B [SEP] pad...`;
+   segment ids 0 for `[CLS] A [SEP]`, 1 for `B [SEP]`, 0 on padding.
 5. N-gram masking. Candidate units are whole words: a token starts a word when its SentencePiece
    piece starts with "▁" (and the first token of each segment always does, as truncation may cut a
    word). The budget is `min(max_predictions, max(1, round(mask_rate * n)))` with n the real,
@@ -193,7 +193,8 @@ class MLMDocuments:
 
 def word_start_table(tok: Tokenizer) -> np.ndarray:
     """bool [vocab_size]: whether the piece of each id starts a word (begins with "▁"); a
-    tokenizer with its own notion (data/corpus/subwords.py:HFWords) provides ``word_start_table()``."""
+    tokenizer with its own notion (data/corpus/subwords.py:HFWords) provides
+    ``word_start_table()``."""
     if hasattr(tok, "word_start_table"):
         return tok.word_start_table()
     return np.array([tok.id_to_piece(i).startswith("\u2581") for i in range(tok.vocab_size)],

@@ -143,8 +143,8 @@ class LMBatchSource:
         n_windows = (len(tokens) - 1) // seq_len
         if n_windows < global_batch:
             raise ValueError(
-                f"{len(tokens)} tokens make {max(n_windows, 0)} windows of seq_len={seq_len}, fewer "
-                f"than global_batch={global_batch}; need at least "
+                f"{len(tokens)} tokens make {max(n_windows, 0)} windows of seq_len={seq_len}, "
+                f"fewer than global_batch={global_batch}; need at least "
                 f"{global_batch * seq_len + 1} tokens"
             )
         self.tokens = tokens
@@ -230,7 +230,8 @@ def lm_iterator(dataset: grain.MapDataset | grain.IterDataset, start: int = 0,
     return it
 
 
-def eval_batches(tokens: np.ndarray, *, seq_len: int, batch_size: int) -> list[dict[str, np.ndarray]]:
+def eval_batches(tokens: np.ndarray, *, seq_len: int,
+                 batch_size: int) -> list[dict[str, np.ndarray]]:
     """Sequential, non-overlapping windows that score every predictable token exactly once.
 
     The last window and the last batch are padded with zeros whose `weights` are 0, so
@@ -277,7 +278,8 @@ def window_batches(windows: Iterable[dict[str, np.ndarray]], batch_size: int,
             break
         batch = {k: np.stack([w[k] for w in rows]) for k in keys}
         if len(rows) < batch_size:
-            batch = {k: np.concatenate([v, np.zeros((batch_size - len(rows), *v.shape[1:]), v.dtype)])
+            batch = {k: np.concatenate(
+                [v, np.zeros((batch_size - len(rows), *v.shape[1:]), v.dtype)])
                      for k, v in batch.items()}
         out.append(batch)
     return out

@@ -110,7 +110,8 @@ class _Stream:
         self._files_without_docs = 0
 
     def _path(self) -> str:
-        order = np.random.default_rng([self.seed, self.index, self.epoch]).permutation(len(self.files))
+        rng = np.random.default_rng([self.seed, self.index, self.epoch])
+        order = rng.permutation(len(self.files))
         return self.files[order[self.file_pos]]
 
     def _open(self, start_line: int = 1) -> None:
@@ -217,9 +218,10 @@ class _PackedStreamsIterator(grain.DatasetIterator):
     def set_state(self, state: dict) -> None:
         mine = sorted(str(s.index) for s in self.streams)
         if sorted(state.get("cursors", {})) != mine:
-            raise DataError(f"the data-iterator state holds streams {sorted(state.get('cursors', {}))}, "
-                            f"this loader reads streams {mine}: data.streams, data.workers or the "
-                            f"process count changed since the checkpoint was written")
+            raise DataError(f"the data-iterator state holds streams "
+                            f"{sorted(state.get('cursors', {}))}, this loader reads streams "
+                            f"{mine}: data.streams, data.workers or the process count changed "
+                            f"since the checkpoint was written")
         for s in self.streams:
             s.seek(state["cursors"][str(s.index)])
 

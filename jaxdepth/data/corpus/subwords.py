@@ -77,7 +77,8 @@ class HFWords:
         wordpiece = type(self.tok.model).__name__ == "WordPiece"
         table = np.zeros(self.vocab_size, bool)
         for piece, i in self.tok.get_vocab(with_added_tokens=True).items():
-            table[i] = not piece.startswith("##") if wordpiece else piece.startswith(("\u0120", "\u2581"))
+            table[i] = (not piece.startswith("##") if wordpiece
+                        else piece.startswith(("\u0120", "\u2581")))
         return table
 
     @property

@@ -55,7 +55,8 @@ def task_splits(cfg: TaskConfig) -> tuple[dict[str, list[Example]], str, tuple[s
             "dev", ("gen",))
 
 
-def resolve_eval_splits(cfg: TaskConfig, splits: dict, dev: str, gen: tuple[str, ...]) -> tuple[str, ...]:
+def resolve_eval_splits(cfg: TaskConfig, splits: dict, dev: str,
+                        gen: tuple[str, ...]) -> tuple[str, ...]:
     names = tuple(s.strip() for s in cfg.eval_splits.split(",") if s.strip()) or (dev, *gen)
     unknown = [s for s in names if s not in splits]
     if unknown:

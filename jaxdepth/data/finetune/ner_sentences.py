@@ -171,7 +171,8 @@ def split_path(task_dir: str | Path, split: str) -> Path:
 
 
 def detect_format(path: Path) -> str:
-    """'wikiann' (``lang:token<TAB>tag``) or 'conll' (``token POS chunk tag``), from the first line."""
+    """'wikiann' (``lang:token<TAB>tag``) or 'conll' (``token POS chunk tag``), from the first
+    line."""
     with text_lines(path, "NER") as lines:
         for line in lines:
             if line.strip():

@@ -51,8 +51,8 @@ def prefix_lm_features(source_ids: Sequence[int], target_ids: Sequence[int], len
     if truncated:
         if not truncate:
             raise DataError(f"{name}: source ({len(source)}) + target ({len(target)}) + 2 EOS "
-                             f"= {needed} tokens do not fit in length {length} (raise data.seq_len, "
-                             f"or set task.truncate to cut such examples)")
+                             f"= {needed} tokens do not fit in length {length} (raise "
+                             f"data.seq_len, or set task.truncate to cut such examples)")
         room = length - 2
         target = target[:room]
         source = source[: room - len(target)]
