@@ -66,7 +66,6 @@ from jaxdepth.models.fusions import fusion_methods, own_settings
 from jaxdepth.tasks import task_for, train
 from jaxdepth.optim import make_optimizer
 from jaxdepth.trainer.sharding import batch_sharding, make_mesh
-from jaxdepth.trainer.state import batch_sharding as trial_batch_sharding
 from jaxdepth.trainer.state import init_one, make_step, state_shardings
 from jaxdepth.models.trial_axis import stack
 
@@ -324,7 +323,7 @@ def _run(args, ner_dir: str) -> dict:
     if args.batch % mesh.shape["data"]:
         raise SystemExit(f"--batch {args.batch} is not divisible by the data axis "
                          f"({mesh.shape['data']} devices); pick a multiple")
-    b_sh, trial_sh = batch_sharding(mesh), trial_batch_sharding(mesh, 1)
+    b_sh, trial_sh = batch_sharding(mesh), batch_sharding(mesh, 1)
 
     steps, states, first_call, bb_ref, same_backbone, hf_step = {}, {}, {}, None, True, None
     hf_backbone = None

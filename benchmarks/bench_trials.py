@@ -99,8 +99,8 @@ from jaxdepth.trainer.trials import Batches
 from jaxdepth.trainer.metrics import measure_matmul_peak
 from jaxdepth.trainer.memory import DoesNotFit, step_check, xla_estimate
 from jaxdepth.trainer import sharding as shd
-from jaxdepth.trainer.sharding import make_mesh
-from jaxdepth.trainer.state import batch_sharding, start
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh
+from jaxdepth.trainer.state import start
 
 # name -> preset
 MODELS = {"tiny": "tiny-L2", "tiny4": "tiny-L4", "small": "small-L4", "act": "act-cpu"}

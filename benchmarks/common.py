@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 
 from jaxdepth.config import Config  # noqa: E402
 from jaxdepth.tasks import task_for  # noqa: E402
-from jaxdepth.trainer.sharding import make_mesh  # noqa: E402
-from jaxdepth.trainer.state import batch_sharding, start  # noqa: E402
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh  # noqa: E402
+from jaxdepth.trainer.state import start  # noqa: E402
 
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"

@@ -102,13 +102,36 @@ def opt_state_shardings(tx: optax.GradientTransformation, abstract_opt_state, ab
         transform_non_params=lambda _: replicated)
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P("data"))
+def trial_mesh_axis(mesh: Mesh, k: int) -> str | None:
+    """The mesh axis the trial axis is sharded over: "data" when the K trials divide over
+    more than one device of it (the model axis then stays within each trial) and the mesh
+    lies in one process, else None: each trial's rows are then split over the data axis.
+    Across processes, every process reads its share of every trial's rows (the loaders split
+    rows, not trials), so there the trials are laid out as one data-parallel run each."""
+    n = mesh.shape["data"]
+    one_process = len({d.process_index for d in mesh.devices.flat}) == 1
+    return "data" if n > 1 and k % n == 0 and one_process else None
+
+
+def stacked(sharding: NamedSharding, axis: str | None) -> NamedSharding:
+    """A trial's leaf sharding with a leading trial axis; a trial axis over "data" takes that
+    axis from the leaf (an FSDP-sharded parameter is then whole within its trial)."""
+    inner = tuple(None if (a == axis or (isinstance(a, tuple) and axis in a)) else a
+                  for a in sharding.spec) if axis else tuple(sharding.spec)
+    return NamedSharding(sharding.mesh, P(axis, *inner))
+
+
+def batch_sharding(mesh: Mesh, k: int | None = None) -> NamedSharding:
+    """Batches over the data axis: an evaluation's [B, ...] rows (k None), or the K trials'
+    training batches [K, B, ...], over the trials or each trial's rows over the data axis."""
+    if k is None:
+        return NamedSharding(mesh, P("data"))
+    axis = trial_mesh_axis(mesh, k)
+    return NamedSharding(mesh, P(axis) if axis else P(None, "data"))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
-
 
 
 def to_global(batch: dict, sharding) -> dict:

@@ -121,31 +121,6 @@ def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
     return out
 
 
-def trial_mesh_axis(mesh: Mesh, k: int) -> str | None:
-    """The mesh axis the trial axis is sharded over: "data" when the K trials divide over
-    more than one device of it (the model axis then stays within each trial) and the mesh
-    lies in one process, else None: each trial's rows are then split over the data axis.
-    Across processes, every process reads its share of every trial's rows (the loaders split
-    rows, not trials), so there the trials are laid out as one data-parallel run each."""
-    n = mesh.shape["data"]
-    one_process = len({d.process_index for d in mesh.devices.flat}) == 1
-    return "data" if n > 1 and k % n == 0 and one_process else None
-
-
-def _stacked(sharding: NamedSharding, axis: str | None) -> NamedSharding:
-    """A trial's leaf sharding with a leading trial axis; a trial axis over "data" takes that
-    axis from the leaf (an FSDP-sharded parameter is then whole within its trial)."""
-    inner = tuple(None if (a == axis or (isinstance(a, tuple) and axis in a)) else a
-                  for a in sharding.spec) if axis else tuple(sharding.spec)
-    return NamedSharding(sharding.mesh, P(axis, *inner))
-
-
-def batch_sharding(mesh: Mesh, k: int) -> NamedSharding:
-    """Batches [K, B, ...]: over the trials, or each trial's rows over the data axis."""
-    axis = trial_mesh_axis(mesh, k)
-    return NamedSharding(mesh, P(axis) if axis else P(None, "data"))
-
-
 def own_pretrained(cfgs: list[Config]) -> bool:
     """Whether each trial starts from its own pretrained run (task.init_from "...{seed}")."""
     return len({c.task.init_from for c in cfgs}) > 1
@@ -173,7 +148,7 @@ def _with_model(state: TrainState, model) -> TrainState:
 
 def state_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
     """(abstract state of the K trials, matching pytree of NamedShardings)."""
-    k, axis = len(cfgs), trial_mesh_axis(mesh, len(cfgs))
+    k, axis = len(cfgs), shd.trial_mesh_axis(mesh, len(cfgs))
     one = eqx.filter_eval_shape(lambda: init_one(cfgs[0], tx, task))
     p_sh = shd.param_shardings(one.model, mesh, cfgs[0].mesh.fsdp)
     spec = one.model.trainable_spec()
@@ -187,7 +162,7 @@ def state_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
         one, shared = _split(one, spec)
         solo, shared_sh = _split(solo, spec)
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct((k, *a.shape), a.dtype), one)
-    sh = jax.tree.map(lambda s: _stacked(s, axis), solo)
+    sh = jax.tree.map(lambda s: shd.stacked(s, axis), solo)
     hp = {n: jax.ShapeDtypeStruct((k,), jnp.float32) for n in hparams(cfgs)}
     vec = NamedSharding(mesh, P(axis))
     return (TrainState(abstract.step, abstract.model, abstract.opt_state, abstract.key, hp,
@@ -358,7 +333,7 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
     keeps every unit, as its solo run does without a key). See with_compile_check for
     on_compile and the returned function."""
     cfg = cfgs[0]
-    axis = trial_mesh_axis(mesh, len(cfgs))
+    axis = shd.trial_mesh_axis(mesh, len(cfgs))
     # a trial's rows over several data shards, in micro-batches: each device accumulates its
     # own gradients (make_update's groups), except under FSDP, whose gradients are sharded
     # over the data axis as the parameters are (reduce-scattered, per micro-batch), and with

@@ -17,8 +17,8 @@ from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer.restore import check_compatible
 from jaxdepth.tasks.losses import lm_loss_sums
-from jaxdepth.trainer.sharding import make_mesh
-from jaxdepth.trainer.state import batch_sharding, start
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh
+from jaxdepth.trainer.state import start
 
 
 def bf16_grad_promotion(compute_dtype: str = "bfloat16"):

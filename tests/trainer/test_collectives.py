@@ -16,8 +16,8 @@ import pytest
 
 from jaxdepth.config.cli import parse_args
 from jaxdepth.tasks import task_for
-from jaxdepth.trainer.sharding import make_mesh
-from jaxdepth.trainer.state import batch_sharding, start
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh
+from jaxdepth.trainer.state import start
 from jaxdepth.config.trials import trial_configs
 
 pytestmark = pytest.mark.fake_devices

@@ -23,8 +23,8 @@ from jaxdepth.data.corpus.pipeline import lm_iterator
 from jaxdepth.tasks import task_for
 from jaxdepth.trainer import memory
 from jaxdepth.trainer.memory import DoesNotFit, Limit, cgroup_limit, gib
-from jaxdepth.trainer.sharding import make_mesh, to_global
-from jaxdepth.trainer.state import batch_sharding, start
+from jaxdepth.trainer.sharding import batch_sharding, make_mesh, to_global
+from jaxdepth.trainer.state import start
 from jaxdepth.trainer.trials import Batches
 
 GiB = 2**30

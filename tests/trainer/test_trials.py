@@ -845,12 +845,12 @@ def test_one_seed_is_the_solo_run(lm):
 @pytest.mark.fake_devices
 def test_the_trial_axis_goes_over_data_when_the_trials_divide_it(data, k, axis):
     from jaxdepth.tasks import task_for
-    from jaxdepth.trainer import state as st
+    from jaxdepth.trainer import sharding as shd, state as st
     from jaxdepth.optim import make_optimizer
     from jaxdepth.trainer.sharding import make_mesh
 
     mesh = make_mesh(MeshConfig(data=data))
-    assert st.trial_mesh_axis(mesh, k) == axis
+    assert shd.trial_mesh_axis(mesh, k) == axis
     cfgs = trial_configs(parse_args(["--preset", "tiny-L2", "--run.seeds",
                                      ",".join(map(str, range(k)))]))
     task = task_for(cfgs[0])
@@ -864,7 +864,7 @@ def test_the_trial_axis_goes_over_data_when_the_trials_divide_it(data, k, axis):
         assert w.spec[0] is None and tuple(s.spec) == (axis, *w.spec[1:]), (s.spec, w.spec)
     assert tuple(sh.frozen.spec) == (axis,) and abstract.frozen.shape == (k,)
     # batches [K, B, ...]: a trial per device, or each trial's rows over data
-    assert tuple(st.batch_sharding(mesh, k).spec) == (("data",) if axis else (None, "data"))
+    assert tuple(shd.batch_sharding(mesh, k).spec) == (("data",) if axis else (None, "data"))
 
 
 @pytest.mark.fake_devices
