@@ -1,6 +1,6 @@
 """The training loop: restore-or-init, jitted steps, and the hooks around them (hooks.py:
-metrics, throughput, non-finite and stuck-run watchers, checkpoints, evaluations; signals.py:
-SIGTERM and Ctrl-C).
+metrics, throughput, checkpoints, evaluations; watchers.py: non-finite and stuck runs;
+signals.py: SIGTERM and Ctrl-C).
 
 It knows no task: the model, data, objective, FLOPs and evaluation come from the Task
 (trainer/task.py) that ``jaxdepth.tasks.task_for`` chose for the config, one per trial. Every
@@ -23,7 +23,7 @@ from ..config.trials import trial_configs
 from ..errors import Interrupted, warn
 from ..files import write_whole
 from . import checkpoint as ckpt, restore as rs
-from .hooks import Checkpoints, Evaluations, NonFinite, Records, Stuck, Throughput
+from .hooks import Checkpoints, Evaluations, Records, Throughput
 from .memory import step_check
 from .metrics import MetricsWriter, training_figures
 from .metrics import device_peak_flops
@@ -34,6 +34,7 @@ from .sharding import batch_sharding, make_mesh, to_global
 from .signals import StopSignals
 from .task import Task
 from .trials import Trials
+from .watchers import NonFinite, Stuck
 
 
 def restore_or_init(trials: Trials, tx, mngr, data_iter):

@@ -275,6 +275,24 @@ def _where(mesh) -> tuple[list, bool, int]:
     return devices, on_host, len(devices) if on_host else 1
 
 
+def with_compile_check(step, on_compile):
+    """run(state, batch) calling the jitted step(batch, state). on_compile(compiled, state,
+    batch), if given, sees the step compiled for its first call before that call runs, and
+    may refuse it by raising (trainer/memory.py); the jit cache serves the call, so the step
+    is still traced and compiled once. ``run.lower(state, batch)`` lowers the step without
+    running it."""
+    pending = [on_compile]
+
+    def run(state, batch):
+        if pending[0] is not None:
+            check, pending[0] = pending[0], None
+            check(step.lower(batch, state).compile(), state, batch)
+        return step(batch, state)
+
+    run.lower = lambda state, batch: step.lower(batch, state)
+    return run
+
+
 def step_check(cfg: Config, mesh, limit_of: Callable[[list], Limit | None] | None = None
                ) -> Callable | None:
     """The `on_compile` of trainer/state.py's make_step: given the step compiled for its

@@ -1,22 +1,14 @@
 """A run's train state (one eqx.Module), its sharded initialisation, and its jitted step.
 
-Every run is K >= 1 trials (trials.py), each exactly the solo run its own config describes
-(config.trials.trial_configs); a run without trials is K = 1. Their states are stacked on a
-leading trial axis, each initialised by one init program that takes the seed as an argument,
-and one trial's update (``make_update``) is applied to every trial (trial_axis.over_trials:
-vmapped when K > 1, called as it is on the one trial when K = 1) and jitted once. What varies
-between trials goes in as arrays: the seed (the key of the init and of dropout), the settings
-that vary (``hparams``: the learning-rate schedule and weight decay are built inside the step
-from them; dropout rates and ACT's ponder weight reach the model through
-trial_tracing.setting), and each trial's batches. A trial whose loss, gradient or updated
-parameters turn non-finite is frozen: its update is masked from then on and the others go
-on. The arrays every trial holds alike and never trains (Task.trial_shared: a frozen
-pretrained backbone) are kept once, outside the trial axis (``TrainState.shared``), and enter
-the step and the evaluation unbatched.
-
-With several devices the trial axis is sharded over the mesh's data axis when the trials
-divide over it (each device trains its own trials: no cross-device traffic); otherwise it is
-replicated and each trial keeps the solo run's data/model sharding.
+Every run is K >= 1 trials (trials.py), stacked on a leading trial axis; a run without trials
+is K = 1. One trial's update (``make_update``) is applied to every trial (over_trials: vmapped
+when K > 1, called as it is when K = 1) and jitted once. What varies between trials goes in as
+arrays: the seed, the settings that vary (``hparams``: the schedule and weight decay are built
+from them inside the step; dropout rates and ACT's ponder weight reach the model through
+trial_tracing), and each trial's batches. A trial whose values turn non-finite is frozen: its
+update is masked and the others go on. Arrays every trial holds alike and never trains (a frozen
+pretrained backbone) are kept once, outside the trial axis (``TrainState.shared``). The trial
+axis's placement on a mesh is sharding.py's (trial_mesh_axis).
 """
 from __future__ import annotations
 
@@ -35,6 +27,7 @@ from ..models.trial_axis import Models, over_trials, select, shared_spec, stack
 from ..models.trial_tracing import DROPOUT_SETTINGS, Keep, trial_values
 from . import sharding as shd
 from ..optim import make_optimizer
+from .memory import with_compile_check
 from .task import Task
 
 # Optimizer settings a trial may vary, as make_optimizer's keyword arguments.
@@ -298,24 +291,6 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
     return update
 
 
-def with_compile_check(step, on_compile):
-    """run(state, batch) calling the jitted step(batch, state). on_compile(compiled, state,
-    batch), if given, sees the step compiled for its first call before that call runs, and
-    may refuse it by raising (trainer/memory.py); the jit cache serves the call, so the step
-    is still traced and compiled once. ``run.lower(state, batch)`` lowers the step without
-    running it."""
-    pending = [on_compile]
-
-    def run(state, batch):
-        if pending[0] is not None:
-            check, pending[0] = pending[0], None
-            check(step.lower(batch, state).compile(), state, batch)
-        return step(batch, state)
-
-    run.lower = lambda state, batch: step.lower(batch, state)
-    return run
-
-
 def _uses_dropout(task: Task) -> bool:
     """Whether the trial's own model (its task's, built abstractly) has dropout: the step's
     model is trial 0's, whose static rate may be 0 where another trial's is not."""
@@ -330,8 +305,8 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
     updated parameters are not finite, keeps its state (and is frozen from then on). The
     state is donated and the new one placed with `shardings`. The objective is trial 0's
     task's; dropout keys are drawn when any trial's model has dropout (a trial at rate 0 then
-    keeps every unit, as its solo run does without a key). See with_compile_check for
-    on_compile and the returned function."""
+    keeps every unit, as its solo run does without a key). See memory.with_compile_check
+    for on_compile and the returned function."""
     cfg = cfgs[0]
     axis = shd.trial_mesh_axis(mesh, len(cfgs))
     # a trial's rows over several data shards, in micro-batches: each device accumulates its
