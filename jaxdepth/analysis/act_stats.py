@@ -295,9 +295,6 @@ def evaluate_act_each(models, batches: Iterable[Mapping[str, Any]], *, use_while
 
 # ------------------------------------------------------------------------------------ writers
 
-TABLE1_COLUMNS = ("MLM acc", "SOP acc", *(f"iters {g}" for g in GROUPS))
-
-
 def _fmt(x: Optional[float], spec: str) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 

@@ -86,12 +86,6 @@ def ff_rank_table(model) -> list[dict]:
     return rows
 
 
-def ff_rank_by_depth(models: Mapping[int, object]) -> list[dict]:
-    """Rows of ff_rank_table for several models, each tagged with its ``depth``."""
-    return [{"depth": depth, **row}
-            for depth in sorted(models) for row in ff_rank_table(models[depth])]
-
-
 # ----------------------------------------------------------------------------- outputs
 
 def _csv_row(row: Mapping) -> dict:

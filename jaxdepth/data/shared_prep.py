@@ -58,8 +58,3 @@ def prepared(key: str, build: Callable[[], T]) -> T:
     while len(_kept) > _KEEP:
         _kept.popitem(last=False)
     return value
-
-
-def forget() -> None:
-    """Drop everything kept (tests that count how often a build runs)."""
-    _kept.clear()

@@ -100,7 +100,8 @@ def test_write_rank_outputs(tiny_model, tmp_path):
 
 def test_rank_by_depth(tiny_model, getkey, tmp_path):
     shallow = DecoderLM(ModelConfig(vocab_size=32, d_model=16, n_layers=1, d_ff=40), key=getkey())
-    rows = rank.ff_rank_by_depth({3: tiny_model, 1: shallow})
+    models = {3: tiny_model, 1: shallow}
+    rows = [{"depth": d, **row} for d in sorted(models) for row in rank.ff_rank_table(models[d])]
     assert len(rows) == 3 * 4 and [r["depth"] for r in rows[:3]] == [1, 1, 1]
     assert rows[0]["shape"] == [16, 40]
     points = rank.rank_vs_depth(rows)
