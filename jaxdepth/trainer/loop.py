@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..config import Config, ConfigError
 from ..config.trials import trial_configs
-from ..errors import Interrupted, warn
+from ..errors import Interrupted
 from ..files import write_whole
 from . import checkpoint as ckpt, restore as rs
 from .hooks import Checkpoints, Evaluations, Records, Throughput
@@ -47,7 +47,8 @@ def restore_or_init(trials: Trials, tx, mngr, data_iter):
     no pretrained weights)."""
     abstract, shardings = trials.shardings(tx)
     if mngr.all_steps():
-        state, data_state = _restore(trials, mngr, abstract, shardings)
+        state, data_state = rs.resume(mngr, Path(trials.cfgs[0].run.dir), abstract,
+                                      shardings)
         fresh = False
     else:
         (state, fresh), data_state = trials.init(tx, abstract, shardings), None
@@ -58,29 +59,6 @@ def restore_or_init(trials: Trials, tx, mngr, data_iter):
         data_iter.set_states(rs.data_states(data_state, trials.k))
     data_iter.start_prefetch()  # loader threads or workers start while the step compiles
     return state, shardings, fresh
-
-
-def _restore(trials: Trials, mngr, abstract, shardings):
-    """(the newest readable checkpoint's state, its data iterator's saved state)."""
-    def restore_one(step: int):
-        rs.saved_config(mngr, step)  # a checkpoint is read whole: its config and data
-        data_state = rs.read_data_state(mngr, step)  # state too, before anything moves
-        return rs.restore_state(mngr, step, abstract, shardings), data_state
-
-    run_dir = Path(trials.cfgs[0].run.dir)
-    where = run_dir / "checkpoints"  # as the user gave it, not Orbax's absolute path
-    (state, data_state), step, skipped = rs.restore_newest(
-        mngr, restore_one, where=where,
-        advice=f"; move {where} aside (or give another --run.dir) to start afresh")
-    if skipped:
-        if jax.process_index() == 0:
-            for s, why in skipped:
-                dest = rs.move_aside(run_dir, s)
-                warn(f"checkpoint {s} in {where} is unreadable ({why}); moved to {dest}; "
-                     f"resuming from step {step}")
-        barrier("checkpoint_fallback")
-        mngr.reload()  # forget the steps moved away (the next saves must not touch them)
-    return state, data_state
 
 
 def train(cfg: Config, task: Task | list[Task]) -> dict:
@@ -154,7 +132,7 @@ def _start(cfg: Config, tasks: list[Task], run_dir: Path, primary: bool) -> _Run
     """Refuse an impossible resume, prepare every trial's data, restore or initialise the
     state, build the step and the hooks."""
     mngr = ckpt.open_manager(run_dir, cfg.run.keep)
-    _check_resume(cfg, mngr, run_dir)
+    rs.check_resume(cfg, mngr, run_dir)
     mesh = make_mesh(cfg.mesh)
     micro = cfg.data.batch_size // cfg.optim.accum_steps
     if micro % mesh.shape["data"]:
@@ -176,19 +154,6 @@ def _start(cfg: Config, tasks: list[Task], run_dir: Path, primary: bool) -> _Run
                                                             start + cfg.run.stop_after)
     return _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter,
                    start, end, fresh)
-
-
-def _check_resume(cfg: Config, mngr, run_dir: Path) -> None:
-    """Refuse an impossible resume before touching any file."""
-    newest = rs.newest_config(mngr)
-    if newest is None:
-        return
-    latest, saved = newest
-    rs.check_compatible(saved, cfg, run_dir)
-    if cfg.run.steps < latest:
-        raise ConfigError(f"run.steps: {cfg.run.steps} is below step {latest} of the latest "
-                          f"checkpoint in {run_dir / 'checkpoints'}; give --run.steps "
-                          f"{latest} or more (as many re-evaluates it)", field="run.steps")
 
 
 def _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter, start, end,

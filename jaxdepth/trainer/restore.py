@@ -22,6 +22,7 @@ from ..models.trial_axis import shared_spec
 from .checkpoint import (CONFIG_KEY, OneTrial, Stacked, config_digest, data_key, layouts,
                          mismatches, open_manager, sha256_hex)
 from ..optim import make_optimizer
+from .processes import barrier
 from .sharding import make_mesh
 from .state import TrainState, state_shardings
 
@@ -297,6 +298,43 @@ def move_aside(run_dir: Path, step: int) -> Path:
         dest, n = dest_dir / f"{step}.{n}", n + 1
     (run_dir / "checkpoints" / str(step)).rename(dest)
     return dest
+
+
+def check_resume(cfg: Config, mngr: ocp.CheckpointManager, run_dir: Path) -> None:
+    """Refuse an impossible resume before touching any file."""
+    newest = newest_config(mngr)
+    if newest is None:
+        return
+    latest, saved = newest
+    check_compatible(saved, cfg, run_dir)
+    if cfg.run.steps < latest:
+        raise ConfigError(f"run.steps: {cfg.run.steps} is below step {latest} of the latest "
+                          f"checkpoint in {run_dir / 'checkpoints'}; give --run.steps "
+                          f"{latest} or more (as many re-evaluates it)", field="run.steps")
+
+
+def resume(mngr: ocp.CheckpointManager, run_dir: Path, abstract: TrainState, shardings):
+    """(the newest readable checkpoint's state, its data iterator's saved state) for the
+    trainer to resume from: newer unreadable checkpoints are moved aside (move_aside), each
+    with a warning."""
+    def restore_one(step: int):
+        saved_config(mngr, step)  # a checkpoint is read whole: its config and data
+        data_state = read_data_state(mngr, step)  # state too, before anything moves
+        return restore_state(mngr, step, abstract, shardings), data_state
+
+    where = run_dir / "checkpoints"  # as the user gave it, not Orbax's absolute path
+    (state, data_state), step, skipped = restore_newest(
+        mngr, restore_one, where=where,
+        advice=f"; move {where} aside (or give another --run.dir) to start afresh")
+    if skipped:
+        if jax.process_index() == 0:
+            for s, why in skipped:
+                dest = move_aside(run_dir, s)
+                warn(f"checkpoint {s} in {where} is unreadable ({why}); moved to {dest}; "
+                     f"resuming from step {step}")
+        barrier("checkpoint_fallback")
+        mngr.reload()  # forget the steps moved away (the next saves must not touch them)
+    return state, data_state
 
 
 def load_model(run_dir, task_for, step: int | None = None, mesh=None, mesh_cfg=None,
