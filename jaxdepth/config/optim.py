@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from . import run_kinds
 from ..errors import ConfigError
 from ..fields import check_reads, positive, require
-from ..optim import OPTIMIZERS, OWN_FIELDS, optimizer
-from ..optim import schedule_class
+from ..optim import OPTIMIZERS, OWN_FIELDS, optimizer, schedule_class
 
 
 # The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/config/run_kinds/). Left

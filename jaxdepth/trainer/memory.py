@@ -278,7 +278,7 @@ def _where(mesh) -> tuple[list, bool, int]:
 def with_compile_check(step, on_compile):
     """run(state, batch) calling the jitted step(batch, state). on_compile(compiled, state,
     batch), if given, sees the step compiled for its first call before that call runs, and
-    may refuse it by raising (trainer/memory.py); the jit cache serves the call, so the step
+    may refuse it by raising (step_check below); the jit cache serves the call, so the step
     is still traced and compiled once. ``run.lower(state, batch)`` lowers the step without
     running it."""
     pending = [on_compile]

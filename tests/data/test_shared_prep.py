@@ -15,9 +15,9 @@ from jaxdepth.data.finetune.finetune_data import prepare_task_data
 
 @pytest.fixture(autouse=True)
 def _empty():
-    shared_prep.forget()
+    shared_prep._kept.clear()
     yield
-    shared_prep.forget()
+    shared_prep._kept.clear()
 
 
 def _counting(monkeypatch, module, name: str) -> list:
@@ -39,7 +39,7 @@ def test_two_trials_of_one_corpus_build_it_once_and_match_a_build_alone(tmp_path
     b = prepare_lm_data(cfg, 512, tmp_path / "b", True)
     assert len(builds) == 1
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
-    shared_prep.forget()
+    shared_prep._kept.clear()
     alone = prepare_lm_data(cfg, 512, tmp_path / "alone", True)
     assert len(builds) == 2
     assert _files(tmp_path / "alone") == _files(tmp_path / "a")
@@ -70,7 +70,7 @@ def test_trials_of_one_task_tokenize_it_once_into_read_only_arrays(tmp_path, mon
     assert not a.train["inputs"].flags.writeable
     with pytest.raises(ValueError):
         a.train["inputs"][0, 0] = 7
-    shared_prep.forget()
+    shared_prep._kept.clear()
     alone = prepare_task_data(task, tok, 512, 128, tmp_path / "c", True)
     assert (len(generated), len(packed)) == (2, 2)
     for k in alone.train:
