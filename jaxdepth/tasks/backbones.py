@@ -146,14 +146,14 @@ class FusionTask(TaskBase):
         """fresh with task.init_from's backbone weights, and the source's trained MLM head
         when the task is MLM and it has one (None without a source)."""
         cfg = self.cfg
-        self.init_step = None
         if not cfg.task.init_from:
             return None
-        backbone, head, self.init_step = load_backbone(cfg, mesh)
+        backbone, head, step = load_backbone(cfg, mesh)
         if jax.tree.structure(eqx.filter(backbone, _shaped)) != \
                 jax.tree.structure(eqx.filter(fresh.backbone, _shaped)):
             raise ConfigError(f"task.init_from: the backbone in {cfg.task.init_from} does not "
                               f"match the one its config describes")
+        self.started_from(step)
         model = eqx.tree_at(lambda m: m.backbone, fresh, backbone)
         if head is not None and not self.n_labels:
             if jax.tree.map(lambda a: a.shape, eqx.filter(head, _shaped)) == \

@@ -91,7 +91,8 @@ class PrefixLMTask(DecoderTask):
         """The pretrained decoder (task.init_from), with this run's run-time options."""
         if not self.cfg.task.init_from:
             return None
-        model, self.init_step = load_pretrained(self.cfg, mesh)
+        model, step = load_pretrained(self.cfg, mesh)
+        self.started_from(step)
         return model.with_options(**dataclasses.asdict(self.cfg.model))
 
     def evaluates_alike(self, tasks) -> bool:

@@ -113,8 +113,8 @@ class ProbeTask(EncoderTask):
             return None
         src = Path(self.cfg.task.init_from)
         try:
-            encoder, pre, self.init_step = load_model(src, self.cfg.task.init_step or None,
-                                                      mesh, self.cfg.mesh, label="task.init_step")
+            encoder, pre, step = load_model(src, self.cfg.task.init_step or None, mesh,
+                                            self.cfg.mesh, label="task.init_step")
         except FileNotFoundError as e:
             raise FileNotFoundError(f"task.init_from: {e}") from None
         source = task_for(pre)
@@ -133,6 +133,7 @@ class ProbeTask(EncoderTask):
         names = (("dropout", "remat") if self.untied
                  else ("dropout", "tau", "eps", "halting", "remat"))
         encoder = encoder.with_options(**{f: getattr(mine, f) for f in names})
+        self.started_from(step)
         return eqx.tree_at(lambda m: m.encoder, fresh, encoder)
 
     def _score(self, model, split: str) -> dict:

@@ -1,6 +1,7 @@
 """What every task shares: defaults of the trainer's Task interface (trainer/task.py)."""
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -11,9 +12,14 @@ import numpy as np
 
 from ..choices import Choices, Registered
 from ..config import Config
+from ..files import write_whole
 
 
 _TASKS: Choices[type["TaskBase"]] = Choices("Task of run kind", None)
+
+# In the data directory: the step of task.init_from the run's weights were read from, written
+# when they are read, so that a resume (which reads no pretrained weights) still reports it.
+STARTED_FROM = "started_from.json"
 
 
 def runner(kind: type) -> type:
@@ -52,10 +58,26 @@ class TaskBase(Registered):
     def prepare(self, run_dir: Path, primary: bool, barrier) -> Any:
         """The kind's ``read_data`` (its data as one frozen value of the type its module
         declares), kept as ``self.prepared`` for the later methods, the only state they read
-        besides where the outputs go (``run_dir``, ``primary``; ``write_outputs_to``)."""
-        self.run_dir, self.primary = run_dir, primary
+        besides where the outputs go (``run_dir``, ``primary``; ``write_outputs_to``) and the
+        pretrained step an earlier invocation recorded in the data directory
+        (``started_from``)."""
+        self.run_dir, self.data_dir, self.primary = run_dir, Path(run_dir), primary
         self.prepared = self.read_data(run_dir, primary, barrier)
+        record = self.data_dir / STARTED_FROM
+        if self.cfg.task.init_from and record.is_file():
+            saved = json.loads(record.read_text())
+            if saved["init_from"] == self.cfg.task.init_from:
+                self.init_step = saved["init_step"]
         return self.prepared
+
+    def started_from(self, step: int | None) -> None:
+        """The run's weights were read from checkpoint `step` of task.init_from (None: a
+        source without steps, a Hugging Face directory): kept as ``init_step`` and in the data
+        directory."""
+        self.init_step = step
+        if step is not None and self.primary:
+            write_whole(self.data_dir / STARTED_FROM, json.dumps(
+                {"init_from": self.cfg.task.init_from, "init_step": step}))
 
     def write_outputs_to(self, directory) -> None:
         """Write what this task outputs while training (evals.jsonl, analyses, predictions,
@@ -75,6 +97,12 @@ class TaskBase(Registered):
     @staticmethod
     def share_shapes(tasks: list) -> None:
         pass
+
+    @staticmethod
+    def share_start(tasks: list) -> None:
+        for t in tasks[1:]:
+            if t.init_step is None and t.cfg.task.init_from == tasks[0].cfg.task.init_from:
+                t.init_step = tasks[0].init_step
 
     def trial_shared(self, model):
         return None

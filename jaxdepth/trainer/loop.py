@@ -52,6 +52,7 @@ def restore_or_init(trials: Trials, tx, mngr, data_iter):
         fresh = False
     else:
         (state, fresh), data_state = trials.init(tx, abstract, shardings), None
+    trials.tasks[0].share_start(trials.tasks)  # the pretrained step only trial 0 read
     models = state.models()
     for k, t in enumerate(trials.tasks):
         t.model_ready(models.one(k))

@@ -75,6 +75,12 @@ class Task(Protocol):
         data (tasks/ner.py: bounds on the word slots in use), so that each trial still
         computes what its solo run does. A run of one calls it too: nothing changes."""
 
+    @staticmethod
+    def share_start(tasks: list["Task"]) -> None:
+        """After the state is initialised or restored: every trial that started from the same
+        pretrained weights as tasks[0] reports where they came from as tasks[0] does (only
+        tasks[0] reads weights the trials share). A run of one calls it too: nothing changes."""
+
     def trial_shared(self, model: eqx.Module) -> Any:
         """Filter spec of the arrays that every trial holds alike and that never train
         (task.init_from's frozen backbone), so that they are stored once, not K times

@@ -69,8 +69,8 @@ def test_every_registered_kind_evaluates_its_checkpoints():
     # model's and eval.py's are asked elsewhere: models/declared.py, eval_request.py)
     assert {n for n, v in vars(Task).items() if callable(v) and not n.startswith("_")} == {
         "build_model", "prepare", "dataset", "initial_model", "model_ready", "objective",
-        "evaluate", "evaluates_alike", "share_shapes", "trial_shared", "write_outputs_to",
-        "summary"}
+        "evaluate", "evaluates_alike", "share_shapes", "share_start", "trial_shared",
+        "write_outputs_to", "summary"}
     requests = {f.name for f in dataclasses.fields(EvalRequest)}
     for kind, cls in _task_classes():
         for method in methods:  # the protocol is every method train.py, eval.py and the trainer call

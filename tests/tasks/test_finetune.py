@@ -233,7 +233,8 @@ def test_cogs_cpu_preset_data_on_real_cogs(tmp_path, shared_data):
 
 def test_prepare_returns_the_data_as_one_frozen_value(tmp_path):
     """prepare returns the kind's data (PrefixLMPrepared, frozen) and keeps it as
-    task.prepared; besides it, it records only where the outputs go. read_data builds an
+    task.prepared; besides it, it records only where the outputs and the data go (the data
+    directory keeps the pretrained step a run started from). read_data builds an
     equal value and sets nothing (eval.py's way to read a run's data)."""
     import dataclasses
 
@@ -247,7 +248,7 @@ def test_prepare_returns_the_data_as_one_frozen_value(tmp_path):
     before = set(vars(task))
     data = task.prepare(tmp_path / "run", True, lambda: None)
     assert isinstance(data, PrefixLMPrepared) and task.prepared is data
-    assert set(vars(task)) - before == {"prepared", "run_dir", "primary"}
+    assert set(vars(task)) - before == {"prepared", "run_dir", "data_dir", "primary"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         data.dev = []
     fresh = task_for(cfg)

@@ -507,6 +507,26 @@ def test_ner_fe_from_a_pretrained_run_leaves_the_backbone_alone(pretrained, wiki
     assert any(not np.array_equal(x, y) for x, y in zip(_arrays(m3.fusion), _arrays(m6.fusion)))
 
 
+def test_the_pretrained_step_is_reported_after_a_resume_and_by_every_trial(pretrained,
+                                                                          wikiann_dir, tmp_path):
+    """summary.json's init_step names task.init_from's checkpoint whether or not this
+    invocation read it: a resumed run reads no pretrained weights, and of trials that share
+    them only trial 0's task reads them (here each trial's n-shot sample is its own)."""
+    from jaxdepth.tasks import train
+
+    def run(where, seeds="", **run_fields):
+        return train(_ner_cfg(where, wikiann_dir, task={"init_from": str(pretrained)},
+                              fusion={"method": "dwatt", "mode": "fe"},
+                              trials={"task_seed": "seed" if seeds else ""},
+                              run={"steps": 4, "save_every": 2, "seeds": seeds, **run_fields}))
+
+    assert run(tmp_path / "one", stop_after=2)["done"] is False
+    assert run(tmp_path / "one")["init_step"] == 10  # resumed at step 2
+    assert run(tmp_path / "two", "0,1", stop_after=2)["done"] is False
+    assert [t["init_step"] for t in run(tmp_path / "two", "0,1")["trials"]] == [10, 10]
+    assert [t["init_step"] for t in run(tmp_path / "fresh", "0,1")["trials"]] == [10, 10]
+
+
 def test_mlm_fusion_perplexity_recomputed(pretrained, tmp_path):
     from jaxdepth.tasks import load_model, task_for, train
     from jaxdepth.tasks.mlm import FusionMLMTask, mlm_perplexity

@@ -96,6 +96,10 @@ class Regression:
     def share_shapes(tasks):
         pass
 
+    @staticmethod
+    def share_start(tasks):
+        pass
+
     def trial_shared(self, model):
         return None
 
