@@ -44,6 +44,8 @@ class TaskBase(Registered):
     step_flops: Mapping[str, Any] = MappingProxyType({})
     init_step: int | None = None  # task.init_from's checkpoint step, once initial_model read it
     prepared: Any = None  # what prepare returned; None before it
+    data_dir: Path | None = None  # where prepare read the data; None before it
+    primary = False  # the process that writes the run's files (prepare says)
 
     REGISTRY = _TASKS  # a class registers under the name of the kind it RUNS
 
@@ -73,9 +75,9 @@ class TaskBase(Registered):
     def started_from(self, step: int | None) -> None:
         """The run's weights were read from checkpoint `step` of task.init_from (None: a
         source without steps, a Hugging Face directory): kept as ``init_step`` and in the data
-        directory."""
+        directory (once prepared: a task asked alone, by a test or a benchmark, keeps it)."""
         self.init_step = step
-        if step is not None and self.primary:
+        if step is not None and self.primary and self.data_dir is not None:
             write_whole(self.data_dir / STARTED_FROM, json.dumps(
                 {"init_from": self.cfg.task.init_from, "init_step": step}))
 
