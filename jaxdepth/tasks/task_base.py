@@ -42,7 +42,8 @@ class TaskBase(Registered):
     reports_perplexity = False
     # the whole model runs in a step (tasks/ner.py's cache: not so); read-only, shared
     step_flops: Mapping[str, Any] = MappingProxyType({})
-    init_step: int | None = None  # task.init_from's checkpoint step, once initial_model read it
+    # task.init_from's checkpoint step, once initial_model read it or prepare its record
+    init_step: int | None = None
     prepared: Any = None  # what prepare returned; None before it
     data_dir: Path | None = None  # where prepare read the data; None before it
     primary = False  # the process that writes the run's files (prepare says)
