@@ -190,7 +190,7 @@ def _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter
 def _steps(run: _Run, signals: StopSignals) -> str:
     """Train from run.start to run.end; "" when done, else the message of a stop asked by a
     signal (its step checkpointed)."""
-    b_sharding = run.trials.batch_sharding()
+    b_sharding = batch_sharding(run.trials.mesh, run.trials.k)
     records, saves = run.records, run.checkpoints
     try:
         for step in range(run.start + 1, run.end + 1):

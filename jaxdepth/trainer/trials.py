@@ -42,7 +42,7 @@ from . import checkpoint as ckpt, restore as rs
 from . import state as st
 from ..optim import make_optimizer
 from .processes import barrier, one_device_each
-from .sharding import batch_sharding, make_mesh
+from .sharding import make_mesh
 from .state import state_shardings
 from .task import Task
 
@@ -175,9 +175,6 @@ class Trials:
     def make_step(self, shardings, on_compile=None):
         """run(state, batch) -> (state, metrics of [K] arrays, with "frozen")."""
         return st.make_step(self.cfgs, self.mesh, shardings, self.tasks, on_compile)
-
-    def batch_sharding(self):
-        return batch_sharding(self.mesh, self.k)
 
     # ------------------------------------------------------------------ evaluation
 
