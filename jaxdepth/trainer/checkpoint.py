@@ -27,12 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 from jaxtyping import Array
 
 from ..config import Config
 from ..errors import UserError, describe, os_error_reason
 from ..files import write_whole
+from .sharding import unstacked
 from .state import TrainState
 
 
@@ -90,8 +91,8 @@ class CheckpointSaveFailed(UserError):
 CONFIG_KEY = "config"
 
 
-# How a checkpoint holds the state: the one place besides trial_axis.over_trials where a run
-# of one trial is told apart. A run of one is saved without its trial axis, as every
+# How a checkpoint holds the state: the one place besides the step (state.make_step) where a
+# run of one trial is told apart. A run of one is saved without its trial axis, as every
 # checkpoint written before trials existed holds it (and resumes with it); K > 1 trials as
 # they have been saved since trials existed. Orbax keys a checkpoint by these attribute
 # names, not by the classes.
@@ -120,7 +121,7 @@ def _squeeze(leaf):
     """One leaf of a run of one without its trial axis: an array, its abstract shape or its
     sharding."""
     if isinstance(leaf, NamedSharding):
-        return NamedSharding(leaf.mesh, P(*leaf.spec[1:]))
+        return unstacked(leaf)
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)
     return leaf[0]

@@ -275,21 +275,21 @@ def _where(mesh) -> tuple[list, bool, int]:
     return devices, on_host, len(devices) if on_host else 1
 
 
-def with_compile_check(step, on_compile):
-    """run(state, batch) calling the jitted step(batch, state). on_compile(compiled, state,
-    batch), if given, sees the step compiled for its first call before that call runs, and
-    may refuse it by raising (step_check below); the jit cache serves the call, so the step
-    is still traced and compiled once. ``run.lower(state, batch)`` lowers the step without
-    running it."""
+def with_compile_check(call, lower, on_compile):
+    """run(state, batch): call(state, batch), the jitted step. on_compile(compiled, state,
+    batch), if given, sees the step compiled for its first call (lower(state, batch), which
+    lowers it without running it, compiled) before that call runs, and may refuse it by
+    raising (step_check below): the state is still whole. The jit cache serves the call, so
+    the step is still traced and compiled once. ``run.lower`` is `lower`."""
     pending = [on_compile]
 
     def run(state, batch):
         if pending[0] is not None:
             check, pending[0] = pending[0], None
-            check(step.lower(batch, state).compile(), state, batch)
-        return step(batch, state)
+            check(lower(state, batch).compile(), state, batch)
+        return call(state, batch)
 
-    run.lower = lambda state, batch: step.lower(batch, state)
+    run.lower = lower
     return run
 
 

@@ -121,6 +121,11 @@ def stacked(sharding: NamedSharding, axis: str | None) -> NamedSharding:
     return NamedSharding(sharding.mesh, P(axis, *inner))
 
 
+def unstacked(sharding: NamedSharding) -> NamedSharding:
+    """A leaf sharding of a run of one without its trial axis (which is on no mesh axis)."""
+    return NamedSharding(sharding.mesh, P(*sharding.spec[1:]))
+
+
 def batch_sharding(mesh: Mesh, k: int | None = None) -> NamedSharding:
     """Batches over the data axis: an evaluation's [B, ...] rows (k None), or the K trials'
     training batches [K, B, ...], over the trials or each trial's rows over the data axis."""

@@ -1,17 +1,19 @@
 """A run's train state (one eqx.Module), its sharded initialisation, and its jitted step.
 
 Every run is K >= 1 trials (trials.py), stacked on a leading trial axis; a run without trials
-is K = 1. One trial's update (``make_update``) is applied to every trial (over_trials: vmapped
-when K > 1, called as it is when K = 1) and jitted once. What varies between trials goes in as
-arrays: the seed, the settings that vary (``hparams``: the schedule and weight decay are built
-from them inside the step; dropout rates and ACT's ponder weight reach the model through
-trial_tracing), and each trial's batches. A trial whose values turn non-finite is frozen: its
-update is masked and the others go on. Arrays every trial holds alike and never trains (a frozen
-pretrained backbone) are kept once, outside the trial axis (``TrainState.shared``). The trial
-axis's placement on a mesh is sharding.py's (trial_mesh_axis).
+is K = 1. One trial's update (``make_update``) is applied to every trial, jitted once:
+vmapped when K > 1, called on the trial itself when K = 1 (make_step). What varies between
+trials goes in as arrays: the seed, the settings that vary (``hparams``: the schedule and
+weight decay are built from them inside the step; dropout rates and ACT's ponder weight reach
+the model through trial_tracing), and each trial's batches. A trial whose values turn
+non-finite is frozen: its update is masked and the others go on. Arrays every trial holds
+alike and never trains (a frozen pretrained backbone) are kept once, outside the trial axis
+(``TrainState.shared``). The trial axis's placement on a mesh is sharding.py's
+(trial_mesh_axis).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import equinox as eqx
@@ -300,9 +302,10 @@ def _uses_dropout(task: Task) -> bool:
 def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_compile=None):
     """run(state, batch [K, B, ...]) -> (state, metrics: [K] arrays, with "frozen").
 
-    One jitted program: one trial's update applied to every trial (over_trials), each with
-    its own optimizer settings; a trial that is frozen, or whose loss, gradient norm or
-    updated parameters are not finite, keeps its state (and is frozen from then on). The
+    One jitted program: one trial's update applied to every trial, each with its own
+    optimizer settings; a trial that is frozen, or whose loss, gradient norm or updated
+    parameters are not finite, keeps its state (and is frozen from then on; a run of one
+    stops instead). The
     state is donated and the new one placed with `shardings`. The objective is trial 0's
     task's; dropout keys are drawn when any trial's model has dropout (a trial at rate 0 then
     keeps every unit, as its solo run does without a key). See memory.with_compile_check
@@ -337,24 +340,81 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
         bad = ~(jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"])
                 & jnp.isfinite(m["param_norm"]))
         stop = mine.frozen | bad
-        kept = jax.tree.map(lambda n, o: jnp.where(stop, o, n),
-                            eqx.filter(new, eqx.is_array), eqx.filter(mine, eqx.is_array))
-        new = eqx.combine(kept, new)
+        if len(cfgs) > 1:  # a frozen trial keeps its state while the others go on
+            kept = jax.tree.map(lambda n, o: jnp.where(stop, o, n),
+                                eqx.filter(new, eqx.is_array), eqx.filter(mine, eqx.is_array))
+            new = eqx.combine(kept, new)
         new = TrainState(mine.step + 1, new.model, new.opt_state, new.key, mine.hparams, stop)
         return new, {**m, "frozen": stop}
 
-    per_trial = over_trials(one, len(cfgs), (True, True, False), axis_name=None)
+    def own(state: TrainState) -> TrainState:  # the trials' own arrays, the shared ones apart
+        return TrainState(state.step, state.model, state.opt_state, state.key, state.hparams,
+                          state.frozen)
+
+    def shared(new: TrainState, shared) -> TrainState:
+        return TrainState(new.step, new.model, new.opt_state, new.key, new.hparams, new.frozen,
+                          shared)
+
+    if len(cfgs) > 1:
+        per_trial = over_trials(one, len(cfgs), (True, True, False), axis_name=None)
+
+        @eqx.filter_jit(donate="all-except-first")
+        def step(batch, state: TrainState):
+            new, m = per_trial(own(state), batch, state.shared)
+            return eqx.filter_shard(shared(new, state.shared), shardings), m
+
+        return with_compile_check(lambda state, batch: step(batch, state),
+                                  lambda state, batch: step.lower(batch, state), on_compile)
+
+    # A run of one (the other place it is told apart is checkpoint.py's layout): its trial
+    # axis is taken off before the jitted step and put back after (`take` and `put` donate
+    # the state: XLA reuses its buffers), and a non-finite value is not masked (it stops the run:
+    # watchers.NonFinite). Done as for K trials, a vmap of one would change XLA's kernels on
+    # the CPU, and the axis inside the program or the mask how the step is partitioned over
+    # a model axis: either, the last bits of what a run of one computes (docs/design.md §6).
+    # The step is jitted on the state's arrays (its other leaves bound at the first call), so
+    # that it is lowered from their shapes without the trial axis: the memory check sees it
+    # compiled before `take` has donated the caller's state.
+    solo = shared(jax.tree.map(shd.unstacked, own(shardings)), shardings.shared)
+    rows = shd.unstacked(shd.batch_sharding(mesh, 1))
+    rest = []  # the state's leaves that are not arrays
 
     @eqx.filter_jit(donate="all-except-first")
-    def step(batch, state: TrainState):
-        own = TrainState(state.step, state.model, state.opt_state, state.key, state.hparams,
-                         state.frozen)
-        new, m = per_trial(own, batch, state.shared)
-        new = TrainState(new.step, new.model, new.opt_state, new.key, new.hparams, new.frozen,
-                         state.shared)
-        return eqx.filter_shard(new, shardings), m
+    def take(batch, arrays: TrainState):
+        return (jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x[0], rows), batch),
+                eqx.filter_shard(shared(select(own(arrays), 0), arrays.shared), solo))
 
-    return with_compile_check(step, on_compile)
+    @functools.partial(jax.jit, donate_argnums=1)
+    def step(batch, arrays: TrainState):
+        state = eqx.combine(arrays, rest[0])
+        new, m = one(own(state), batch, state.shared)
+        return eqx.filter(eqx.filter_shard(shared(new, state.shared), solo), eqx.is_array), m
+
+    @eqx.filter_jit(donate="all")
+    def put(arrays: TrainState, metrics):
+        back = shared(stack([own(arrays)]), arrays.shared)
+        return eqx.filter_shard(back, shardings), jax.tree.map(lambda x: x[None], metrics)
+
+    def arrays_of(state: TrainState) -> TrainState:
+        arrays, others = eqx.partition(state, eqx.is_array)
+        rest[:] = rest or [others]
+        return arrays
+
+    def call(state: TrainState, batch):
+        arrays, metrics = put(*step(*take(batch, arrays_of(state))))
+        return eqx.combine(arrays, rest[0]), metrics
+
+    def lower(state: TrainState, batch):
+        arrays = arrays_of(state)
+        taken = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=rows),
+                             batch)
+        mine = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=s),
+                            own(arrays), own(solo))
+        whole = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                            sharding=x.sharding), arrays.shared)
+        return step.lower(taken, shared(mine, whole))
+
+    return with_compile_check(call, lower, on_compile)
 
 
 def start(cfgs: list[Config], tasks: list[Task], mesh: Mesh, pretrained=None,

@@ -47,7 +47,8 @@ def _step(k: int, accum: int, data: int, dropout: float = 0.0):
 
 def _collectives(run, state, batch) -> tuple[list[str], list[str]]:
     """(collectives inside a while loop's body, collectives elsewhere) of the compiled step."""
-    text = run.lower(state, batch).compile().compiled.as_text()
+    compiled = run.lower(state, batch).compile()
+    text = getattr(compiled, "compiled", compiled).as_text()  # equinox's wraps jax's
     bodies = set(re.findall(r"body=(%[\w.\-]+)", text))
     inside, outside, current = [], [], None
     for line in text.splitlines():

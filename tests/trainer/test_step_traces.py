@@ -81,8 +81,9 @@ class TraceCounter:
 
 def counted_train(cfg, monkeypatch) -> tuple[dict, TraceCounter]:
     """train(cfg) in this process, with the traces of its step function counted."""
-    # Whatever the step callable dispatches besides its jitted step (nothing, today) then
-    # counts in every run, not only when it happens to be first in the process.
+    # Whatever the step callable dispatches besides its jitted step (a run of one: the
+    # jitted take and put of its trial axis) then counts in every run, not only when it
+    # happens to be first in the process.
     jax.clear_caches()
     counter = TraceCounter()
     make = Trials.make_step
@@ -98,11 +99,13 @@ def counted_train(cfg, monkeypatch) -> tuple[dict, TraceCounter]:
 
 def assert_one_trace(counter: TraceCounter, steps: int) -> None:
     assert counter.calls == steps, f"the step ran {counter.calls} times, expected {steps}"
-    assert len(counter.traces) == 1, (
-        f"the train step was traced {len(counter.traces)} times in one run ({counter.traces}): "
+    traced = counter.traces
+    assert "step" in traced and len(traced) == len(set(traced)), (
+        f"the train step's functions were traced {len(traced)} times in one run ({traced}): "
         "the state or batch of a later step differs in type, shape, dtype or sharding from "
         "the first one's")
-    assert counter.compiles <= 1  # 0 when the persistent compilation cache serves it
+    # (0 when the persistent compilation cache serves them)
+    assert counter.compiles <= len(traced)
 
 
 def test_counter_counts_a_retraced_function():
