@@ -41,7 +41,6 @@ PASSIVIZATION_MARKERS = ("decl", "passiv")
 # obj_pp_to_subj_pp, so gen lines get that type and count as structural.
 PASSIVIZATION_GEN_TYPE = "obj_pp_to_subj_pp"
 
-TASK_NAMES = ("cogs", "cogs_vf", "geoquery", "passivization")
 COGS_SPLITS = ("train", "dev", "test", "gen", "train_100")
 GEOQUERY_SPLITS = ("train", "test")
 PASSIVIZATION_SPLITS = ("train", "dev", "test", "gen")
@@ -172,9 +171,10 @@ _READERS = {
 
 
 def load_task(name: str, directory: str | Path, split: str) -> list[Example]:
-    """Examples of split `split` of task `name` (one of TASK_NAMES) read from `directory`."""
+    """Examples of split `split` of task `name` (cogs, cogs_vf, geoquery, passivization) read
+    from `directory`."""
     if name not in _READERS:
-        raise ValueError(f"unknown task {name!r}; expected one of {list(TASK_NAMES)}")
+        raise ValueError(f"unknown task {name!r}; expected one of {list(_READERS)}")
     return _READERS[name](directory, split)
 
 
