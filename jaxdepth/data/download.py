@@ -268,18 +268,16 @@ def download(
     dataset = registry[name]
     directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / name
     base = (base_url or dataset.base).rstrip("/")
+    say = log or (lambda msg: None)
     for remote in dataset.files:
         dest = _target(directory, remote.filename)
         if not force and dest.is_file() and sha256_file(dest) == remote.sha256:
-            if log:
-                log(f"ok      {dest}")
+            say(f"ok      {dest}")
             continue
         url = f"{base}/{remote.url.lstrip('/')}"
-        if log:
-            log(f"fetch   {url}")
+        say(f"fetch   {url}")
         _fetch(url, dest, remote.sha256, timeout)
-        if log:
-            log(f"saved   {dest}")
+        say(f"saved   {dest}")
     return directory
 
 

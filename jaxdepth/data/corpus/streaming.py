@@ -226,15 +226,19 @@ def _exit_with_parent(worker_index: int, worker_count: int) -> None:
 def corpus_record(files: Sequence[str]) -> list[list]:
     """[path, size, modification time in ns] of every file, in order: what the stream
     positions of a checkpoint depend on, besides the text up to each cursor."""
-    out = []
-    for f in files:
-        st = os.stat(f)
-        out.append([str(f), st.st_size, st.st_mtime_ns])
-    return out
+    stats = [os.stat(f) for f in files]
+    return [[str(f), st.st_size, st.st_mtime_ns] for f, st in zip(files, stats)]
 
 
 def _when(ns: int) -> str:
     return datetime.datetime.fromtimestamp(ns / 1e9).isoformat(sep=" ", timespec="seconds")
+
+
+def first_change(changes: Sequence[str]) -> str:
+    """The first of `changes`, with how many more there are; "" when there is none."""
+    if len(changes) > 1:
+        return f"{changes[0]} (and {len(changes) - 1} more change{'s' if len(changes) > 2 else ''})"
+    return changes[0] if changes else ""
 
 
 def corpus_change(saved: Sequence, now: Sequence) -> str:
@@ -256,11 +260,7 @@ def corpus_change(saved: Sequence, now: Sequence) -> str:
     if not changes and moved:
         changes.append(f"{moved[0]}: data.corpus lists its files in another order than when the "
                        f"checkpoint was written")
-    if not changes:
-        return ""
-    more = f" (and {len(changes) - 1} more change{'s' if len(changes) > 2 else ''})" \
-        if len(changes) > 1 else ""
-    return changes[0] + more
+    return first_change(changes)
 
 
 class _CorpusChecked(grain.IterDataset):
