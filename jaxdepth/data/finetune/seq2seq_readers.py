@@ -5,13 +5,8 @@ exactly as published (case, tokenization, the `tv` / `lended` quirks of COGS, Ge
 anonymised entities `m0`/`m1`, the passivization task marker). Sources, formats and quirks are
 described in docs/datasets.md §2-§5. Malformed input (an empty file, bytes that are not UTF-8
 included) raises DataError, a ValueError, naming `file:line`, so a bad line in a 100,000-line
-file is found at once.
-
-Validation sets:
-  * COGS / COGS-vf / passivization ship a `dev` split.
-  * GeoQuery (standard split) has only train (600) and test (280). Validation is done on an
-    in-distribution slice carved out of train with `split_validation`, deterministically from a
-    seed; the model is then trained on the remainder.
+file is found at once. COGS, COGS-vf and passivization ship a `dev` split; GeoQuery has none
+(`split_validation` carves one out of train).
 """
 from __future__ import annotations
 
