@@ -319,21 +319,15 @@ def _make_example(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int, rng: np.r
     mask_kind = np.zeros(T, dtype=np.int32)
     mask_kind[positions] = kind
 
-    P = cfg.max_predictions
-    mlm_positions = np.zeros(P, dtype=np.int32)
-    mlm_positions[:m] = positions
-    mlm_ids = np.zeros(P, dtype=np.int32)
-    mlm_ids[:m] = original[positions]
-    mlm_weights = np.zeros(P, dtype=np.float32)
-    mlm_weights[:m] = 1.0
+    unused = (0, cfg.max_predictions - m)  # slots past the m predictions: 0
     example = {
         "tokens": tokens,
         "segments": segments,
         "mask": mask,
         "mask_kind": mask_kind,
-        "mlm_positions": mlm_positions,
-        "mlm_ids": mlm_ids,
-        "mlm_weights": mlm_weights,
+        "mlm_positions": np.pad(positions, unused),
+        "mlm_ids": np.pad(original[positions], unused),
+        "mlm_weights": np.pad(np.ones(m, np.float32), unused),
         "sop_labels": np.asarray(label, dtype=np.int32),
     }
     info = MLMExampleInfo(d, sents1, sents2, original, budget, tuple(ngrams))

@@ -120,10 +120,6 @@ def _is_transitive(s: Sentence) -> bool:
     return s.tree.obj is not None
 
 
-def _subj_has_pp(s: Sentence) -> bool:
-    return s.tree.subj.pp is not None
-
-
 def _configs(noun: str, name: str) -> dict[str, GrammarConfig]:
     """Generation settings: the training distribution and one setting per gen type."""
     forbid = frozenset({(noun, "obj_noun"), (name, "subj_noun")})
@@ -154,7 +150,7 @@ def _accept(kind: str, noun: str, name: str) -> Callable[[Sentence], bool]:
         "obj_to_subj_proper": lambda s: s.tree.subj.det is None and s.tree.subj.head == name,
         "pp_recursion": lambda s: s.pp_depth >= 2,
         "cp_recursion": lambda s: s.cp_depth >= 2,
-        "obj_pp_to_subj_pp": _subj_has_pp,
+        "obj_pp_to_subj_pp": lambda s: s.tree.subj.pp is not None,
     }[kind]
 
 
