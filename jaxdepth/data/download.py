@@ -127,7 +127,7 @@ REGISTRY: dict[str, Dataset] = {
                    "e05d48357694bfa7ce9b9257cc05aa413dc843b483af8b1a462f30cbebe8fbc8", 7846),
         ),
         "Raw inputs only (corpus GPL-2.0, split Apache-2.0): build train.tsv/test.tsv with "
-        "NQG's write_dataset + split_dataset (see the module docstring).",
+        "NQG's write_dataset + split_dataset (docs/datasets.md §4).",
     ),
     "passivization_en": Dataset(
         _github("sebschu/multilingual-transformations",
