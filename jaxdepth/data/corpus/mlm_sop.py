@@ -377,13 +377,11 @@ class MLMBatchSource:
         return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
-def mlm_dataset(docs_tokenized, cfg: MLMConfig, vocab_size: int, *, global_batch: int, seed: int,
-                process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
-    """grain dataset whose item i is this process's rows of global MLM+SOP batch i
-    (iterate it with `pipeline.lm_iterator`)."""
-    return grain.MapDataset.source(MLMBatchSource(
-        docs_tokenized, cfg, vocab_size, global_batch=global_batch, seed=seed,
-        process_index=process_index, process_count=process_count))
+def mlm_dataset(docs_tokenized, cfg: MLMConfig, vocab_size: int, **source) -> grain.MapDataset:
+    """grain dataset whose item i is this process's rows of global MLM+SOP batch i (`source`:
+    MLMBatchSource's global_batch, seed, process_index, process_count; iterate it with
+    `pipeline.lm_iterator`)."""
+    return grain.MapDataset.source(MLMBatchSource(docs_tokenized, cfg, vocab_size, **source))
 
 
 def eval_mlm_batches(docs_tokenized, cfg: MLMConfig, vocab_size: int, *, n_batches: int,

@@ -40,7 +40,6 @@ import functools
 import logging
 import zlib
 from collections.abc import Iterator
-from typing import Optional
 
 import numpy as np
 
@@ -137,7 +136,6 @@ class ProbeStats:
     max_pieces: int = 0  # longest kept sentence, in pieces (no specials)
 
 
-
 def _subseed(seed: int, *tags) -> np.random.SeedSequence:
     # crc32, not hash(): Python salts str hashes per process, and data must be reproducible.
     return np.random.SeedSequence(
@@ -161,7 +159,6 @@ class _Item:
     ids: np.ndarray
     roles: np.ndarray
     label: int  # sentence tasks; -1 for roles
-
 
 
 def _select(task: str, tok: Tokenizer, n_train: int, n_eval: int, seed: int, seq_len: int,
