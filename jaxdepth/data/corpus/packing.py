@@ -1,19 +1,11 @@
 """Pack tokenized documents into fixed-length LM windows, seqio-style, with segment ids.
 
-A window holds T target tokens taken from the documents in order (each document's ids followed
-by EOS). Several documents share a window; a document longer than what is left of one continues
-as a new segment of the next, so no window of a stream has padding (seqio splits long documents
-at multiples of T before packing and then leaves the packing gaps as padding; we split where
-the window ends instead). The features follow seqio's ``DecoderFeatureConverter(pack=True)``:
-
-    targets      the window's tokens
-    inputs       targets shifted right by one *within each segment*, 0 (BOS) at a segment's start
-    segment_ids  1, 2, ... per segment in the window; 0 on padding
-    positions    0, 1, ... restarting at every segment
-    weights      1.0 on real tokens, 0.0 on padding
-
-so a model that attends only inside a segment (``DecoderLM(..., segment_ids_BT=...)``) sees
-every document exactly as if it sat alone at the start of a window.
+A window holds T tokens taken from the documents in order (each document's ids followed by
+EOS); a document longer than what is left of a window continues as a new segment of the next,
+so no window of a stream has padding. The features are seqio's
+``DecoderFeatureConverter(pack=True)``'s (`features`; docs/design.md §5, "Packing"), so a model
+that attends only inside a segment (``DecoderLM(..., segment_ids_BT=...)``) sees every document
+exactly as if it sat alone at the start of a window.
 """
 from __future__ import annotations
 
@@ -28,7 +20,9 @@ NextDocument = Callable[[], np.ndarray]
 
 
 def features(tokens_T: np.ndarray, segment_ids_T: np.ndarray) -> dict[str, np.ndarray]:
-    """The LM features of one packed window (see the module docstring)."""
+    """The LM features of one packed window: `targets` its tokens; `inputs` them shifted right
+    by one within each segment, 0 at a segment's start; `segment_ids`; `positions` restarting
+    at 0 in every segment; `weights` 1.0 on real tokens. Padding (segment 0) is 0 throughout."""
     T = len(tokens_T)
     starts = np.ones(T, bool)
     starts[1:] = segment_ids_T[1:] != segment_ids_T[:-1]

@@ -112,90 +112,70 @@ def process_rows(global_batch: int, seed: int, process_index: int,
     return local, process_index * local
 
 
-def _lm_example(windows: np.ndarray) -> dict[str, np.ndarray]:
-    windows = np.asarray(windows, dtype=np.int32)
-    return {
-        "inputs": windows[:, :-1],
-        "targets": windows[:, 1:],
-        "weights": np.ones(windows[:, 1:].shape, dtype=np.float32),
-    }
+class _EpochRows:
+    """Random-access grain source over `n` items: item i is this process's rows of global
+    batch i, the items drawn epoch by epoch (`sample_ids`), so batch i is a pure function of
+    (seed, i)."""
 
-
-class LMBatchSource:
-    """Random-access grain source: item i is this process's slice of global batch i."""
-
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        *,
-        seq_len: int,
-        global_batch: int,
-        seed: int,
-        process_index: int = 0,
-        process_count: int = 1,
-    ):
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    def __init__(self, n: int, *, global_batch: int, seed: int, process_index: int = 0,
+                 process_count: int = 1):
         self.local_batch, self.first_row = process_rows(global_batch, seed, process_index,
                                                         process_count)
-        if tokens.ndim != 1:
-            raise ValueError(f"tokens must be a 1-D stream, got shape {tokens.shape}")
-        n_windows = (len(tokens) - 1) // seq_len
-        if n_windows < global_batch:
-            raise ValueError(
-                f"{len(tokens)} tokens make {max(n_windows, 0)} windows of seq_len={seq_len}, "
-                f"fewer than global_batch={global_batch}; need at least "
-                f"{global_batch * seq_len + 1} tokens"
-            )
-        self.tokens = tokens
-        self.seq_len = seq_len
-        self.global_batch = global_batch
-        self.seed = seed
-        self.n_windows = n_windows
-
-    def __len__(self) -> int:
-        return _INFINITE
-
-    def window_ids(self, i: int) -> np.ndarray:
-        """Window indices of this process's rows of global batch i."""
-        return sample_ids(self.seed, self.n_windows, int(i) * self.global_batch + self.first_row,
-                           self.local_batch)
-
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        if not 0 <= i < _INFINITE:
-            raise IndexError(f"batch index {i} out of range")
-        starts = self.window_ids(i) * self.seq_len
-        # One fancy-index gather: a memmap reads just these windows' pages.
-        return _lm_example(self.tokens[starts[:, None] + np.arange(self.seq_len + 1)])
-
-
-class ExampleBatchSource:
-    """Random-access grain source over fixed-length examples (e.g. prefix-LM features):
-    item i is this process's rows of global batch i, drawn epoch by epoch exactly like the
-    windows of LMBatchSource, so batch i is a pure function of (seed, i)."""
-
-    def __init__(self, arrays: dict[str, np.ndarray], *, global_batch: int, seed: int,
-                 process_index: int = 0, process_count: int = 1):
-        n = {len(v) for v in arrays.values()}
-        if len(n) != 1 or not n.pop():
-            raise ValueError(f"arrays must be non-empty with one common length, got "
-                             f"{ {k: len(v) for k, v in arrays.items()} }")
-        self.local_batch, self.first_row = process_rows(global_batch, seed, process_index,
-                                                        process_count)
-        self.arrays = arrays
-        self.n = len(next(iter(arrays.values())))
-        self.seed = seed
-        self.global_batch = global_batch
+        self.n, self.global_batch, self.seed = n, global_batch, seed
 
     def __len__(self) -> int:
         return _INFINITE
 
     def rows(self, i: int) -> np.ndarray:
-        """The example indices of this process's rows of global batch i."""
+        """The item indices of this process's rows of global batch i."""
         if not 0 <= i < _INFINITE:
             raise IndexError(f"batch index {i} out of range")
         return sample_ids(self.seed, self.n, int(i) * self.global_batch + self.first_row,
-                           self.local_batch)
+                          self.local_batch)
+
+
+class LMBatchSource(_EpochRows):
+    """Item i is this process's slice of global batch i, its rows windows of the stream."""
+
+    def __init__(self, tokens: np.ndarray, *, seq_len: int, **rows):
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        if tokens.ndim != 1:
+            raise ValueError(f"tokens must be a 1-D stream, got shape {tokens.shape}")
+        n_windows = (len(tokens) - 1) // seq_len
+        super().__init__(n_windows, **rows)
+        if n_windows < self.global_batch:
+            raise ValueError(
+                f"{len(tokens)} tokens make {max(n_windows, 0)} windows of seq_len={seq_len}, "
+                f"fewer than global_batch={self.global_batch}; need at least "
+                f"{self.global_batch * seq_len + 1} tokens"
+            )
+        self.tokens = tokens
+        self.seq_len = seq_len
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        starts = self.rows(i) * self.seq_len
+        # One fancy-index gather: a memmap reads just these windows' pages.
+        windows = np.asarray(self.tokens[starts[:, None] + np.arange(self.seq_len + 1)],
+                             dtype=np.int32)
+        return {
+            "inputs": windows[:, :-1],
+            "targets": windows[:, 1:],
+            "weights": np.ones(windows[:, 1:].shape, dtype=np.float32),
+        }
+
+
+class ExampleBatchSource(_EpochRows):
+    """Item i is this process's rows of global batch i of fixed-length examples (e.g.
+    prefix-LM features), drawn exactly like the windows of LMBatchSource."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], **rows):
+        n = {len(v) for v in arrays.values()}
+        if len(n) != 1 or not n.pop():
+            raise ValueError(f"arrays must be non-empty with one common length, got "
+                             f"{ {k: len(v) for k, v in arrays.items()} }")
+        super().__init__(len(next(iter(arrays.values()))), **rows)
+        self.arrays = arrays
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         ids = self.rows(i)

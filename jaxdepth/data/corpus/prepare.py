@@ -24,7 +24,7 @@ from ..embedded import grammar
 from .packing import document_ids, iter_windows
 from .pipeline import load_tokens, save_tokens, split_documents, tokenize_documents, window_batches
 from .readers import iter_documents, read_corpus, resolve_paths
-from .streaming import CorpusChanged
+from .streaming import CorpusChanged, first_change
 from .tokenizer import Tokenizer, train_tokenizer
 
 
@@ -159,9 +159,7 @@ def _files_change(saved: dict, now: dict) -> str:
             what = (f"size {saved[f][0]} -> {size} bytes" if saved[f][0] != size
                     else "same size, other bytes")
             changes.append(f"{f}: changed since the cache was built ({what})")
-    if len(changes) > 1:
-        return f"{changes[0]} (and {len(changes) - 1} more change{'s' if len(changes) > 2 else ''})"
-    return changes[0] if changes else ""
+    return first_change(changes)
 
 
 def _has_checkpoint(run_dir: Path) -> bool:

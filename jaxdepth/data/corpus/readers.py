@@ -147,16 +147,6 @@ def iter_documents(path: str | Path, fmt: str = "auto", *, start_line: int = 1,
         yield from docs
 
 
-def read_text(path: str | Path) -> list[str]:
-    """Documents of a plain-text file: blocks of lines separated by blank lines."""
-    return [d for _, d in iter_documents(path, "text")]
-
-
-def read_jsonl(path: str | Path, field: str = "text") -> list[str]:
-    """The string `field` of every JSON object in a JSONL file (C4: url, text, timestamp)."""
-    return [d for _, d in iter_documents(path, "jsonl", field=field)]
-
-
 def _is_jsonl(path: Path) -> bool:
     suffix = path.suffixes[-2] if path.suffix == ".gz" and len(path.suffixes) > 1 else path.suffix
     return suffix in (".jsonl", ".json")

@@ -3,36 +3,18 @@
 Start-up and memory do not depend on the corpus size: nothing is read before the first batch
 is asked for, and each stream holds one open file and one document.
 
-Layout. The sorted file list is dealt into S *streams* (``data.streams``): stream s reads files
-s, s+S, s+2S, ... — in epoch e in the order ``default_rng([seed, s, e]).permutation``, each
-file's documents in file order — tokenizes them with SentencePiece and packs them into windows
-(data/corpus/packing.py). Global batch i holds, stream after stream, rows [i*R, (i+1)*R) of each
-stream's windows, R = global_batch / S. So batch i is a function of (seed, i, file list, S)
-alone, whatever the number of hosts or loader workers:
+The sorted file list is dealt into S *streams* (``data.streams``); stream s reads files s, s+S,
+... in a seeded order every epoch, tokenizes them and packs them into windows
+(data/corpus/packing.py). Global batch i holds, stream after stream, R = global_batch / S rows
+of each stream's windows, so it is a function of (seed, i, file list, S) alone, whatever the
+number of hosts (each owns a contiguous range of streams, `local_streams`) or loader workers
+(each takes every W-th of its host's streams; ``_merge_blocks`` puts the rows back in order).
 
-- process p of P owns streams [p*S/P, (p+1)*S/P), i.e. exactly its rows of every global batch,
-  and opens only those streams' files (no host reads what another trains on);
-- each of its W loader worker processes (grain's ``mp_prefetch``, ``data.workers``) takes
-  every W-th of those streams and hands over one block per batch, their R rows each; grain
-  takes one block from each worker in turn, and ``_merge_blocks`` puts the rows back in
-  stream order.
-
-The iterator state is one cursor per stream — (epoch, position in the epoch's file order, line
-where the current document starts, tokens of it already packed, a hash of the file's text up
-to the end of that document) — saved in every checkpoint by grain, with what the cursors
-depend on: the file list, each file's size and modification time, and the batches read. A
-resumed run refuses a corpus that changed since (a file added, removed or modified; the text
-up to a cursor changed), naming the file: the saved cursors would apply to other text. A
-resumed stream skips to the cursor's line (decompressing and hashing, not parsing) and
-re-tokenizes the one document it was in. Checkpoints written before these records resume as
-before, unchecked.
-
-``data.restart_stream`` continues a run on a changed corpus (shards appended on purpose): the
-checkpoint's cursors are dropped and, from the restored step N on, the batches are those a
-fresh run on the current file list reads from its first batch — every stream at the start of
-its first file, in the order ``default_rng([seed, s, e])`` deals. So after a restart the data
-order is a function of (seed, file list, S) and N alone, and documents read before step N are
-read again. Each resume with the flag restarts the stream: drop it once the run resumed.
+The iterator state is one cursor per stream (`_Stream.cursor`), saved with what the cursors
+depend on (the file list with each file's size and modification time, a hash of the text up
+to each cursor): a resumed run refuses a corpus that changed since, naming the file, unless
+``data.restart_stream`` drops the cursors and starts the stream afresh at the restored step.
+The full layout and state: docs/design.md §5, "Streaming LM pipeline".
 """
 from __future__ import annotations
 
@@ -244,15 +226,19 @@ def _exit_with_parent(worker_index: int, worker_count: int) -> None:
 def corpus_record(files: Sequence[str]) -> list[list]:
     """[path, size, modification time in ns] of every file, in order: what the stream
     positions of a checkpoint depend on, besides the text up to each cursor."""
-    out = []
-    for f in files:
-        st = os.stat(f)
-        out.append([str(f), st.st_size, st.st_mtime_ns])
-    return out
+    stats = [os.stat(f) for f in files]
+    return [[str(f), st.st_size, st.st_mtime_ns] for f, st in zip(files, stats)]
 
 
 def _when(ns: int) -> str:
     return datetime.datetime.fromtimestamp(ns / 1e9).isoformat(sep=" ", timespec="seconds")
+
+
+def first_change(changes: Sequence[str]) -> str:
+    """The first of `changes`, with how many more there are; "" when there is none."""
+    if len(changes) > 1:
+        return f"{changes[0]} (and {len(changes) - 1} more change{'s' if len(changes) > 2 else ''})"
+    return changes[0] if changes else ""
 
 
 def corpus_change(saved: Sequence, now: Sequence) -> str:
@@ -274,11 +260,7 @@ def corpus_change(saved: Sequence, now: Sequence) -> str:
     if not changes and moved:
         changes.append(f"{moved[0]}: data.corpus lists its files in another order than when the "
                        f"checkpoint was written")
-    if not changes:
-        return ""
-    more = f" (and {len(changes) - 1} more change{'s' if len(changes) > 2 else ''})" \
-        if len(changes) > 1 else ""
-    return changes[0] + more
+    return first_change(changes)
 
 
 class _CorpusChecked(grain.IterDataset):

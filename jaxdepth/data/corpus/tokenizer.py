@@ -7,6 +7,7 @@ pickles (grain may send it to worker processes) and saves as an ordinary `.model
 from __future__ import annotations
 
 import io
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -121,19 +122,13 @@ def train_tokenizer(
     `vocab_field` the setting that asked for `vocab_size`.
     """
     sentences = _sentences(texts)
-    try:
-        first = next(sentences)
-    except StopIteration:
-        raise DataError(f"cannot train a tokenizer on an empty corpus ({source})") from None
-
-    def all_sentences() -> Iterator[str]:
-        yield first
-        yield from sentences
-
+    first = next(sentences, None)
+    if first is None:
+        raise DataError(f"cannot train a tokenizer on an empty corpus ({source})")
     writer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=all_sentences(),
+            sentence_iterator=itertools.chain([first], sentences),
             model_writer=writer,
             vocab_size=vocab_size,
             model_type=model_type,

@@ -470,7 +470,10 @@ def _realize_clause(cl: Clause, prefix: str, out: list) -> str:
     return _predicate(cl.verb, [(role, subj)])
 
 
-def _build(cl: Clause, voice: str) -> Sentence:
+def realize(cl: Clause, voice: Literal["active", "passive"] = "active") -> Sentence:
+    """The sentence of a tree, generated or hand-built (e.g.
+    ``realize(Clause("see", "past", NP("cat", "a"), NP("dog", "the")))``); a passive needs a
+    direct object (`to_passive`)."""
     out: list = []
     if voice == "active":
         lf = _realize_clause(cl, "", out)
@@ -489,53 +492,6 @@ def _build(cl: Clause, voice: str) -> Sentence:
                     _cp_depth(cl), _clause_pp_depth(cl), cl)
 
 
-def _check_np(np_: NP, where: str) -> None:
-    if np_.det is None:
-        if np_.head not in NAMES or np_.number != "sg" or np_.adj or np_.pp:
-            raise ValueError(f"{where}: an NP without determiner must be a bare singular "
-                             f"name from NAMES, got {np_}")
-        return
-    if np_.head not in NOUN_PLURAL:
-        raise ValueError(f"{where}: unknown noun {np_.head!r}")
-    if np_.det not in DETERMINERS or np_.number not in DETERMINERS[np_.det][0]:
-        raise ValueError(f"{where}: determiner {np_.det!r} does not go with number "
-                         f"{np_.number!r}")
-    if np_.adj is not None and np_.adj not in ADJECTIVES:
-        raise ValueError(f"{where}: unknown adjective {np_.adj!r}")
-    if np_.pp is not None:
-        if np_.pp.prep not in PREPOSITIONS:
-            raise ValueError(f"{where}: unknown preposition {np_.pp.prep!r}")
-        _check_np(np_.pp.np, where + ".pp")
-
-
-def _check_clause(cl: Clause, where: str) -> None:
-    if cl.tense not in ("past", "present"):
-        raise ValueError(f"{where}.tense must be 'past' or 'present', got {cl.tense!r}")
-    if cl.obj is not None and cl.ccomp is not None:
-        raise ValueError(f"{where}: a clause has an object or a ccomp, not both")
-    frame, table = (("transitive", _TRANSITIVE) if cl.obj is not None else
-                    ("clausal", _CLAUSAL) if cl.ccomp is not None else
-                    ("intransitive", {**_UNERGATIVE, **_UNACCUSATIVE}))
-    if cl.verb not in table:
-        raise ValueError(f"{where}: {cl.verb!r} is not a {frame} verb lemma")
-    _check_np(cl.subj, where + ".subj")
-    if cl.obj is not None:
-        _check_np(cl.obj, where + ".obj")
-    if cl.ccomp is not None:
-        _check_clause(cl.ccomp, where + ".ccomp")
-
-
-def make_sentence(clause: Clause, voice: Literal["active", "passive"] = "active") -> Sentence:
-    """Realize a hand-built tree, e.g. for fixed task examples:
-    ``make_sentence(Clause("see", "past", NP("cat", "a"), NP("dog", "the")))``."""
-    _check_clause(clause, "clause")
-    if voice not in ("active", "passive"):
-        raise ValueError(f"voice must be 'active' or 'passive', got {voice!r}")
-    if voice == "passive" and clause.obj is None:
-        raise ValueError("only a clause with a direct object has a passive")
-    return _build(clause, voice)
-
-
 def to_passive(sentence: Sentence) -> Optional[Sentence]:
     """The passive of the main clause ("the dog was seen by a cat ."), with the same LF;
     None when the main verb takes no direct object. A passive is returned unchanged."""
@@ -543,7 +499,7 @@ def to_passive(sentence: Sentence) -> Optional[Sentence]:
         return sentence
     if sentence.tree.obj is None:
         return None
-    return _build(sentence.tree, "passive")
+    return realize(sentence.tree, "passive")
 
 
 # ---------------------------------------------------------------------------------------
@@ -726,7 +682,7 @@ class _Generator:
         return Clause(verb, tense, self.np(prefix + "subj", kind, subj_pp))
 
     def sentence(self) -> Sentence:
-        return _build(self.clause(0), "active")
+        return realize(self.clause(0))
 
 
 def generate(n: int, seed: int, cfg: GrammarConfig = GrammarConfig()) -> list[Sentence]:

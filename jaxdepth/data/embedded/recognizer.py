@@ -136,16 +136,14 @@ class _Parser:
                 yield from self.passive_rest(j, number)
 
     def passive_rest(self, j: int, number: str) -> Iterator[int]:
-        need = ("be", "participle", "by")
-        for step, k in enumerate(range(j, j + 3)):
+        # "be" agreeing with the subject, a participle, "by"
+        fits = (lambda w: _BE.get(w, ("", ""))[1] == number, _PARTICIPLES.__contains__,
+                "by".__eq__)
+        for k, fit in zip(range(j, j + 3), fits):
             if k == self.n:
                 yield _MORE
                 return
-            word = self.w[k]
-            ok = ((need[step] == "be" and _BE.get(word, ("", ""))[1] == number)
-                  or (need[step] == "participle" and word in _PARTICIPLES)
-                  or (need[step] == "by" and word == "by"))
-            if not ok:
+            if not fit(self.w[k]):
                 return
         yield from (e for e, _ in self.np(j + 3, "animate"))
 

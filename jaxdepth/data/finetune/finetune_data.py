@@ -1,11 +1,8 @@
 """Fine-tuning data: a task's splits, the tokenizer it shares with pretraining, prefix-LM features.
 
-The tokenizer of a fine-tuning run is, in order of preference: the one already in the run
-directory (a resumed run), the pretrained run's (`task.init_from`), `data.tokenizer`, or, for a
-model trained from scratch, one trained on the task's training text. It is copied to
-``<run>/data/tokenizer.model`` so that eval.py finds it next to the checkpoints. Pieces the
-tokenizer does not know are counted and reported (``<run>/data/unk_report.json``), never
-silently dropped.
+The tokenizer (`run_tokenizer`) is the run directory's (a resumed run), else copied from the
+pretrained run (`task.init_from`) or `data.tokenizer`, else trained on the task's training text.
+Pieces it does not know are counted in ``<run>/data/unk_report.json``, never silently dropped.
 """
 from __future__ import annotations
 

@@ -120,10 +120,6 @@ def _is_transitive(s: Sentence) -> bool:
     return s.tree.obj is not None
 
 
-def _subj_has_pp(s: Sentence) -> bool:
-    return s.tree.subj.pp is not None
-
-
 def _configs(noun: str, name: str) -> dict[str, GrammarConfig]:
     """Generation settings: the training distribution and one setting per gen type."""
     forbid = frozenset({(noun, "obj_noun"), (name, "subj_noun")})
@@ -154,7 +150,7 @@ def _accept(kind: str, noun: str, name: str) -> Callable[[Sentence], bool]:
         "obj_to_subj_proper": lambda s: s.tree.subj.det is None and s.tree.subj.head == name,
         "pp_recursion": lambda s: s.pp_depth >= 2,
         "cp_recursion": lambda s: s.cp_depth >= 2,
-        "obj_pp_to_subj_pp": _subj_has_pp,
+        "obj_pp_to_subj_pp": lambda s: s.tree.subj.pp is not None,
     }[kind]
 
 
@@ -162,21 +158,15 @@ def _accept(kind: str, noun: str, name: str) -> Callable[[Sentence], bool]:
 # Tasks
 
 
-def build_task(name: str, n_train: int, n_eval: int, seed: int, *,
-               held_out_noun: str = HELD_OUT_NOUN, held_out_name: str = HELD_OUT_NAME,
-               ) -> dict[str, list[tuple[Example, Sentence]]]:
+def build_task(name: str, n_train: int, n_eval: int,
+               seed: int) -> dict[str, list[tuple[Example, Sentence]]]:
     """Like `make_task`, but each example comes with the active `Sentence` it was made from,
     so callers (and tests) can inspect roles and depths."""
     if name not in GRAMMAR_TASKS:
         raise ValueError(f"unknown grammar task {name!r}; expected one of {list(GRAMMAR_TASKS)}")
     if n_train < 1 or n_eval < 0:
         raise ValueError(f"need n_train >= 1 and n_eval >= 0, got {n_train}, {n_eval}")
-    if held_out_noun not in ANIMATE_NOUNS:
-        raise ValueError(f"held_out_noun must be an animate noun (it must be able to be a "
-                         f"subject), got {held_out_noun!r}")
-    if held_out_name not in NAMES:
-        raise ValueError(f"held_out_name must be one of grammar.NAMES, got {held_out_name!r}")
-    cfgs = _configs(held_out_noun, held_out_name)
+    cfgs = _configs(HELD_OUT_NOUN, HELD_OUT_NAME)
     seen: set[str] = set()  # sources already used, in any split
     out: dict[str, list[tuple[Example, Sentence]]] = {s: [] for s in SPLITS}
 
@@ -226,23 +216,14 @@ def build_task(name: str, n_train: int, n_eval: int, seed: int, *,
     for split, kinds in (("gen_lexical", LEXICAL_TYPES),
                          ("gen_structural", STRUCTURAL_TYPES_BY_TASK[name])):
         for kind in kinds:
-            accept = _accept(kind, held_out_noun, held_out_name)
+            accept = _accept(kind, HELD_OUT_NOUN, HELD_OUT_NAME)
             take(split, gen(kind, _stream(cfgs[kind], seed, kind, accept)), n_eval)
     return out
 
 
-def make_task(name: str, n_train: int, n_eval: int, seed: int, *,
-              held_out_noun: str = HELD_OUT_NOUN,
-              held_out_name: str = HELD_OUT_NAME) -> dict[str, list[Example]]:
+def make_task(name: str, n_train: int, n_eval: int, seed: int) -> dict[str, list[Example]]:
     """{split: examples} for grammar task `name` (see the module docstring). dev and test have
     `n_eval` examples; gen_lexical and gen_structural have `n_eval` per generalization type."""
-    built = build_task(name, n_train, n_eval, seed, held_out_noun=held_out_noun,
-                       held_out_name=held_out_name)
+    built = build_task(name, n_train, n_eval, seed)
     return {split: [ex for ex, _ in pairs] for split, pairs in built.items()}
 
-
-__all__ = [
-    "GRAMMAR_TASKS", "SPLITS", "HELD_OUT_NOUN", "HELD_OUT_NAME", "LEXICAL_TYPES",
-    "STRUCTURAL_TYPES_BY_TASK", "TRAIN_MAX_PP_DEPTH", "TRAIN_MAX_CP_DEPTH", "GEN_MAX_DEPTH",
-    "build_task", "make_task", "semantic_parsing_example", "passivization_example",
-]

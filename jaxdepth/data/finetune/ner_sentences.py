@@ -20,7 +20,6 @@ from ..corpus.readers import text_lines
 
 # WikiAnn's tag set, in the order the data card lists it; index = label id.
 LABELS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC")
-IGNORE_LABEL = -100  # label of non-first sub-tokens: left out of the loss and the metric
 
 
 @dataclasses.dataclass(frozen=True)

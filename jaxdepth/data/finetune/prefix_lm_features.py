@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jaxdepth.data.finetune.seq2seq_readers import Example
-from jaxdepth.data.corpus.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from jaxdepth.data.corpus.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from jaxdepth.errors import DataError
 
 
@@ -85,13 +85,10 @@ def batch_features(examples: Sequence[Example], tok: Tokenizer, length: int, *,
     (float32 [B, length]), `prefix_len` (int32 [B]) and `truncated` (int32 [B], 1 where the
     example was cut; `batch["truncated"].sum()` counts them)."""
     rows = _example_features(examples, tok, lambda s, t: length, truncate, "batch_features")
-    return {
-        "inputs": np.stack([r["inputs"] for r in rows]),
-        "targets": np.stack([r["targets"] for r in rows]),
-        "weights": np.stack([r["weights"] for r in rows]),
-        "prefix_len": np.asarray([r["prefix_len"] for r in rows], dtype=np.int32),
-        "truncated": np.asarray([r["truncated"] for r in rows], dtype=np.int32),
-    }
+    out = {k: np.stack([r[k] for r in rows]) for k in ("inputs", "targets", "weights")}
+    for k in ("prefix_len", "truncated"):
+        out[k] = np.asarray([r[k] for r in rows], dtype=np.int32)
+    return out
 
 
 def pack_features(examples: Sequence[Example], tok: Tokenizer, length: int, seed: int, *,
@@ -158,8 +155,7 @@ class UnkReport:
 def count_unk(examples: Sequence[Example], tok: Tokenizer) -> UnkReport:
     report = UnkReport(n_examples=len(examples))
     for e in examples:
-        src = sum(1 for i in tok.encode(e.source) if i == UNK_ID)
-        tgt = sum(1 for i in tok.encode(e.target) if i == UNK_ID)
+        src, tgt = tok.count_unk(e.source), tok.count_unk(e.target)
         report.source_unk_tokens += src
         report.target_unk_tokens += tgt
         if src or tgt:

@@ -32,11 +32,6 @@ Each example is ``[CLS] sentence [SEP]`` padded to ``seq_len``; a batch is a dic
 
 Sentences longer than ``seq_len - 2`` pieces are skipped, never truncated; `build_probe_data`
 returns the counts (`ProbeStats`) and `make_probe_data` logs them.
-
-Piece-to-word alignment: a piece starts a word when it begins with "▁" (`mlm.word_start_table`).
-`sentence_roles` checks that the pieces, grouped at word starts, spell exactly the sentence's
-words, and raises ValueError naming the sentence otherwise (e.g. a character the tokenizer maps
-to unk).
 """
 from __future__ import annotations
 
@@ -45,7 +40,6 @@ import functools
 import logging
 import zlib
 from collections.abc import Iterator
-from typing import Optional
 
 import numpy as np
 
@@ -86,22 +80,6 @@ def label_names(task: str) -> tuple[str, ...]:
 def _check_task(task: str) -> None:
     if task not in PROBE_TASKS:
         raise ValueError(f"unknown probing task {task!r}; expected one of {list(PROBE_TASKS)}")
-
-
-def sentence_feature(task: str, sentence: Sentence) -> Optional[str]:
-    """The label string of a sentence task for `sentence` (None: obj_number without object)."""
-    if task not in SENTENCE_TASKS:
-        raise ValueError(f"{task!r} is not a sentence-level task; expected one of "
-                         f"{list(SENTENCE_TASKS)}")
-    return getattr(sentence, task)
-
-
-def sentence_label(task: str, sentence: Sentence) -> int:
-    """Label id of `sentence` for a sentence task; ValueError if it has none (no object)."""
-    feature = sentence_feature(task, sentence)
-    if feature is None:
-        raise ValueError(f"{sentence.text!r} has no {task} label (no direct object)")
-    return _LABEL_NAMES[task].index(feature)
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,7 +136,6 @@ class ProbeStats:
     max_pieces: int = 0  # longest kept sentence, in pieces (no specials)
 
 
-
 def _subseed(seed: int, *tags) -> np.random.SeedSequence:
     # crc32, not hash(): Python salts str hashes per process, and data must be reproducible.
     return np.random.SeedSequence(
@@ -182,7 +159,6 @@ class _Item:
     ids: np.ndarray
     roles: np.ndarray
     label: int  # sentence tasks; -1 for roles
-
 
 
 def _select(task: str, tok: Tokenizer, n_train: int, n_eval: int, seed: int, seq_len: int,
@@ -220,7 +196,7 @@ def _select(task: str, tok: Tokenizer, n_train: int, n_eval: int, seed: int, seq
                     f"after {stats.n_generated} sentences ({stats}); is seq_len={seq_len} too "
                     "small?")
             if task in SENTENCE_TASKS:
-                feature = sentence_feature(task, s)
+                feature = getattr(s, task)  # None: obj_number without an object
                 if feature is None:
                     stats.n_no_label += 1
                     continue
@@ -246,14 +222,6 @@ def _select(task: str, tok: Tokenizer, n_train: int, n_eval: int, seed: int, seq
             len(items))
         out[split] = [items[i] for i in order]
     return out, stats
-
-
-def probe_sentences(task: str, tok: Tokenizer, *, n_train: int, n_eval: int, seed: int,
-                    seq_len: int, cfg: GrammarConfig = GrammarConfig(),
-                    ) -> tuple[dict[str, list[Sentence]], ProbeStats]:
-    """The sentences of each split, in row order, as `make_probe_data` encodes them."""
-    items, stats = _select(task, tok, n_train, n_eval, seed, seq_len, cfg)
-    return {split: [it.sentence for it in its] for split, its in items.items()}, stats
 
 
 def _encode(task: str, items: list[_Item], seq_len: int) -> dict[str, np.ndarray]:
@@ -298,9 +266,3 @@ def make_probe_data(task: str, tok: Tokenizer, *, n_train: int, n_eval: int, see
              stats.n_no_label, stats.n_class_full, stats.max_pieces)
     return data
 
-
-__all__ = [
-    "PROBE_TASKS", "SENTENCE_TASKS", "SPLITS", "ROLE_NAMES", "IGNORE_ROLE", "ProbeStats",
-    "label_names", "sentence_feature", "sentence_label", "sentence_roles", "probe_sentences",
-    "build_probe_data", "make_probe_data",
-]

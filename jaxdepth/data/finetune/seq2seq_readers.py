@@ -5,13 +5,8 @@ exactly as published (case, tokenization, the `tv` / `lended` quirks of COGS, Ge
 anonymised entities `m0`/`m1`, the passivization task marker). Sources, formats and quirks are
 described in docs/datasets.md §2-§5. Malformed input (an empty file, bytes that are not UTF-8
 included) raises DataError, a ValueError, naming `file:line`, so a bad line in a 100,000-line
-file is found at once.
-
-Validation sets:
-  * COGS / COGS-vf / passivization ship a `dev` split.
-  * GeoQuery (standard split) has only train (600) and test (280). Validation is done on an
-    in-distribution slice carved out of train with `split_validation`, deterministically from a
-    seed; the model is then trained on the remainder.
+file is found at once. COGS, COGS-vf and passivization ship a `dev` split; GeoQuery has none
+(`split_validation` carves one out of train).
 """
 from __future__ import annotations
 
@@ -41,7 +36,6 @@ PASSIVIZATION_MARKERS = ("decl", "passiv")
 # obj_pp_to_subj_pp, so gen lines get that type and count as structural.
 PASSIVIZATION_GEN_TYPE = "obj_pp_to_subj_pp"
 
-TASK_NAMES = ("cogs", "cogs_vf", "geoquery", "passivization")
 COGS_SPLITS = ("train", "dev", "test", "gen", "train_100")
 GEOQUERY_SPLITS = ("train", "test")
 PASSIVIZATION_SPLITS = ("train", "dev", "test", "gen")
@@ -172,9 +166,10 @@ _READERS = {
 
 
 def load_task(name: str, directory: str | Path, split: str) -> list[Example]:
-    """Examples of split `split` of task `name` (one of TASK_NAMES) read from `directory`."""
+    """Examples of split `split` of task `name` (cogs, cogs_vf, geoquery, passivization) read
+    from `directory`."""
     if name not in _READERS:
-        raise ValueError(f"unknown task {name!r}; expected one of {list(TASK_NAMES)}")
+        raise ValueError(f"unknown task {name!r}; expected one of {list(_READERS)}")
     return _READERS[name](directory, split)
 
 

@@ -47,7 +47,7 @@ def test_targets_are_inputs_shifted_by_one():
     tokens = np.random.default_rng(0).integers(0, 1000, size=N_TOKENS).astype(np.int32)
     source = LMBatchSource(tokens, seq_len=T, global_batch=6, seed=1)
     batch = source[3]
-    for row, k in enumerate(source.window_ids(3)):
+    for row, k in enumerate(source.rows(3)):
         np.testing.assert_array_equal(batch["inputs"][row], tokens[k * T : k * T + T])
         np.testing.assert_array_equal(batch["targets"][row], tokens[k * T + 1 : k * T + T + 1])
 

@@ -3,10 +3,20 @@ import json
 
 import pytest
 
-from jaxdepth.data.corpus.readers import read_corpus, read_jsonl, read_text
+from jaxdepth.data.corpus.readers import iter_documents, read_corpus
 
 TEXT = "first line\nsecond line\n\n\n  \t\nthird doc\n\nfourth doc\nlast line"
 TEXT_DOCS = ["first line\nsecond line", "third doc", "fourth doc\nlast line"]
+
+
+def read_text(path):
+    """Documents of a plain-text file: blocks of lines separated by blank lines."""
+    return [d for _, d in iter_documents(path, "text")]
+
+
+def read_jsonl(path, field="text"):
+    """The string `field` of every JSON object in a JSONL file (C4: url, text, timestamp)."""
+    return [d for _, d in iter_documents(path, "jsonl", field=field)]
 
 
 def write_jsonl(path, records):

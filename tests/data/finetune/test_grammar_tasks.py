@@ -3,7 +3,7 @@ from functools import lru_cache
 
 import pytest
 
-from jaxdepth.data.embedded.grammar import NP, PP, Clause, make_sentence
+from jaxdepth.data.embedded.grammar import NP, PP, Clause, realize
 from jaxdepth.data.finetune.grammar_tasks import (GRAMMAR_TASKS, HELD_OUT_NAME, HELD_OUT_NOUN,
                                                   LEXICAL_TYPES, SPLITS, STRUCTURAL_TYPES_BY_TASK,
                                                   TRAIN_MAX_CP_DEPTH, TRAIN_MAX_PP_DEPTH,
@@ -115,7 +115,7 @@ def test_gen_structural_goes_beyond_training(built):
 
 
 def test_semantic_parsing_targets_by_hand():
-    s = make_sentence(Clause("see", "past", NP("cat", "a"),
+    s = realize(Clause("see", "past", NP("cat", "a"),
                              NP("dog", "the", pp=PP("on", NP("mat", "the")))))
     assert semantic_parsing_example(s) == Example(
         "a cat saw the dog on the mat .",
@@ -123,13 +123,13 @@ def test_semantic_parsing_targets_by_hand():
 
 
 def test_passivization_targets_by_hand():
-    s = make_sentence(Clause("admire", "past", NP("cat", "our", "pl"),
+    s = realize(Clause("admire", "past", NP("cat", "our", "pl"),
                              NP("owl", "her", adj="old")))
     assert passivization_example(s, "passiv") == Example(
         "our cats admired her old owl . passiv", "her old owl was admired by our cats .",
         "in_distribution")
     assert passivization_example(s, "decl", "x").target == "our cats admired her old owl ."
-    intransitive = make_sentence(Clause("sleep", "present", NP("emma")))
+    intransitive = realize(Clause("sleep", "present", NP("emma")))
     with pytest.raises(ValueError, match="no passive"):
         passivization_example(intransitive, "passiv")
     with pytest.raises(ValueError, match="marker"):
@@ -139,7 +139,3 @@ def test_passivization_targets_by_hand():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="unknown grammar task"):
         make_task("scan", 10, 1, 0)
-    with pytest.raises(ValueError, match="animate noun"):
-        make_task("semantic_parsing", 10, 1, 0, held_out_noun="table")
-    with pytest.raises(ValueError, match="NAMES"):
-        make_task("semantic_parsing", 10, 1, 0, held_out_name="bob")

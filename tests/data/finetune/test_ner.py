@@ -8,11 +8,11 @@ from seqeval.scheme import IOB2
 from seqeval.metrics import f1_score
 
 from jaxdepth.analysis.entity_f1 import f1
-from jaxdepth.data.finetune.ner_sentences import (IGNORE_LABEL, LABELS, Sentence, encode_tags,
-                                                  few_shot_sample, iob1_to_iob2,
-                                                  read_conll2003, read_wikiann)
+from jaxdepth.data.finetune.ner_sentences import (LABELS, Sentence, encode_tags, few_shot_sample,
+                                                  iob1_to_iob2, read_conll2003, read_wikiann)
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "ner"
+IGNORE_LABEL = -100  # label of non-first sub-tokens: left out of the loss and the metric
 
 
 def entity_types(sentences) -> list[str]:
