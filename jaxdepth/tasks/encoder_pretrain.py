@@ -32,7 +32,7 @@ from ..data.corpus.prepare import corpus_name, run_tokenizer, tokenizer_source
 from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
-from .losses import softmax_xent as _xent
+from .losses import batch_totals, softmax_xent as _xent, weighted_xent_sum
 from .eval_request import EvalRequest
 from ..models.trial_axis import Models
 from ..config.run_kinds.encoder_pretraining import EncoderPretraining
@@ -41,28 +41,29 @@ from .task_base import TaskBase, same_arrays
 EVAL_BATCHES = 4  # validation batches when run.eval_batches is 0
 
 
-def encoder_objective(cfg: Config):
+def encoder_objective():
     def objective(model, mb, key, totals):
         k_enc, k_sop = split_or_none(key, 2)
         out = model(mb["tokens"], mb["segments"], mb["mask"], key=k_enc)
-        w_BP = mb["mlm_weights"].astype(jnp.float32)
-        mlm_ce = _xent(model.mlm_logits(out.h_BTD, mb["mlm_positions"]), mb["mlm_ids"])
-        mlm = jnp.sum(w_BP * mlm_ce) / totals["predictions"]
+        mlm = weighted_xent_sum(model.mlm_logits(out.h_BTD, mb["mlm_positions"]), mb["mlm_ids"],
+                                mb["mlm_weights"]) / totals["predictions"]
         sop = jnp.sum(_xent(model.sop_logits(out.h_BTD, key=k_sop), mb["sop_labels"])) \
             / totals["rows"]
-        real = mb["mask"].astype(jnp.float32)
-        ponder = jnp.sum(real * (out.N_BT + out.R_BT)) / totals["rows"]
-        value = mlm + sop + model.ponder_weight * ponder
-        return value, {"loss": value, "mlm": mlm, "sop": sop, "ponder": ponder,
-                       "iterations": jnp.sum(real * out.N_BT) / totals["tokens"],
-                       "tokens": jnp.sum(real)}
+        return with_ponder(mlm + sop, {"mlm": mlm, "sop": sop}, out, mb["mask"],
+                           model.ponder_weight, totals)
 
-    def totals(batch):
-        return {"predictions": jnp.maximum(jnp.sum(batch["mlm_weights"].astype(jnp.float32)), 1.0),
-                "rows": jnp.float32(batch["tokens"].shape[0]),
-                "tokens": jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)}
+    return objective, batch_totals("predictions", "rows", "tokens")
 
-    return objective, totals
+
+def with_ponder(loss, parts: dict, out, mask_BT, weight, totals) -> tuple:
+    """(loss + weight * ponder cost, the step's metrics): the ponder cost is the mean over rows
+    of sum_t mask_t (N_t + R_t); the metrics add it and the mean iterations per real token."""
+    real = mask_BT.astype(jnp.float32)
+    ponder = jnp.sum(real * (out.N_BT + out.R_BT)) / totals["rows"]
+    value = loss + weight * ponder
+    return value, {"loss": value, **parts, "ponder": ponder,
+                   "iterations": jnp.sum(real * out.N_BT) / totals["tokens"],
+                   "tokens": jnp.sum(real)}
 
 
 def mlm_config(cfg: Config) -> MLMConfig:
@@ -164,7 +165,7 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         return self.build_encoder(key=k_enc)
 
     def objective(self):
-        return encoder_objective(self.cfg)
+        return encoder_objective()
 
     def evaluates_alike(self, tasks) -> bool:
         return all(same_arrays(t.prepared.valid, self.prepared.valid) for t in tasks)

@@ -32,7 +32,7 @@ from ..data.finetune import ner_sentences
 from ..data.corpus.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
 from ..models.fusions import FusionMethod, Sentence, Words
-from .losses import softmax_xent as _xent
+from .losses import batch_totals, labelled_xent_sum
 from .eval_request import EvalRequest
 from ..models.trial_axis import Models
 from ..config.run_kinds.fusion_ner import FusionNER
@@ -53,16 +53,11 @@ def ner_objective(n_active: int = 0, batches: type["NERBatches"] | None = None):
     batches = batches or TokenBatches
 
     def objective(model, mb, key, totals):
-        logits = batches.logits(model, mb, key, n_active)
-        labels = mb["labels"]
-        valid = (labels >= 0).astype(jnp.float32)
-        ce = jnp.sum(valid * _xent(logits, jnp.maximum(labels, 0))) / totals["labels"]
+        ce = labelled_xent_sum(batches.logits(model, mb, key, n_active), mb["labels"]) \
+            / totals["labels"]
         return ce, {"loss": ce, "tokens": jnp.sum(mb["mask"].astype(jnp.float32))}
 
-    def totals(batch):
-        return {"labels": jnp.maximum(jnp.sum((batch["labels"] >= 0).astype(jnp.float32)), 1.0)}
-
-    return objective, totals
+    return objective, batch_totals("labels")
 
 
 @eqx.filter_jit

@@ -25,34 +25,23 @@ from ..data.corpus.pipeline import ExampleBatchSource
 from ..data.finetune.probing import ROLE_NAMES, label_names, make_probe_data
 from ..data.corpus.prepare import run_tokenizer, tokenizer_source
 from ..models.classifier import EncoderClassifier
-from .losses import softmax_xent as _xent
+from .losses import batch_totals, labelled_xent_sum, softmax_xent as _xent
 from .eval_request import EvalRequest
 from ..config.run_kinds.probe_finetuning import ProbeFinetuning
-from .encoder_pretrain import EncoderTask
+from .encoder_pretrain import EncoderTask, with_ponder
 from .registry import load_model, task_for
 
-def probe_objective(cfg: Config):
+
+def probe_objective():
     def objective(model, mb, key, totals):
         logits, out = model(mb["tokens"], mb["segments"], mb["mask"], key=key)
-        labels = mb["labels"]
         if model.token_level:
-            valid = (labels >= 0).astype(jnp.float32)
-            ce = jnp.sum(valid * _xent(logits, jnp.maximum(labels, 0))) / totals["labels"]
+            ce = labelled_xent_sum(logits, mb["labels"]) / totals["labels"]
         else:
-            ce = jnp.sum(_xent(logits, labels)) / totals["rows"]
-        real = mb["mask"].astype(jnp.float32)
-        ponder = jnp.sum(real * (out.N_BT + out.R_BT)) / totals["rows"]
-        value = ce + model.encoder.ponder_weight * ponder
-        return value, {"loss": value, "ce": ce, "ponder": ponder,
-                       "iterations": jnp.sum(real * out.N_BT) / totals["tokens"],
-                       "tokens": jnp.sum(real)}
+            ce = jnp.sum(_xent(logits, mb["labels"])) / totals["rows"]
+        return with_ponder(ce, {"ce": ce}, out, mb["mask"], model.encoder.ponder_weight, totals)
 
-    def totals(batch):
-        return {"rows": jnp.float32(batch["tokens"].shape[0]),
-                "labels": jnp.maximum(jnp.sum((batch["labels"] >= 0).astype(jnp.float32)), 1.0),
-                "tokens": jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)}
-
-    return objective, totals
+    return objective, batch_totals("rows", "labels", "tokens")
 
 
 @eqx.filter_jit
@@ -105,7 +94,7 @@ class ProbeTask(EncoderTask):
             process_count=jax.process_count()))
 
     def objective(self):
-        return probe_objective(self.cfg)
+        return probe_objective()
 
     def initial_model(self, mesh, fresh):
         """The pretrained encoder (task.init_from) under a fresh head, with this run's options."""

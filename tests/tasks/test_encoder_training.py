@@ -47,7 +47,7 @@ def _state_and_step(cfg, mesh_cfg=MeshConfig(data=1)):
     from jaxdepth.trainer.state import start
 
     mesh = make_mesh(mesh_cfg)
-    # EncoderPretrainTask: its objective is encoder_objective(cfg)
+    # EncoderPretrainTask: its objective is encoder_objective()
     state, step, _ = start([cfg], [task_for(cfg)], mesh)
 
     def one(state, batch):  # a run of one: its batch and metrics on a trial axis of one
@@ -62,7 +62,7 @@ def test_objective_equals_the_model_loss(batch):
     cfg = _cfg(act={"halting_bias_init": -0.5})
     state, _, _ = _state_and_step(cfg)
     model = state.models().one(0)
-    fn, totals = encoder_objective(cfg)
+    fn, totals = encoder_objective()
     value, metrics = fn(model, batch, None, totals(batch))
     want, parts = act.loss(model, batch)  # the model's own loss (models/act.py)
     np.testing.assert_allclose(float(value), float(want), rtol=1e-6)
