@@ -21,7 +21,7 @@ heads, for fixed-depth comparisons: models/encoder.py's ``Encoder`` with ALBERT'
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple
+from typing import Callable, NamedTuple
 
 import equinox as eqx
 import jax
@@ -140,12 +140,6 @@ def halting_while(step_fn: StepFn, h0_BTD: Array, mask_BT: Array, max_iters: int
         ran_M = jnp.arange(max_iters) < n
         buf = jnp.where(ran_M[:, None, None, None], buf, state.h_BTD[None])
     return ACTOutput(state.h_BTD, state.N_BT, state.R_BT, buf, n)
-
-
-def ponder_cost(N_BT: Array, R_BT: Array, mask_BT: Array) -> Array:
-    """mean over the batch of sum_t mask_t (N_t + R_t)."""
-    m = mask_BT.astype(jnp.float32)
-    return jnp.mean(jnp.sum(m * (N_BT + R_BT), axis=-1))
 
 
 # ------------------------------------------------------------------------ embeddings and heads
@@ -368,30 +362,3 @@ class UntiedEncoder(_Pretrainable, Encoder):
 
     forward_scan = forward_while = __call__
 
-
-# ----------------------------------------------------------------------------------- the loss
-
-def _xent(logits_BXC: Array, labels_BX: Array) -> Array:
-    logits_BXC = logits_BXC.astype(jnp.float32)  # a bf16 log-partition loses the loss's digits
-    logz = jax.nn.logsumexp(logits_BXC, axis=-1)
-    gold = jnp.take_along_axis(logits_BXC, labels_BX[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return logz - gold
-
-
-def loss(model: ACTEncoder | UntiedEncoder, batch: Mapping[str, Array], *,
-         key: Array | None = None) -> tuple[Array, dict[str, Array]]:
-    """MLM + SOP + tau * ponder (the ponder term only for halting="act").
-
-    ``batch`` holds ``tokens``, ``segments``, ``mask`` [B, T]; ``mlm_positions``, ``mlm_ids``,
-    ``mlm_weights`` [B, P] (ALBERT's format: at most P predictions per sequence, weight 0 on
-    unused slots); ``sop_labels`` [B]. The MLM loss is the mean over positions with weight > 0.
-    """
-    k_enc, k_sop = split_or_none(key, 2)
-    out = model(batch["tokens"], batch["segments"], batch["mask"], key=k_enc)
-    w_BP = batch["mlm_weights"].astype(jnp.float32)
-    mlm_ce = _xent(model.mlm_logits(out.h_BTD, batch["mlm_positions"]), batch["mlm_ids"])
-    mlm = jnp.sum(w_BP * mlm_ce) / jnp.maximum(jnp.sum(w_BP), 1e-6)
-    sop = jnp.mean(_xent(model.sop_logits(out.h_BTD, key=k_sop), batch["sop_labels"]))
-    ponder = ponder_cost(out.N_BT, out.R_BT, batch["mask"])
-    total = mlm + sop + model.ponder_weight * ponder
-    return total, {"mlm": mlm, "sop": sop, "ponder": ponder}
