@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ACTConfig, Config, ConfigError
+from ..config import Config, ConfigError
 from ..data.embedded import grammar
 from ..data.corpus.pipeline import ExampleBatchSource
 from ..data.finetune.probing import ROLE_NAMES, label_names, make_probe_data
@@ -29,7 +29,7 @@ from .losses import batch_totals, labelled_xent_sum, softmax_xent as _xent
 from .eval_request import EvalRequest
 from ..config.run_kinds.probe_finetuning import ProbeFinetuning
 from .encoder_pretrain import EncoderTask, with_ponder
-from .registry import load_model, task_for
+from .registry import check_shape, load_init_from, task_for
 
 
 def probe_objective():
@@ -100,22 +100,13 @@ class ProbeTask(EncoderTask):
         """The pretrained encoder (task.init_from) under a fresh head, with this run's options."""
         if not self.cfg.task.init_from:
             return None
-        src = Path(self.cfg.task.init_from)
-        try:
-            encoder, pre, step = load_model(src, self.cfg.task.init_step or None, mesh,
-                                            self.cfg.mesh, label="task.init_step")
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"task.init_from: {e}") from None
+        src = self.cfg.task.init_from
+        encoder, pre, step = load_init_from(self.cfg, mesh)
         source = task_for(pre)
         if not isinstance(source, EncoderTask):
             raise ConfigError(f"task.init_from: {src} is not an encoder run (act, albert or bert)")
-        mine, theirs = self.encoder_cfg, source.encoder_cfg
-        mine_shape, theirs_shape = mine.shape(), theirs.shape()
-        for f in ACTConfig.SHAPE:
-            if mine_shape[f] != theirs_shape[f]:
-                raise ConfigError(f"act.{f}: {mine_shape[f]} here but {theirs_shape[f]} in "
-                                  f"the pretrained checkpoint {src}; use its config: "
-                                  f"--config {src / 'config.json'}")
+        mine = self.encoder_cfg
+        check_shape("act", mine.shape(), source.encoder_cfg.shape(), src, step)
         if source.untied != self.untied:
             raise ConfigError(f"model.arch: {self.arch!r} cannot start from the "
                               f"{source.arch!r} checkpoint {src}")
