@@ -39,11 +39,6 @@ from .heads import MLMHead
 from .layers import Dense, dropout, split_or_none
 
 
-def fusion_param_count(method: str, backbone: Backbone, n_extra: int = 1) -> int:
-    """Trainable parameters the fusion method adds on this backbone (Table 2; head excluded)."""
-    return fusion_method(method).param_count(backbone, n_extra)
-
-
 class FusedModel(Declared):
     backbone: Backbone
     fusion: FusionMethod  # fusion.method's module (its class carries the name)

@@ -69,11 +69,6 @@ def mean_losses(models: Models, batches: list[dict], sharding) -> list[tuple[flo
     return out
 
 
-def mean_loss(model: DecoderLM, batches: list[dict], sharding) -> tuple[float, float]:
-    """(mean weighted NLL, total weight) of one model over batches."""
-    return mean_losses(Models(model), batches, sharding)[0]
-
-
 def valid_metrics(loss: float, n: float) -> dict:
     return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0)), "valid_tokens": n}
 
@@ -188,7 +183,7 @@ class LMTask(DecoderTask):
             else:
                 tokens = load_tokens(run / "data" / "valid.npy")
             batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
-        result = valid_metrics(*mean_loss(model, batches, batch_sharding(mesh)))
+        result = valid_metrics(*mean_losses(Models(model), batches, batch_sharding(mesh))[0])
         out = {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
                "tokens": result["valid_tokens"], "loss": result["valid_loss"],
                "perplexity": result["valid_ppl"]}

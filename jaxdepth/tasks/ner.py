@@ -283,18 +283,9 @@ def eval_active(splits: list[dict], batch: int) -> int:
                             batch * a["positions"].shape[1]) for a in splits)
 
 
-def predict_ids(models: Models, arrays: dict, batch: int, n_active: int | None = None,
-                batches: type[NERBatches] = TokenBatches) -> list[np.ndarray]:
-    """Greedy label ids [n, P] of every sentence, per model, from a split's arrays in the
-    format `batches` (its cached states, for a cached one); token batches are padded so one
-    compile serves all. n_active: the slot bound (eval_active), by default this split's own."""
-    return batches.predict(models, arrays, batch, n_active)
-
-
-def predict_tags(model, arrays: dict, n_words, labels, batch: int,
-                 n_active: int | None = None) -> list[list[str]]:
-    """Greedy tags of every sentence by one model (predict_ids)."""
-    pred = predict_ids(Models(model), arrays, batch, n_active)[0]
+def predict_tags(model, arrays: dict, n_words, labels, batch: int) -> list[list[str]]:
+    """Greedy tags of every sentence by one model, from a split's word pieces."""
+    pred = TokenBatches.predict(Models(model), arrays, batch, None)[0]
     return ner_sentences.decode_tags(pred, arrays["labels"], n_words, labels)
 
 
@@ -473,8 +464,8 @@ class NERTask(FusionTask):
         """Dev and test F1 of each trial (tagged side by side, vmapped); each trial's task
         keeps its own curve and writes its own files."""
         p = self.prepared
-        preds = {split: predict_ids(models, self.split(split), p.eval_batch, p.eval_active,
-                                    self.batches) for split in SPLITS}
+        preds = {split: self.batches.predict(models, self.split(split), p.eval_batch,
+                                             p.eval_active) for split in SPLITS}
         return [t.finish_evaluation({s: preds[s][k] for s in SPLITS}, step, final)
                 for k, t in enumerate(tasks)]
 

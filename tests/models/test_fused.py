@@ -3,7 +3,7 @@
 FE vs FT through the real train step (trainer/state.py): which arrays move, which get optimizer
 moments, and that the step's gradient is the gradient of the NER objective w.r.t. the fusion
 module and head alone. Gathering before fusion equals gathering after it; layer_states equals
-every backbone's layer outputs recomputed layer by layer; fusion_param_count equals the arrays
+every backbone's layer outputs recomputed layer by layer; FusionMethod.param_count equals the arrays
 actually built; EncoderMLM's head against a NumPy recomputation.
 (The DWAtt / Concat equations themselves are tested in tests/models/test_fusion.py.)
 """
@@ -26,8 +26,9 @@ from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.models.specs import EncoderConfig
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.encoder_mlm import EncoderMLM
-from jaxdepth.models.fused import FusedModel, fusion_param_count
+from jaxdepth.models.fused import FusedModel
 from jaxdepth.models.fusion import fusion_trainable
+from jaxdepth.models.fusions import fusion_method
 from jaxdepth.models.fusions.base import Base
 from jaxdepth.models.fusions.base_n import BasePlusN
 from jaxdepth.models.fusions.dwatt import KEY_DIM, DWAtt
@@ -405,7 +406,7 @@ def test_fusion_param_count_matches_the_built_module(backbone_kind, method):
     n_extra = 2
     model = FusedModel(bb, method=method, frozen_backbone=True, n_labels=5, n_extra=n_extra,
                        key=jax.random.key(14))
-    count = fusion_param_count(method, bb, n_extra)
+    count = fusion_method(method).param_count(bb, n_extra)
     if method == "base":
         assert isinstance(model.fusion, Base) and count == 0
         return
