@@ -39,9 +39,6 @@ from .options import with_options
 from .stack import init_stack
 
 
-# The config (ACTConfig, with the presets) is act_config.py: the `act` section.
-
-
 # ------------------------------------------------------------------------------- the recurrence
 
 class HaltState(NamedTuple):

@@ -1,15 +1,8 @@
-"""Backbones for layer fusion: what a fusion task stacks its module on (docs/design.md §4).
-
-A backbone is any deep model of this project whose layer outputs ``z_1..z_L`` can be read:
-
-- ``Encoder`` (BERT/RoBERTa; trained here with ``model.arch=encoder`` or imported from a
-  Hugging Face directory): its L layer outputs.
-- ``ACTEncoder`` / ``UntiedEncoder`` (``act``, ``albert``, ``bert``): the states after each of
-  the M iterations (for ACT, a halted token's state stays as it was when it halted).
-- ``DecoderLM``: its L layer outputs (causal, before the final norm).
-
-Where a backbone's weights come from (``task.init_from``) is the tasks' business
-(``jaxdepth/tasks/backbones.py``).
+"""Backbones for layer fusion (docs/design.md §4): any deep model of this project whose layer
+outputs ``z_1..z_L`` a fusion task can read: ``Encoder`` (BERT/RoBERTa, trained here or
+imported from Hugging Face), ``ACTEncoder`` / ``UntiedEncoder`` (the states after each of the M
+iterations; a halted token's stays as it was) and ``DecoderLM`` (causal, before the final
+norm). Where a backbone's weights come from (``task.init_from``) is jaxdepth/tasks/backbones.py's.
 """
 from __future__ import annotations
 

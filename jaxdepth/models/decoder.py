@@ -232,17 +232,12 @@ def prefill(model: DecoderLM, prompt_BT: Array, lengths_B: Array,
 @eqx.filter_jit
 def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int, *,
              key: Array | None = None, eos_id: int = 1, pad_id: int = 0) -> Array:
-    """Continuation of right-padded prompts with a KV cache: argmax, or with a `key` a
-    sample from the model's distribution (temperature 1; token i drawn with
-    ``fold_in(key, i)``).
-
-    Returns [B, max_new] tokens; each row stops after its first EOS (later slots hold pad_id),
-    and the loop ends early once every row has stopped. Under vmap (trials decoding side by
-    side) the loop ends once every row of every member has stopped: the predicate is reduced
-    over the vmapped axes (``unvmap_all``), where a batched one would select every carry, KV
-    caches included, on every token (about 2x slower than decoding the members one by one on
-    the CPU); a member whose rows have all stopped only writes pad_id, so each member's tokens
-    are its own either way.
+    """[B, max_new] continuations of right-padded prompts with a KV cache: argmax, or with a
+    `key` a sample (temperature 1; token i drawn with ``fold_in(key, i)``). Each row stops
+    after its first EOS (later slots hold pad_id); the loop ends once every row has stopped,
+    under vmap (trials side by side) every row of every member: the predicate is reduced over
+    the vmapped axes (``unvmap_all``), as a batched one would select every carry, KV caches
+    included, on every token. A member whose rows have all stopped only writes pad_id.
     """
     B, T = prompt_BT.shape
     # Cast (and pad) the layer weights once, not on every decoded token.
@@ -254,9 +249,8 @@ def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
     out = jnp.full_like(logits_BV, pad_id, shape=(B, max_new), dtype=jnp.int32)
     done = jnp.zeros_like(logits_BV, shape=(B,), dtype=bool)
     # One token per step runs the layers one by one, each with its own cache buffer in the
-    # loop carry: XLA then updates every buffer in place, where a scan over the stacked
-    # [L, B, S, N, H] cache copies all of it in and out on every token (2-2.5x slower on CPU,
-    # benchmarks/README.md). The prompt still goes through `extend`'s scan, once.
+    # loop carry, which XLA updates in place (a scan over the stacked cache would copy all of
+    # it on every token; benchmarks/README.md). The prompt goes through `extend`'s scan, once.
     layers = model.layer_list()
     caches = tuple((cache.k_LBSNH[i], cache.v_LBSNH[i]) for i in range(len(layers)))
 

@@ -1,25 +1,16 @@
 """The BERT-style encoder: embeddings, then a stack of post-LN layers (models/stack.py).
 
-``Encoder`` reproduces Hugging Face's BERT/RoBERTa forward pass, for pretrained backbones; the
-fusion modules (``models/fusion.py``, docs/design.md §4) read the outputs of every layer, so
-``Encoder(...)(tokens_BT, mask_BT) -> (h_BTD, states_LBTD)`` with ``states_LBTD[-1] == h_BTD``
-(the embedding output is not included). Its embeddings are a field, so the same class runs
-ALBERT's factorised embeddings too: ``models/act.py``'s ``UntiedEncoder`` is this encoder with
-ALBERT's embeddings, tanh-GELU layers and its pretraining heads.
+``Encoder`` reproduces Hugging Face's BERT/RoBERTa forward pass, for pretrained backbones:
+``Encoder(...)(tokens_BT, mask_BT) -> (h_BTD, states_LBTD)``, ``states_LBTD[-1] == h_BTD``, the
+layer outputs the fusion modules read (docs/design.md §4). Its embeddings are a field, so
+``models/act.py``'s ``UntiedEncoder`` is this encoder with ALBERT's.
 
-HF BERT/RoBERTa use the exact (erf) GELU (``hidden_act="gelu"``) and ``layer_norm_eps`` from the
-config (RoBERTa: 1e-5); ``PostLNLayer`` takes both as options. Attention scales by
-1/sqrt(head_dim) at run time, like HF. Masked keys get probability exactly 0 here, whereas HF
-adds ``finfo.min`` to their logits, which underflows to the same 0 after the softmax, so the
-outputs agree (at every position, including padded queries, which attend to the real keys).
-
-Positions: BERT uses ``0..T-1``. RoBERTa (``position_offset = pad_id + 1``) numbers non-pad
-tokens ``offset, offset+1, ...`` by a running count and gives pad tokens ``pad_id``, exactly as
-HF's ``create_position_ids_from_input_ids``. Attention-probability dropout is not applied (only
-the hidden dropouts: embeddings, attention output, MLP output).
-
-Layers run with ``lax.scan`` (``scan_layers=True``, the default) or a Python loop
-(``scan_layers=False``), same numbers either way.
+As HF: the GELU (exact erf for ``hidden_act="gelu"``) and ``layer_norm_eps`` come from the
+config, attention scales by 1/sqrt(head_dim) at run time, and a masked key gets probability
+exactly 0 (HF's ``finfo.min`` logits underflow to the same 0). RoBERTa (``position_offset =
+pad_id + 1``) numbers non-pad tokens from the offset and gives pads ``pad_id``, as HF's
+``create_position_ids_from_input_ids``. Only the hidden dropouts apply (embeddings, attention
+output, MLP output), not attention-probability dropout.
 """
 from __future__ import annotations
 

@@ -18,15 +18,10 @@ class Frozen(eqx.Module):
 
 
 def fusion_trainable(tree):
-    """Filter spec for ``eqx.partition``: True for every floating array except ``Frozen`` ones.
-
-    Works on a fusion module or on any model containing one:
-    ``params, rest = eqx.partition(model, fusion_trainable(model))`` puts DWAtt's ``k_pos`` in
-    ``rest`` so the optimiser never sees it. The forward pass also stops its gradient, but that
-    alone is not enough: under a plain ``eqx.is_inexact_array`` partition AdamW's weight decay
-    would still shrink it. It also accepts the abstract tree of ``eqx.filter_eval_shape``, to
-    count parameters without allocating them.
-    """
+    """Filter spec for ``eqx.partition`` of any model: True for every floating array (or its
+    abstract stand-in, to count parameters unallocated) but ``Frozen`` ones, so the optimiser
+    never sees DWAtt's ``k_pos``: the forward's stop_gradient alone would still let AdamW's
+    weight decay shrink it."""
     is_frozen = lambda x: isinstance(x, Frozen)  # noqa: E731
     return jax.tree.map(lambda x: False if is_frozen(x) else _is_float(x), tree,
                         is_leaf=is_frozen)

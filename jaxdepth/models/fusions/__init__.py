@@ -1,18 +1,10 @@
-"""Layer-fusion methods as choices: one ``eqx.Module`` per method (``fusion.method``), in one
-module of this package each. The class is the module the method adds between the backbone and
-the head, and it carries everything about the method that the rest of the code asks: its name,
-its place in tables, how it is built on a backbone (``build``), the trainable parameters it
-adds, what it reads of the backbone's output (``INPUT``) and the fusion settings that only it
-reads (``READS``).
-
-What a method reads decides how the model feeds it, and that is the one thing in which the
-methods differ outside their own modules. ``Words``: each word's own L layer states, so h at a
-word depends on that word alone (Base, Concat, DWAtt, ScalarMix): they are gathered at the
-wanted positions before fusing (cost ∝ P, not T), a batch runs at its words in use alone, and a
-frozen backbone's states are kept per word. ``Sentence``: the last layer's output at every
-position (Base+n, whose layers attend over the sentence): h is gathered after fusing, and a
-frozen backbone's states are kept per sentence. ``FusedModel`` (models/fused.py) and the NER
-task's state cache ask the INPUT type; nothing outside these modules compares a method's name.
+"""Layer-fusion methods as choices: one ``eqx.Module`` per method (``fusion.method``), one module
+of this package each. The class is the module the method adds between the backbone and the
+head, and says all the rest of the code asks of the method: its name, its place in tables, how
+it is built on a backbone (``build``), the parameters it adds, what it reads of the backbone's
+output (``INPUT``: ``Words`` or ``Sentence``, the one thing in which the methods differ outside
+their own modules; ``FusedModel`` and the NER task's state cache ask it) and the fusion settings
+that only it reads (``READS``). Nothing outside these modules compares a method's name.
 
 Every module of this package is imported here, so a new method is a new module: defining a
 subclass with a ``NAME`` registers it (jaxdepth/choices.py).
