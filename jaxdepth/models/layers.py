@@ -150,8 +150,6 @@ def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, 
     cuDNN's fused flash kernel, which needs bf16/fp16 inputs, skips the masked half under
     ``is_causal`` and never stores the [T, T] probabilities.
     """
-    # XLA's path adds the bias to float32 logits, as ``attend`` does; cuDNN takes it in the
-    # inputs' dtype.
     bias_dtype = q_BTNH.dtype if path.BIAS_IN_INPUT_DTYPE else jnp.float32
     # jax's own XLA path calls promote_types(bf16, float32), which strict promotion (the
     # tests' setting) refuses; every dtype here is already explicit. (Its backward, lowered

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from ..analysis.act_stats import (evaluate_act, evaluate_act_each, plot_cosine, write_cosine_table,
                                   write_table1)
-from ..config import ACTConfig, Config, ConfigError
+from ..config import Config, ConfigError
 from ..models.specs import MLMConfig
 from ..data.embedded import grammar
 from ..data.corpus.mlm_sop import (eval_mlm_batches, grammar_documents, mlm_dataset,
@@ -87,11 +87,6 @@ def _documents(cfg: Config) -> tuple[list[list[str]], list[list[str]]]:
     return split_documents(docs, d.valid_fraction, seed=d.valid_seed)
 
 
-def encoder_config(cfg: Config, halting: str) -> ACTConfig:
-    """cfg.act with the halting mode of its architecture."""
-    return dataclasses.replace(cfg.act, halting=halting)
-
-
 @dataclass(frozen=True)
 class MLMPrepared:
     """What an MLM run reads before training: its tokenizer, the masking it trains with over
@@ -150,7 +145,7 @@ class EncoderTask(TaskBase):
     def __init__(self, cfg: Config, *, arch: str, untied: bool, adaptive: bool, halting: str):
         super().__init__(cfg)
         self.arch, self.untied, self.adaptive = arch, untied, adaptive
-        self.encoder_cfg = encoder_config(cfg, halting)
+        self.encoder_cfg = dataclasses.replace(cfg.act, halting=halting)  # its arch's halting
 
     def build_encoder(self, *, key):
         return (UntiedEncoder if self.untied else ACTEncoder)(self.encoder_cfg, key=key)

@@ -143,7 +143,7 @@ class ProbeTask(EncoderTask):
         return [t._evaluate(models.one(k), step, final) for k, t in enumerate(tasks)]
 
     def _evaluate(self, model, step: int, final: bool) -> tuple[dict, str]:
-        model = _no_dropout(model)
+        model = eqx.tree_at(lambda m: m.encoder, model, model.encoder.with_options(dropout=0.0))
         dev = self._score(model, "dev")
         res = {"dev_accuracy": dev["accuracy"], "dev_iterations": dev["mean_iterations"]}
         if final:
@@ -170,11 +170,6 @@ class ProbeTask(EncoderTask):
     def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         raise ConfigError(f"--run: {run} fine-tunes an encoder on a probing task: its dev/test "
                           f"results are in {run / 'analysis' / 'probe.json'}", field="run")
-
-
-def _no_dropout(model):
-    enc = model.encoder
-    return eqx.tree_at(lambda m: m.encoder, model, enc.with_options(dropout=0.0))
 
 
 def probe_markdown(detail: dict) -> str:

@@ -123,11 +123,6 @@ def check_layers(z_LBTD: Array, n_layers: int, d_model: int) -> None:
                          f"got {tuple(z_LBTD.shape)}")
 
 
-def fusion_method(name: str) -> type[FusionMethod]:
-    """The method called ``name``; a ConfigError naming fusion.method for any other name."""
-    return _METHODS(name)
-
-
 def own_settings(method: str, source) -> dict:
     """{field: value} of the fusion settings only ``method`` reads (its READS), taken from
     the attributes of the same names of ``source`` (a plan, parsed arguments)."""
@@ -135,9 +130,8 @@ def own_settings(method: str, source) -> dict:
     return {n: getattr(source, n) for n in names}
 
 
-def fusion_methods() -> tuple[str, ...]:
-    """Every method's name, in table order."""
-    return _METHODS.names()
-
+# fusion_method(name): the method called ``name`` (a ConfigError naming fusion.method for any
+# other); fusion_methods(): every method's name, in table order
+fusion_method, fusion_methods = _METHODS, _METHODS.names
 
 import_all(__name__, __path__)
