@@ -7,11 +7,11 @@ import equinox as eqx
 import jax
 from jaxtyping import Array
 
-from .declared import Declared
+from .declared import OverEncoder
 from .layers import Dense, dropout, split_or_none
 
 
-class EncoderClassifier(Declared):
+class EncoderClassifier(OverEncoder):
     encoder: eqx.Module  # ACTEncoder or UntiedEncoder
     head: Dense  # d_model -> labels
     token_level: bool = eqx.field(static=True)
@@ -20,14 +20,6 @@ class EncoderClassifier(Declared):
         self.encoder = encoder
         self.head = Dense(encoder.cfg.d_model, n_labels, key=key)
         self.token_level = token_level
-
-    @property
-    def cfg(self):
-        return self.encoder.cfg
-
-    @property
-    def uses_dropout(self) -> bool:
-        return self.encoder.uses_dropout
 
     def flops_per_token(self, seq_len: int) -> int:
         return self.encoder.flops_per_token(seq_len)  # the head is left out

@@ -10,7 +10,7 @@ from __future__ import annotations
 from jaxtyping import Array
 
 from .specs import EncoderConfig
-from .declared import Declared
+from .declared import OverEncoder
 from .encoder import Encoder, norm_and_activation
 from .flops import module_flops
 from .heads import MLMHead, gather_positions
@@ -21,7 +21,7 @@ def bert_mlm_head(cfg: EncoderConfig, *, key: Array) -> MLMHead:
     return MLMHead(cfg.d_model, cfg.d_model, cfg.vocab_size, **norm_and_activation(cfg), key=key)
 
 
-class EncoderMLM(Declared):
+class EncoderMLM(OverEncoder):
     """The model ``model.arch=encoder`` pretrains: Encoder + tied MLM head (no SOP/NSP head)."""
 
     encoder: Encoder
@@ -30,14 +30,6 @@ class EncoderMLM(Declared):
     def __init__(self, encoder: Encoder, *, key: Array):
         self.encoder = encoder
         self.head = bert_mlm_head(encoder.cfg, key=key)
-
-    @property
-    def cfg(self):
-        return self.encoder.cfg
-
-    @property
-    def uses_dropout(self) -> bool:
-        return self.encoder.uses_dropout
 
     def flops_per_token(self, seq_len: int) -> int:
         return module_flops(self, seq_len)

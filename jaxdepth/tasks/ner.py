@@ -90,25 +90,6 @@ def _predict_rows(models: Models, arrays: dict, batch: int, keys: tuple[str, ...
 EVAL_WORDS = 2048  # words per call when scoring packed states: one compilation for any split
 
 
-def _predict_packed(models: Models, cache: state_cache.WordCache) -> list[np.ndarray]:
-    """Tags [n, P] of a split from its packed word states, EVAL_WORDS words per call (a
-    word's logits depend on its states alone; the slots not in use get 0), per model."""
-    W = int(cache.offsets[-1])
-    pred_W = [np.zeros(W, np.int32) for _ in range(len(models))]
-    for i in range(0, W, EVAL_WORDS):
-        chunk = cache.array[i:i + EVAL_WORDS]
-        pad = np.zeros((EVAL_WORDS - len(chunk), *chunk.shape[1:]), chunk.dtype)
-        for k, p in enumerate(models(_predict_words, np.concatenate([chunk, pad]))):
-            pred_W[k][i:i + len(chunk)] = np.asarray(p)[:len(chunk)]
-    rows = np.repeat(np.arange(cache.n), np.diff(cache.offsets))
-    preds = []
-    for p_W in pred_W:
-        pred = np.zeros((cache.n, cache.width), np.int32)
-        pred[rows, cache.slot] = p_W
-        preds.append(pred)
-    return preds
-
-
 # ------------------------------------------------------------------------- batch formats
 
 class NERBatches(abc.ABC):
@@ -207,7 +188,23 @@ class WordStateBatches(NERBatches):
 
     @classmethod
     def predict(cls, models, arrays, batch, n_active):
-        return _predict_packed(models, arrays[cls.CACHE])
+        """From the split's packed word states, EVAL_WORDS words per call (a word's logits
+        depend on its states alone; the slots not in use get 0)."""
+        cache = arrays[cls.CACHE]
+        W = int(cache.offsets[-1])
+        pred_W = [np.zeros(W, np.int32) for _ in range(len(models))]
+        for i in range(0, W, EVAL_WORDS):
+            chunk = cache.array[i:i + EVAL_WORDS]
+            pad = np.zeros((EVAL_WORDS - len(chunk), *chunk.shape[1:]), chunk.dtype)
+            for k, p in enumerate(models(_predict_words, np.concatenate([chunk, pad]))):
+                pred_W[k][i:i + len(chunk)] = np.asarray(p)[:len(chunk)]
+        rows = np.repeat(np.arange(cache.n), np.diff(cache.offsets))
+        preds = []
+        for p_W in pred_W:
+            pred = np.zeros((cache.n, cache.width), np.int32)
+            pred[rows, cache.slot] = p_W
+            preds.append(pred)
+        return preds
 
     @classmethod
     def source(cls, train, *, accum, per_micro, **where):

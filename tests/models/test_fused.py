@@ -396,7 +396,7 @@ def base_n_by_formula(n, d, d_ff):
 
 @pytest.mark.parametrize("backbone_kind", ["encoder", "act"])
 @pytest.mark.parametrize("method", ["base", "base+n", "concat", "dwatt"])
-def test_fusion_param_count_matches_the_built_module(backbone_kind, method):
+def test_param_count_matches_the_built_module(backbone_kind, method):
     if backbone_kind == "encoder":
         bb = Encoder(ENC, key=jax.random.key(13))
         L, d_ff = ENC.n_layers, ENC.d_ff
