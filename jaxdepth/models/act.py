@@ -28,8 +28,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from .act_presets import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
-from .act_config import ACTConfig
+from .act_config import ACT_PRESETS as PRESETS, ACTConfig  # noqa: F401  (act.PRESETS)
 from .trial_tracing import setting
 from .backbone import Backbone
 from .encoder import Encoder, default_inputs
