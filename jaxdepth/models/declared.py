@@ -17,7 +17,7 @@ import equinox as eqx
 import jax
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
-from .fusion import fusion_trainable
+from .fusions import fusion_trainable
 
 
 def _owner(root: Any, path: tuple) -> tuple[Any, str]:

@@ -27,8 +27,7 @@ from .declared import Declared
 from .encoder import BertEmbeddings
 from .encoder_mlm import bert_mlm_head
 from .flops import module_flops, module_flops_per_token
-from .fusion import fusion_trainable
-from .fusions import FusionMethod, fusion_method
+from .fusions import FusionMethod, fusion_method, fusion_trainable
 from .heads import MLMHead
 from .layers import Dense, dropout, split_or_none
 

@@ -27,8 +27,7 @@ from jaxdepth.models.specs import EncoderConfig
 from jaxdepth.models.encoder import Encoder
 from jaxdepth.models.encoder_mlm import EncoderMLM
 from jaxdepth.models.fused import FusedModel
-from jaxdepth.models.fusion import fusion_trainable
-from jaxdepth.models.fusions import fusion_method
+from jaxdepth.models.fusions import fusion_method, fusion_trainable
 from jaxdepth.models.fusions.base import Base
 from jaxdepth.models.fusions.base_n import BasePlusN
 from jaxdepth.models.fusions.dwatt import KEY_DIM, DWAtt

@@ -4,7 +4,9 @@ head, and says all the rest of the code asks of the method: its name, its place 
 it is built on a backbone (``build``), the parameters it adds, what it reads of the backbone's
 output (``INPUT``: ``Words`` or ``Sentence``, the one thing in which the methods differ outside
 their own modules; ``FusedModel`` and the NER task's state cache ask it) and the fusion settings
-that only it reads (``READS``). Nothing outside these modules compares a method's name.
+that only it reads (``READS``). Nothing outside these modules compares a method's name. A
+constant a method carries but never trains is ``Frozen`` (DWAtt's layer keys), which
+``fusion_trainable`` keeps from the optimiser.
 
 Every module of this package is imported here, so a new method is a new module: defining a
 subclass with a ``NAME`` registers it (jaxdepth/choices.py).
@@ -19,8 +21,33 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ...choices import Choices, Registered, import_all
-from ..fusion import fusion_trainable
 from ..heads import gather_positions
+
+
+class Frozen(eqx.Module):
+    """A constant array carried in the model pytree but never trained (see ``fusion_trainable``)."""
+
+    AXES = {"value": ("norm", "norm")}  # DWAtt's layer keys [L, 24]: replicated
+
+    value: Array
+
+
+def fusion_trainable(tree):
+    """Filter spec for ``eqx.partition`` of any model: True for every floating array (or its
+    abstract stand-in, to count parameters unallocated) but ``Frozen`` ones, so the optimiser
+    never sees DWAtt's ``k_pos``: the forward's stop_gradient alone would still let AdamW's
+    weight decay shrink it."""
+    is_frozen = lambda x: isinstance(x, Frozen)  # noqa: E731
+    return jax.tree.map(lambda x: False if is_frozen(x) else _is_float(x), tree,
+                        is_leaf=is_frozen)
+
+
+def _is_float(x) -> bool:
+    """A floating array, or its abstract stand-in from ``eqx.filter_eval_shape``."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jnp.issubdtype(x.dtype, jnp.inexact)
+    return eqx.is_inexact_array(x)
+
 
 _METHODS: Choices[type["FusionMethod"]] = Choices("fusion method", "fusion.method",
                                                   order=lambda cls: cls.ORDER)
