@@ -145,11 +145,8 @@ def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, 
                   mask_B1TT: Array | None = None) -> Array:
     """Causal ``softmax(q k^T + bias) v`` through ``jax.nn.dot_product_attention`` (T5: scale
     1, the 1/sqrt(H) lives in the query kernel); [B, T, N*H] like ``attend``. ``path``: the
-    model.attention class (attentions.py) that says its ``implementation``: None is XLA's path
-    in jax 0.10 (float32 logits and softmax, the same arithmetic as ``attend``); "cudnn" forces
-    cuDNN's fused flash kernel, which needs bf16/fp16 inputs, skips the masked half under
-    ``is_causal`` and never stores the [T, T] probabilities.
-    """
+    model.attention class (attentions.py), which says the kernel's ``implementation`` and the
+    bias's dtype."""
     bias_dtype = q_BTNH.dtype if path.BIAS_IN_INPUT_DTYPE else jnp.float32
     # jax's own XLA path calls promote_types(bf16, float32), which strict promotion (the
     # tests' setting) refuses; every dtype here is already explicit. (Its backward, lowered

@@ -395,8 +395,11 @@ class NERTask(FusionTask):
             {**arrays, self.batches.CACHE: self.caches[name]}
 
     def _read_curve(self) -> None:
+        """The evaluation points evals.jsonl holds, the last record of a step winning (a
+        resumed run's redone step)."""
         evals = self.run_dir / "evals.jsonl"
-        self.curve = {r["step"]: r for r in _curve(evals)} if evals.is_file() else {}
+        lines = evals.read_text().splitlines() if evals.is_file() else []
+        self.curve = {r["step"]: r for r in map(json.loads, filter(str.strip, lines))}
 
     def write_outputs_to(self, directory) -> None:
         super().write_outputs_to(directory)
@@ -525,16 +528,6 @@ class NERTask(FusionTask):
                     f.writelines(json.dumps(r) + "\n" for r in rows)
             (directory / "ner.json").write_text(json.dumps(res, indent=2) + "\n")
         return res
-
-
-def _curve(path: Path) -> list[dict]:
-    """Evaluation points in step order, the last record of a step winning (resumed runs)."""
-    by_step = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            by_step[r["step"]] = r
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def best_of(curve: list[dict]) -> dict:
