@@ -33,7 +33,7 @@ from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
 from .losses import batch_totals, softmax_xent as _xent, weighted_xent_sum
-from .eval_request import EvalRequest
+from .eval_request import EvalRequest, load_checkpoint, scored_on
 from ..models.trial_axis import Models
 from ..config.run_kinds.encoder_pretraining import EncoderPretraining
 from .task_base import TaskBase, same_arrays
@@ -194,8 +194,6 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         """Table 1 (MLM / SOP accuracy, mean iterations per token group) and Fig. 2 (cosine
         of consecutive iteration states) of the checkpoint, on the run's validation batches
         or on MLM batches built from --data files."""
-        from .open_run import load_checkpoint, scored_on
-
         cfg, model, step, _, _ = load_checkpoint(run, request.step, request.batch)
         cfg = scored_on(cfg, request)
         reader = EncoderPretrainTask(cfg, arch=self.arch, untied=self.untied,

@@ -23,7 +23,7 @@ from ..data.corpus.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, generate
 from .losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
-from .eval_request import EvalRequest
+from .eval_request import EvalRequest, load_checkpoint
 from ..models.trial_axis import Models
 from ..config.run_kinds.lm_pretraining import LMPretraining
 from .task_base import TaskBase, same_arrays
@@ -163,7 +163,6 @@ class LMTask(DecoderTask):
         from ..data.corpus.prepare import valid_documents
         from ..data.corpus.readers import read_corpus, resolve_paths
         from ..trainer.sharding import batch_sharding
-        from .open_run import load_checkpoint
 
         cfg, model, step, tok, mesh = load_checkpoint(run, request.step, request.batch)
         batch = request.batch or cfg.data.batch_size

@@ -25,11 +25,10 @@ from ..data.corpus.subwords import HFWords
 from ..models.encoder import Encoder
 from ..models.encoder_mlm import EncoderMLM
 from .losses import batch_totals, weighted_xent_sum
-from .eval_request import EvalRequest
+from .eval_request import EvalRequest, load_checkpoint, scored_on
 from ..config.run_kinds.bert_mlm_pretraining import BertMLMPretraining
 from ..config.run_kinds.fusion_mlm import FusionMLM
 from .backbones import FusionTask, backbone_vocab, is_hf_dir
-from .open_run import load_checkpoint, scored_on
 from .encoder_pretrain import MLMCorpus, MLMPrepared, mlm_config, read_mlm_corpus
 from .lm import write_json
 

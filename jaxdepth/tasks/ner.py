@@ -33,12 +33,11 @@ from ..data.corpus.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
 from ..models.fusions import FusionMethod, Sentence, Words
 from .losses import batch_totals, labelled_xent_sum
-from .eval_request import EvalRequest
+from .eval_request import EvalRequest, load_checkpoint
 from ..models.trial_axis import Models
 from ..config.run_kinds.fusion_ner import FusionNER
 from . import state_cache
 from .backbones import FusionTask, backbone_words
-from .open_run import load_checkpoint
 from .task_base import same_arrays
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from ..config import Config
 from ..data.corpus.pipeline import ExampleBatchSource
 from ..data.finetune.finetune_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
-from .eval_request import EvalRequest
+from .eval_request import EvalRequest, load_checkpoint
 from ..models.trial_axis import Models
 from ..config.run_kinds.prefix_lm_finetuning import PrefixLMFinetuning
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
@@ -129,7 +129,6 @@ class PrefixLMTask(DecoderTask):
     def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """Exact match of the checkpoint on whole splits; writes predictions + summary."""
         from ..data.finetune.finetune_data import resolve_eval_splits, task_splits
-        from .open_run import load_checkpoint
 
         cfg, model, step, tok, _ = load_checkpoint(run, request.step, request.batch)
         task = dataclasses.replace(cfg.task, dir=request.task_dir or cfg.task.dir,
