@@ -14,12 +14,30 @@ from jaxtyping import Array
 from .config import ModelConfig
 from .depth_family import param_count
 from .trial_tracing import may_drop
-from .checks import error_if
 from .backbone import Backbone
 from .flops import train_flops_per_token
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
 from .options import with_options
 from .stack import init_stack, run_stack
+
+
+def error_if(x: Array, pred: Array, msg: str) -> Array:
+    """x, once `pred` (any element true) is false; else the computation fails with `msg`
+    (raised on the host: a jax runtime error whose text ends with it). As ``eqx.error_if``, but
+    also where each device computes on its own under ``jax.shard_map`` with ``check_vma``:
+    there a value that differs by device is typed as varying, and equinox's failing branch
+    returns an invariant one, which the check refuses at trace time. As equinox's, the predicate
+    is reduced over any vmapped axis first (``unvmap_any``), so that the failing branch runs
+    only when some element fails, also under vmap."""
+    def raises(_):
+        raise ValueError(msg)
+
+    def fail():
+        out = jax.pure_callback(raises, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                                vmap_method="broadcast_all")
+        return out + jnp.zeros_like(x)  # typed as x: varying over the devices x varies over
+
+    return jax.lax.cond(eqxi.unvmap_any(jnp.any(pred)), fail, lambda: x)
 
 
 def cast_floating(tree, dtype):
