@@ -34,7 +34,6 @@ from .backbone import Backbone
 from .encoder import Encoder, default_inputs
 from .heads import MLMHead, gather_positions
 from .layers import Dense, LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
-from .options import with_options
 from .stack import init_stack
 
 
@@ -207,10 +206,6 @@ class _Pretrainable(Backbone):
     def sop_logits(self, h_BTD: Array, *, key: Array | None = None) -> Array:
         return self.sop(h_BTD, self.dropout_rate, key)
 
-    def with_options(self, **changes):
-        """Same weights, other run-time options (dropout, tau, eps, halting, max_iters, remat)."""
-        return with_options(self, self._extra_shape_fields, **changes)
-
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token (PaLM convention, as the decoder): 6 x matmul parameters
         each iteration + 12 x T x d attention, times the M iterations the training scan always
@@ -245,7 +240,6 @@ class ACTEncoder(_Pretrainable):
     mlm: MLMHead
     sop: SOPHead
     cfg: ACTConfig = eqx.field(static=True)
-    _extra_shape_fields = ()
 
     def __init__(self, cfg: ACTConfig, *, key: Array):
         ke, kl, kh, km, ks = jax.random.split(key, 5)

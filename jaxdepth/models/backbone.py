@@ -7,6 +7,8 @@ norm). Where a backbone's weights come from (``task.init_from``) is jaxdepth/tas
 from __future__ import annotations
 
 import abc
+import copy
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -28,6 +30,26 @@ class Backbone(Declared):
     # (trial_tracing.setting); None where the rate is not a trial setting (a BERT's config is its
     # checkpoint's as often as the model section's).
     dropout_setting = None
+    # Config fields that fix parameter shapes in this model only, besides its cfg.shape()
+    _extra_shape_fields = ()
+
+    def with_options(self, **changes):
+        """A copy sharing its weights whose static ``cfg`` has ``changes`` applied: run-time
+        options only (remat, dtype, dropout, scan layout...); changing a field of
+        ``cfg.shape()`` (or ``_extra_shape_fields``) is an error, since the weights would not
+        fit."""
+        cfg = dataclasses.replace(self.cfg, **changes)
+
+        def shape(c) -> dict:
+            return {**c.shape(), **{f: getattr(c, f) for f in self._extra_shape_fields}}
+
+        before, after = shape(self.cfg), shape(cfg)
+        changed = [f for f in before if after[f] != before[f]]
+        if changed:
+            raise ValueError(f"with_options cannot change parameter shapes ({', '.join(changed)})")
+        out = copy.copy(self)
+        object.__setattr__(out, "cfg", cfg)  # cfg is a static field of a frozen eqx.Module
+        return out
 
     @property
     def n_layer_states(self) -> int:

@@ -17,7 +17,6 @@ from .trial_tracing import may_drop
 from .backbone import Backbone
 from .flops import train_flops_per_token
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
-from .options import with_options
 from .stack import init_stack, run_stack
 
 
@@ -84,11 +83,6 @@ class DecoderLM(Backbone):
         self.final_norm = RMSNorm(cfg.d_model)
         self.lm_head = kernel_init(kh, (cfg.d_model, cfg.vocab_size), jnp.float32)
         self.cfg = cfg
-
-    def with_options(self, **changes) -> "DecoderLM":
-        """Same weights, other run-time options (scan_layers, remat, compute_dtype, attention,
-        dropout...)."""
-        return with_options(self, **changes)
 
     def flops_per_token(self, seq_len: int) -> int:
         return train_flops_per_token(self.cfg, seq_len)

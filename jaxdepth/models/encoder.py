@@ -22,7 +22,6 @@ from jaxtyping import Array
 from .specs import EncoderConfig
 from .backbone import Backbone
 from .layers import LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
-from .options import with_options
 from .stack import folded_keys, init_stack, run_stack
 
 
@@ -102,10 +101,6 @@ class Encoder(Backbone):
         self.embed = BertEmbeddings(cfg, keys=(kw, kp, kt))
         self.layers = init_stack(lambda k: bert_layer(cfg, key=k), cfg.n_layers, key=kl)
         self.cfg = cfg
-
-    def with_options(self, **changes) -> "Encoder":
-        """Same weights, other run-time options (scan_layers, remat, dropout)."""
-        return with_options(self, **changes)
 
     @property
     def scan_layers(self) -> bool:
