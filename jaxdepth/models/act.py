@@ -32,8 +32,8 @@ from .act_config import ACT_PRESETS as PRESETS, ACTConfig  # noqa: F401  (act.PR
 from .trial_tracing import setting
 from .backbone import Backbone
 from .encoder import Encoder, default_inputs
-from .heads import MLMHead, gather_positions
-from .layers import Dense, LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
+from .layers import (Dense, LayerNorm, MLMHead, PostLNLayer, bert_init, dropout,
+                     gather_positions, split_or_none)
 from .stack import init_stack
 
 

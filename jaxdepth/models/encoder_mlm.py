@@ -1,6 +1,6 @@
 """MLM on top of the BERT/RoBERTa encoder of models/encoder.py (HF ``BertForMaskedLM`` layout).
 
-The head is BERT's ``cls.predictions`` (models/heads.py): dense d -> d, activation, LayerNorm,
+The head is BERT's ``cls.predictions`` (models/layers.py): dense d -> d, activation, LayerNorm,
 then the output projection tied to the word embeddings plus a vocabulary bias. Logits are taken
 only at the masked positions (``positions_BP``), as ALBERT's data pipeline supplies them
 (data/corpus/mlm_sop.py), so the vocabulary projection costs P rather than T rows per sequence.
@@ -13,7 +13,7 @@ from .specs import EncoderConfig
 from .declared import OverEncoder
 from .encoder import Encoder, norm_and_activation
 from .flops import module_flops
-from .heads import MLMHead, gather_positions
+from .layers import MLMHead, gather_positions
 
 
 def bert_mlm_head(cfg: EncoderConfig, *, key: Array) -> MLMHead:

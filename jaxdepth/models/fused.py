@@ -28,8 +28,7 @@ from .encoder import BertEmbeddings
 from .encoder_mlm import bert_mlm_head
 from .flops import module_flops, module_flops_per_token
 from .fusions import FusionMethod, fusion_method, fusion_trainable
-from .heads import MLMHead
-from .layers import Dense, dropout, split_or_none
+from .layers import Dense, MLMHead, dropout, split_or_none
 
 
 class FusedModel(Declared):

@@ -31,7 +31,7 @@ from jaxdepth.models.fusions import fusion_method, fusion_trainable
 from jaxdepth.models.fusions.base import Base
 from jaxdepth.models.fusions.base_n import BasePlusN
 from jaxdepth.models.fusions.dwatt import KEY_DIM, DWAtt
-from jaxdepth.models.heads import gather_positions
+from jaxdepth.models.layers import gather_positions
 from jaxdepth.tasks import task_for
 from jaxdepth.tasks.ner import ner_objective
 from jaxdepth.optim import make_optimizer

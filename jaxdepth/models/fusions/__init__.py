@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ...choices import Choices, Registered, import_all
-from ..heads import gather_positions
+from ..layers import gather_positions
 
 
 class Frozen(eqx.Module):
