@@ -17,7 +17,8 @@ as a function, so tests can inject it and the model reuses them unchanged.
 
 ``UntiedEncoder`` is the BERT-style baseline with M separate layers and the same embeddings and
 heads, for fixed-depth comparisons: models/encoder.py's ``Encoder`` with ALBERT's embeddings.
-``halting="fixed"`` is the weight-tied one (ALBERT).
+``halting="fixed"`` is the weight-tied one (ALBERT). ``EncoderClassifier`` puts either under a
+classification head for the probing tasks.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from jaxtyping import Array
 from .act_config import ACT_PRESETS as PRESETS, ACTConfig  # noqa: F401  (act.PRESETS)
 from .trial_tracing import setting
 from .backbone import Backbone
+from .declared import OverEncoder
 from .encoder import Encoder, default_inputs
 from .layers import (Dense, LayerNorm, MLMHead, PostLNLayer, bert_init, dropout,
                      gather_positions, split_or_none)
@@ -352,3 +354,33 @@ class UntiedEncoder(_Pretrainable, Encoder):
 
     forward_scan = forward_while = __call__
 
+
+# ------------------------------------------------------------------------ fine-tuning head
+
+class EncoderClassifier(OverEncoder):
+    """An encoder with a classification head: on [CLS] for sentence tasks, on every token for
+    token tasks (grammatical roles). The encoder keeps its halting, so fine-tuning pays the
+    ponder cost as in pretraining (Simoulin & Crabbé)."""
+
+    encoder: eqx.Module  # ACTEncoder or UntiedEncoder
+    head: Dense  # d_model -> labels
+    token_level: bool = eqx.field(static=True)
+
+    def __init__(self, encoder, n_labels: int, token_level: bool, *, key: Array):
+        self.encoder = encoder
+        self.head = Dense(encoder.cfg.d_model, n_labels, key=key)
+        self.token_level = token_level
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return self.encoder.flops_per_token(seq_len)  # the head is left out
+
+    def __call__(self, tokens_BT: Array, segments_BT: Array, mask_BT: Array, *,
+                 key: Array | None = None, inference: bool = False):
+        """(float32 logits [B, labels] or [B, T, labels], the encoder's ACTOutput).
+        `inference` runs the while-loop path of an ACT encoder (cost follows the depth)."""
+        k_enc, k_drop = split_or_none(key, 2)
+        forward = getattr(self.encoder, "forward_while" if inference else "forward_scan")
+        out = forward(tokens_BT, segments_BT, mask_BT, key=k_enc)
+        h = out.h_BTD if self.token_level else out.h_BTD[:, 0]
+        h = dropout(h, self.encoder.dropout_rate, k_drop)
+        return self.head(h).astype(jnp.float32), out

@@ -3,7 +3,8 @@
 ``Encoder`` reproduces Hugging Face's BERT/RoBERTa forward pass, for pretrained backbones:
 ``Encoder(...)(tokens_BT, mask_BT) -> (h_BTD, states_LBTD)``, ``states_LBTD[-1] == h_BTD``, the
 layer outputs the fusion modules read (docs/design.md §4). Its embeddings are a field, so
-``models/act.py``'s ``UntiedEncoder`` is this encoder with ALBERT's.
+``models/act.py``'s ``UntiedEncoder`` is this encoder with ALBERT's. ``EncoderMLM`` adds BERT's
+MLM head (HF ``cls.predictions``) for MLM pretraining.
 
 As HF: the GELU (exact erf for ``hidden_act="gelu"``) and ``layer_norm_eps`` come from the
 config, attention scales by 1/sqrt(head_dim) at run time, and a masked key gets probability
@@ -21,7 +22,10 @@ from jaxtyping import Array
 
 from .specs import EncoderConfig
 from .backbone import Backbone
-from .layers import LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
+from .declared import OverEncoder
+from .flops import module_flops
+from .layers import (LayerNorm, MLMHead, PostLNLayer, bert_init, dropout, gather_positions,
+                     split_or_none)
 from .stack import folded_keys, init_stack, run_stack
 
 
@@ -134,3 +138,32 @@ class Encoder(Backbone):
     def post_ln_layer(self, *, key: Array) -> PostLNLayer:
         """A fresh layer like this encoder's own, for Base+n."""
         return bert_layer(self.cfg, key=key)
+
+
+# ------------------------------------------------------------------------------ BERT MLM
+
+def bert_mlm_head(cfg: EncoderConfig, *, key: Array) -> MLMHead:
+    """A fresh BERT MLM head (cls.predictions) for an encoder of this config."""
+    return MLMHead(cfg.d_model, cfg.d_model, cfg.vocab_size, **norm_and_activation(cfg), key=key)
+
+
+class EncoderMLM(OverEncoder):
+    """The model ``model.arch=encoder`` pretrains: Encoder + tied MLM head (no SOP/NSP head), HF
+    ``BertForMaskedLM``'s layout. The head (``bert_mlm_head``) predicts only at the masked
+    positions (``positions_BP``), as ALBERT's data pipeline supplies them
+    (data/corpus/mlm_sop.py), so the vocabulary projection costs P rather than T rows."""
+
+    encoder: Encoder
+    head: MLMHead
+
+    def __init__(self, encoder: Encoder, *, key: Array):
+        self.encoder = encoder
+        self.head = bert_mlm_head(encoder.cfg, key=key)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return module_flops(self, seq_len)
+
+    def masked_logits(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
+                      positions_BP: Array, *, key: Array | None = None) -> Array:
+        h_BTD, _ = self.encoder.forward(tokens_BT, segments_BT, mask_BT, key=key, all_layers=False)
+        return self.head(gather_positions(h_BTD, positions_BP), self.encoder.embed.word_VD)

@@ -24,8 +24,7 @@ from jaxtyping import Array
 from .trial_tracing import may_drop, setting
 from .backbone import Backbone
 from .declared import Declared
-from .encoder import BertEmbeddings
-from .encoder_mlm import bert_mlm_head
+from .encoder import BertEmbeddings, bert_mlm_head
 from .flops import module_flops, module_flops_per_token
 from .fusions import FusionMethod, fusion_method, fusion_trainable
 from .layers import Dense, MLMHead, dropout, split_or_none

@@ -22,8 +22,7 @@ from ..config import Config
 from ..models.specs import EncoderConfig
 from ..data.corpus.prepare import tokenizer_source
 from ..data.corpus.subwords import HFWords
-from ..models.encoder import Encoder
-from ..models.encoder_mlm import EncoderMLM
+from ..models.encoder import Encoder, EncoderMLM
 from .losses import batch_totals, weighted_xent_sum
 from .eval_request import EvalRequest, load_checkpoint, scored_on
 from ..config.run_kinds.bert_mlm_pretraining import BertMLMPretraining

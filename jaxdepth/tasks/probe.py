@@ -24,7 +24,7 @@ from ..data.embedded import grammar
 from ..data.corpus.pipeline import ExampleBatchSource
 from ..data.finetune.probing import ROLE_NAMES, label_names, make_probe_data
 from ..data.corpus.prepare import run_tokenizer, tokenizer_source
-from ..models.classifier import EncoderClassifier
+from ..models.act import EncoderClassifier
 from .losses import batch_totals, labelled_xent_sum, softmax_xent as _xent
 from .eval_request import EvalRequest
 from ..config.run_kinds.probe_finetuning import ProbeFinetuning

@@ -24,8 +24,7 @@ from jaxdepth.models.act import ACTEncoder, UntiedEncoder
 from jaxdepth.models.backbone import depth_and_width, strip_to_backbone
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.models.specs import EncoderConfig
-from jaxdepth.models.encoder import Encoder
-from jaxdepth.models.encoder_mlm import EncoderMLM
+from jaxdepth.models.encoder import Encoder, EncoderMLM
 from jaxdepth.models.fused import FusedModel
 from jaxdepth.models.fusions import fusion_method, fusion_trainable
 from jaxdepth.models.fusions.base import Base
