@@ -71,7 +71,7 @@ def _evaluate(run: Path, request, trial: int | None) -> dict:
     from jaxdepth.config.trials import trial_configs
     from jaxdepth.config.run_kinds import kind_of
     from jaxdepth.tasks import task_for
-    from jaxdepth.tasks.open_run import saved_config
+    from jaxdepth.tasks.eval_request import saved_config
 
     def task_of(run_dir: Path):
         try:

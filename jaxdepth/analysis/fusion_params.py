@@ -1,8 +1,9 @@
 """The paper's Table 2: parameters each fusion method adds on a backbone (the command is
 ``python -m jaxdepth.experiments.table2``).
 
-Counts come from the built modules (``models.fused.fusion_param_count``), as a share of the
-backbone's own parameters; Base adds none (the head is common to every method and left out).
+Counts come from the built modules (``FusionMethod.param_count``, models/fusions/), as a share
+of the backbone's own parameters; Base adds none (the head is common to every method and left
+out).
 """
 from __future__ import annotations
 

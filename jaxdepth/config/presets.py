@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..models.act_presets import ACT_PRESETS
+from ..models.act_config import ACT_PRESETS
 from . import Config, ConfigError, apply_overrides
 from ..models.depth_family import SIZE_CLASSES, depth_family
 from .run_kinds.encoder_pretraining import EncoderPretraining

@@ -17,29 +17,26 @@ as a function, so tests can inject it and the model reuses them unchanged.
 
 ``UntiedEncoder`` is the BERT-style baseline with M separate layers and the same embeddings and
 heads, for fixed-depth comparisons: models/encoder.py's ``Encoder`` with ALBERT's embeddings.
-``halting="fixed"`` is the weight-tied one (ALBERT).
+``halting="fixed"`` is the weight-tied one (ALBERT). ``EncoderClassifier`` puts either under a
+classification head for the probing tasks.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple
+from typing import Callable, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from .act_presets import ACT_PRESETS as PRESETS  # noqa: F401  (re-exported: act.PRESETS)
-from .act_config import ACTConfig
+from .act_config import ACT_PRESETS as PRESETS, ACTConfig  # noqa: F401  (act.PRESETS)
 from .trial_tracing import setting
 from .backbone import Backbone
+from .declared import OverEncoder
 from .encoder import Encoder, default_inputs
-from .heads import MLMHead, gather_positions
-from .layers import Dense, LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
-from .options import with_options
+from .layers import (Dense, LayerNorm, MLMHead, PostLNLayer, bert_init, dropout,
+                     gather_positions, split_or_none)
 from .stack import init_stack
-
-
-# The config (ACTConfig, with the presets) is act_config.py: the `act` section.
 
 
 # ------------------------------------------------------------------------------- the recurrence
@@ -142,12 +139,6 @@ def halting_while(step_fn: StepFn, h0_BTD: Array, mask_BT: Array, max_iters: int
     return ACTOutput(state.h_BTD, state.N_BT, state.R_BT, buf, n)
 
 
-def ponder_cost(N_BT: Array, R_BT: Array, mask_BT: Array) -> Array:
-    """mean over the batch of sum_t mask_t (N_t + R_t)."""
-    m = mask_BT.astype(jnp.float32)
-    return jnp.mean(jnp.sum(m * (N_BT + R_BT), axis=-1))
-
-
 # ------------------------------------------------------------------------ embeddings and heads
 
 class ALBERTEmbeddings(eqx.Module):
@@ -217,10 +208,6 @@ class _Pretrainable(Backbone):
     def sop_logits(self, h_BTD: Array, *, key: Array | None = None) -> Array:
         return self.sop(h_BTD, self.dropout_rate, key)
 
-    def with_options(self, **changes):
-        """Same weights, other run-time options (dropout, tau, eps, halting, max_iters, remat)."""
-        return with_options(self, self._extra_shape_fields, **changes)
-
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token (PaLM convention, as the decoder): 6 x matmul parameters
         each iteration + 12 x T x d attention, times the M iterations the training scan always
@@ -255,7 +242,6 @@ class ACTEncoder(_Pretrainable):
     mlm: MLMHead
     sop: SOPHead
     cfg: ACTConfig = eqx.field(static=True)
-    _extra_shape_fields = ()
 
     def __init__(self, cfg: ACTConfig, *, key: Array):
         ke, kl, kh, km, ks = jax.random.split(key, 5)
@@ -369,29 +355,32 @@ class UntiedEncoder(_Pretrainable, Encoder):
     forward_scan = forward_while = __call__
 
 
-# ----------------------------------------------------------------------------------- the loss
+# ------------------------------------------------------------------------ fine-tuning head
 
-def _xent(logits_BXC: Array, labels_BX: Array) -> Array:
-    logits_BXC = logits_BXC.astype(jnp.float32)  # a bf16 log-partition loses the loss's digits
-    logz = jax.nn.logsumexp(logits_BXC, axis=-1)
-    gold = jnp.take_along_axis(logits_BXC, labels_BX[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return logz - gold
+class EncoderClassifier(OverEncoder):
+    """An encoder with a classification head: on [CLS] for sentence tasks, on every token for
+    token tasks (grammatical roles). The encoder keeps its halting, so fine-tuning pays the
+    ponder cost as in pretraining (Simoulin & Crabbé)."""
 
+    encoder: eqx.Module  # ACTEncoder or UntiedEncoder
+    head: Dense  # d_model -> labels
+    token_level: bool = eqx.field(static=True)
 
-def loss(model: ACTEncoder | UntiedEncoder, batch: Mapping[str, Array], *,
-         key: Array | None = None) -> tuple[Array, dict[str, Array]]:
-    """MLM + SOP + tau * ponder (the ponder term only for halting="act").
+    def __init__(self, encoder, n_labels: int, token_level: bool, *, key: Array):
+        self.encoder = encoder
+        self.head = Dense(encoder.cfg.d_model, n_labels, key=key)
+        self.token_level = token_level
 
-    ``batch`` holds ``tokens``, ``segments``, ``mask`` [B, T]; ``mlm_positions``, ``mlm_ids``,
-    ``mlm_weights`` [B, P] (ALBERT's format: at most P predictions per sequence, weight 0 on
-    unused slots); ``sop_labels`` [B]. The MLM loss is the mean over positions with weight > 0.
-    """
-    k_enc, k_sop = split_or_none(key, 2)
-    out = model(batch["tokens"], batch["segments"], batch["mask"], key=k_enc)
-    w_BP = batch["mlm_weights"].astype(jnp.float32)
-    mlm_ce = _xent(model.mlm_logits(out.h_BTD, batch["mlm_positions"]), batch["mlm_ids"])
-    mlm = jnp.sum(w_BP * mlm_ce) / jnp.maximum(jnp.sum(w_BP), 1e-6)
-    sop = jnp.mean(_xent(model.sop_logits(out.h_BTD, key=k_sop), batch["sop_labels"]))
-    ponder = ponder_cost(out.N_BT, out.R_BT, batch["mask"])
-    total = mlm + sop + model.ponder_weight * ponder
-    return total, {"mlm": mlm, "sop": sop, "ponder": ponder}
+    def flops_per_token(self, seq_len: int) -> int:
+        return self.encoder.flops_per_token(seq_len)  # the head is left out
+
+    def __call__(self, tokens_BT: Array, segments_BT: Array, mask_BT: Array, *,
+                 key: Array | None = None, inference: bool = False):
+        """(float32 logits [B, labels] or [B, T, labels], the encoder's ACTOutput).
+        `inference` runs the while-loop path of an ACT encoder (cost follows the depth)."""
+        k_enc, k_drop = split_or_none(key, 2)
+        forward = getattr(self.encoder, "forward_while" if inference else "forward_scan")
+        out = forward(tokens_BT, segments_BT, mask_BT, key=k_enc)
+        h = out.h_BTD if self.token_level else out.h_BTD[:, 0]
+        h = dropout(h, self.encoder.dropout_rate, k_drop)
+        return self.head(h).astype(jnp.float32), out

@@ -82,10 +82,5 @@ class UntiedBERT(ALBERTFamily):
     NAME, ORDER, UNTIED = "bert", 4, True
 
 
-def arch(name: str) -> type[Arch]:
-    """The architecture called ``name``; a ConfigError naming model.arch for any other."""
-    return _ARCHS(name)
-
-
-def arch_names() -> tuple[str, ...]:
-    return _ARCHS.names()
+# arch(name): the architecture called ``name`` (a ConfigError naming model.arch for any other)
+arch, arch_names = _ARCHS, _ARCHS.names

@@ -59,10 +59,6 @@ class CuDNN(AttentionPath):
                               field="model.attention")
 
 
-def attention_path(name: str) -> type[AttentionPath]:
-    """The attention called ``name``; a ConfigError naming model.attention for any other."""
-    return _ATTENTIONS(name)
-
-
-def attention_names() -> tuple[str, ...]:
-    return _ATTENTIONS.names()
+# attention_path(name): the attention called ``name`` (a ConfigError naming model.attention
+# for any other)
+attention_path, attention_names = _ATTENTIONS, _ATTENTIONS.names

@@ -1,19 +1,14 @@
-"""Backbones for layer fusion: what a fusion task stacks its module on (docs/design.md §4).
-
-A backbone is any deep model of this project whose layer outputs ``z_1..z_L`` can be read:
-
-- ``Encoder`` (BERT/RoBERTa; trained here with ``model.arch=encoder`` or imported from a
-  Hugging Face directory): its L layer outputs.
-- ``ACTEncoder`` / ``UntiedEncoder`` (``act``, ``albert``, ``bert``): the states after each of
-  the M iterations (for ACT, a halted token's state stays as it was when it halted).
-- ``DecoderLM``: its L layer outputs (causal, before the final norm).
-
-Where a backbone's weights come from (``task.init_from``) is the tasks' business
-(``jaxdepth/tasks/backbones.py``).
+"""Backbones for layer fusion (docs/design.md §4): any deep model of this project whose layer
+outputs ``z_1..z_L`` a fusion task can read: ``Encoder`` (BERT/RoBERTa, trained here or
+imported from Hugging Face), ``ACTEncoder`` / ``UntiedEncoder`` (the states after each of the M
+iterations; a halted token's stays as it was) and ``DecoderLM`` (causal, before the final
+norm). Where a backbone's weights come from (``task.init_from``) is jaxdepth/tasks/backbones.py's.
 """
 from __future__ import annotations
 
 import abc
+import copy
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -35,6 +30,26 @@ class Backbone(Declared):
     # (trial_tracing.setting); None where the rate is not a trial setting (a BERT's config is its
     # checkpoint's as often as the model section's).
     dropout_setting = None
+    # Config fields that fix parameter shapes in this model only, besides its cfg.shape()
+    _extra_shape_fields = ()
+
+    def with_options(self, **changes):
+        """A copy sharing its weights whose static ``cfg`` has ``changes`` applied: run-time
+        options only (remat, dtype, dropout, scan layout...); changing a field of
+        ``cfg.shape()`` (or ``_extra_shape_fields``) is an error, since the weights would not
+        fit."""
+        cfg = dataclasses.replace(self.cfg, **changes)
+
+        def shape(c) -> dict:
+            return {**c.shape(), **{f: getattr(c, f) for f in self._extra_shape_fields}}
+
+        before, after = shape(self.cfg), shape(cfg)
+        changed = [f for f in before if after[f] != before[f]]
+        if changed:
+            raise ValueError(f"with_options cannot change parameter shapes ({', '.join(changed)})")
+        out = copy.copy(self)
+        object.__setattr__(out, "cfg", cfg)  # cfg is a static field of a frozen eqx.Module
+        return out
 
     @property
     def n_layer_states(self) -> int:

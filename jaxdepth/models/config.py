@@ -13,8 +13,6 @@ from .attentions import attention_names, attention_path
 
 
 ATTENTIONS = attention_names()  # model.attention: one class each in attentions.py
-
-
 ARCHS = arch_names()  # model.arch: one class each in archs.py, with the section it reads
 
 

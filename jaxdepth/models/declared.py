@@ -17,7 +17,7 @@ import equinox as eqx
 import jax
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
-from .fusion import fusion_trainable
+from .fusions import fusion_trainable
 
 
 def _owner(root: Any, path: tuple) -> tuple[Any, str]:
@@ -97,3 +97,17 @@ class Declared(eqx.Module):
 
     def decay_mask(self) -> Any:
         return decay_mask(self)
+
+
+class OverEncoder(Declared):
+    """A model over an encoder (its ``encoder``), whose config and dropout are the encoder's."""
+
+    encoder: eqx.AbstractVar[Any]
+
+    @property
+    def cfg(self):
+        return self.encoder.cfg
+
+    @property
+    def uses_dropout(self) -> bool:
+        return self.encoder.uses_dropout

@@ -14,12 +14,29 @@ from jaxtyping import Array
 from .config import ModelConfig
 from .depth_family import param_count
 from .trial_tracing import may_drop
-from .checks import error_if
 from .backbone import Backbone
 from .flops import train_flops_per_token
 from .layers import DecoderBlock, PostLNLayer, RelativePositionBias, RMSNorm, dropout, kernel_init
-from .options import with_options
 from .stack import init_stack, run_stack
+
+
+def error_if(x: Array, pred: Array, msg: str) -> Array:
+    """x, once `pred` (any element true) is false; else the computation fails with `msg`
+    (raised on the host: a jax runtime error whose text ends with it). As ``eqx.error_if``, but
+    also where each device computes on its own under ``jax.shard_map`` with ``check_vma``:
+    there a value that differs by device is typed as varying, and equinox's failing branch
+    returns an invariant one, which the check refuses at trace time. As equinox's, the predicate
+    is reduced over any vmapped axis first (``unvmap_any``), so that the failing branch runs
+    only when some element fails, also under vmap."""
+    def raises(_):
+        raise ValueError(msg)
+
+    def fail():
+        out = jax.pure_callback(raises, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                                vmap_method="broadcast_all")
+        return out + jnp.zeros_like(x)  # typed as x: varying over the devices x varies over
+
+    return jax.lax.cond(eqxi.unvmap_any(jnp.any(pred)), fail, lambda: x)
 
 
 def cast_floating(tree, dtype):
@@ -66,11 +83,6 @@ class DecoderLM(Backbone):
         self.final_norm = RMSNorm(cfg.d_model)
         self.lm_head = kernel_init(kh, (cfg.d_model, cfg.vocab_size), jnp.float32)
         self.cfg = cfg
-
-    def with_options(self, **changes) -> "DecoderLM":
-        """Same weights, other run-time options (scan_layers, remat, compute_dtype, attention,
-        dropout...)."""
-        return with_options(self, **changes)
 
     def flops_per_token(self, seq_len: int) -> int:
         return train_flops_per_token(self.cfg, seq_len)
@@ -232,17 +244,12 @@ def prefill(model: DecoderLM, prompt_BT: Array, lengths_B: Array,
 @eqx.filter_jit
 def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int, *,
              key: Array | None = None, eos_id: int = 1, pad_id: int = 0) -> Array:
-    """Continuation of right-padded prompts with a KV cache: argmax, or with a `key` a
-    sample from the model's distribution (temperature 1; token i drawn with
-    ``fold_in(key, i)``).
-
-    Returns [B, max_new] tokens; each row stops after its first EOS (later slots hold pad_id),
-    and the loop ends early once every row has stopped. Under vmap (trials decoding side by
-    side) the loop ends once every row of every member has stopped: the predicate is reduced
-    over the vmapped axes (``unvmap_all``), where a batched one would select every carry, KV
-    caches included, on every token (about 2x slower than decoding the members one by one on
-    the CPU); a member whose rows have all stopped only writes pad_id, so each member's tokens
-    are its own either way.
+    """[B, max_new] continuations of right-padded prompts with a KV cache: argmax, or with a
+    `key` a sample (temperature 1; token i drawn with ``fold_in(key, i)``). Each row stops
+    after its first EOS (later slots hold pad_id); the loop ends once every row has stopped,
+    under vmap (trials side by side) every row of every member: the predicate is reduced over
+    the vmapped axes (``unvmap_all``), as a batched one would select every carry, KV caches
+    included, on every token. A member whose rows have all stopped only writes pad_id.
     """
     B, T = prompt_BT.shape
     # Cast (and pad) the layer weights once, not on every decoded token.
@@ -254,9 +261,8 @@ def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
     out = jnp.full_like(logits_BV, pad_id, shape=(B, max_new), dtype=jnp.int32)
     done = jnp.zeros_like(logits_BV, shape=(B,), dtype=bool)
     # One token per step runs the layers one by one, each with its own cache buffer in the
-    # loop carry: XLA then updates every buffer in place, where a scan over the stacked
-    # [L, B, S, N, H] cache copies all of it in and out on every token (2-2.5x slower on CPU,
-    # benchmarks/README.md). The prompt still goes through `extend`'s scan, once.
+    # loop carry, which XLA updates in place (a scan over the stacked cache would copy all of
+    # it on every token; benchmarks/README.md). The prompt goes through `extend`'s scan, once.
     layers = model.layer_list()
     caches = tuple((cache.k_LBSNH[i], cache.v_LBSNH[i]) for i in range(len(layers)))
 

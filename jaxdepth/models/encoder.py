@@ -1,25 +1,17 @@
 """The BERT-style encoder: embeddings, then a stack of post-LN layers (models/stack.py).
 
-``Encoder`` reproduces Hugging Face's BERT/RoBERTa forward pass, for pretrained backbones; the
-fusion modules (``models/fusion.py``, docs/design.md §4) read the outputs of every layer, so
-``Encoder(...)(tokens_BT, mask_BT) -> (h_BTD, states_LBTD)`` with ``states_LBTD[-1] == h_BTD``
-(the embedding output is not included). Its embeddings are a field, so the same class runs
-ALBERT's factorised embeddings too: ``models/act.py``'s ``UntiedEncoder`` is this encoder with
-ALBERT's embeddings, tanh-GELU layers and its pretraining heads.
+``Encoder`` reproduces Hugging Face's BERT/RoBERTa forward pass, for pretrained backbones:
+``Encoder(...)(tokens_BT, mask_BT) -> (h_BTD, states_LBTD)``, ``states_LBTD[-1] == h_BTD``, the
+layer outputs the fusion modules read (docs/design.md §4). Its embeddings are a field, so
+``models/act.py``'s ``UntiedEncoder`` is this encoder with ALBERT's. ``EncoderMLM`` adds BERT's
+MLM head (HF ``cls.predictions``) for MLM pretraining.
 
-HF BERT/RoBERTa use the exact (erf) GELU (``hidden_act="gelu"``) and ``layer_norm_eps`` from the
-config (RoBERTa: 1e-5); ``PostLNLayer`` takes both as options. Attention scales by
-1/sqrt(head_dim) at run time, like HF. Masked keys get probability exactly 0 here, whereas HF
-adds ``finfo.min`` to their logits, which underflows to the same 0 after the softmax, so the
-outputs agree (at every position, including padded queries, which attend to the real keys).
-
-Positions: BERT uses ``0..T-1``. RoBERTa (``position_offset = pad_id + 1``) numbers non-pad
-tokens ``offset, offset+1, ...`` by a running count and gives pad tokens ``pad_id``, exactly as
-HF's ``create_position_ids_from_input_ids``. Attention-probability dropout is not applied (only
-the hidden dropouts: embeddings, attention output, MLP output).
-
-Layers run with ``lax.scan`` (``scan_layers=True``, the default) or a Python loop
-(``scan_layers=False``), same numbers either way.
+As HF: the GELU (exact erf for ``hidden_act="gelu"``) and ``layer_norm_eps`` come from the
+config, attention scales by 1/sqrt(head_dim) at run time, and a masked key gets probability
+exactly 0 (HF's ``finfo.min`` logits underflow to the same 0). RoBERTa (``position_offset =
+pad_id + 1``) numbers non-pad tokens from the offset and gives pads ``pad_id``, as HF's
+``create_position_ids_from_input_ids``. Only the hidden dropouts apply (embeddings, attention
+output, MLP output), not attention-probability dropout.
 """
 from __future__ import annotations
 
@@ -30,8 +22,10 @@ from jaxtyping import Array
 
 from .specs import EncoderConfig
 from .backbone import Backbone
-from .layers import LayerNorm, PostLNLayer, bert_init, dropout, split_or_none
-from .options import with_options
+from .declared import OverEncoder
+from .flops import module_flops
+from .layers import (LayerNorm, MLMHead, PostLNLayer, bert_init, dropout, gather_positions,
+                     split_or_none)
 from .stack import folded_keys, init_stack, run_stack
 
 
@@ -112,10 +106,6 @@ class Encoder(Backbone):
         self.layers = init_stack(lambda k: bert_layer(cfg, key=k), cfg.n_layers, key=kl)
         self.cfg = cfg
 
-    def with_options(self, **changes) -> "Encoder":
-        """Same weights, other run-time options (scan_layers, remat, dropout)."""
-        return with_options(self, **changes)
-
     @property
     def scan_layers(self) -> bool:
         return self.cfg.scan_layers
@@ -148,3 +138,32 @@ class Encoder(Backbone):
     def post_ln_layer(self, *, key: Array) -> PostLNLayer:
         """A fresh layer like this encoder's own, for Base+n."""
         return bert_layer(self.cfg, key=key)
+
+
+# ------------------------------------------------------------------------------ BERT MLM
+
+def bert_mlm_head(cfg: EncoderConfig, *, key: Array) -> MLMHead:
+    """A fresh BERT MLM head (cls.predictions) for an encoder of this config."""
+    return MLMHead(cfg.d_model, cfg.d_model, cfg.vocab_size, **norm_and_activation(cfg), key=key)
+
+
+class EncoderMLM(OverEncoder):
+    """The model ``model.arch=encoder`` pretrains: Encoder + tied MLM head (no SOP/NSP head), HF
+    ``BertForMaskedLM``'s layout. The head (``bert_mlm_head``) predicts only at the masked
+    positions (``positions_BP``), as ALBERT's data pipeline supplies them
+    (data/corpus/mlm_sop.py), so the vocabulary projection costs P rather than T rows."""
+
+    encoder: Encoder
+    head: MLMHead
+
+    def __init__(self, encoder: Encoder, *, key: Array):
+        self.encoder = encoder
+        self.head = bert_mlm_head(encoder.cfg, key=key)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return module_flops(self, seq_len)
+
+    def masked_logits(self, tokens_BT: Array, segments_BT: Array | None, mask_BT: Array | None,
+                      positions_BP: Array, *, key: Array | None = None) -> Array:
+        h_BTD, _ = self.encoder.forward(tokens_BT, segments_BT, mask_BT, key=key, all_layers=False)
+        return self.head(gather_positions(h_BTD, positions_BP), self.encoder.embed.word_VD)

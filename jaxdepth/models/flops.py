@@ -32,7 +32,6 @@ _TABLES = ("word_VD", "position_PD", "token_type_YD", "embed", "token_VE", "posi
            "segment_SE", "value")  # gathered, not multiplied (value: DWAtt's frozen keys)
 
 
-
 def module_flops_per_token(model, trainable_spec, seq_len: int, attn_layers: int,
                            d_model: int) -> int:
     """Training FLOPs per token of a fusion model or the BERT encoder, same convention as the

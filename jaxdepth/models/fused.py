@@ -1,24 +1,18 @@
-"""A backbone, a layer-fusion module and a task head: the model of the fusion tasks
-(docs/design.md §4). The backbone is any ``Backbone`` (models/backbone.py).
+"""A backbone (models/backbone.py), a layer-fusion module and a task head: the model of the
+fusion tasks (docs/design.md §4).
 
-``h`` is computed from the backbone's layer outputs ``z_LBTD`` by the module of
-``fusion.method``, a class of models/fusions/ (Base, Base+n, Concat, DWAtt, ScalarMix). What
-the method reads (its ``INPUT``: each word's states, or the whole sentence) is the one thing
-this model asks of it, here through ``reads``: what to take of ``z_LBTD``, how h comes at the
-wanted positions, how a frozen backbone's states form one row per sentence.
-
-Heads: token classification (NER: dropout then a linear map over ``h``) or BERT's MLM head tied
-to the backbone's word embeddings. The head only needs ``h`` where a label or a masked token
-is, so a method that reads words gets ``z`` gathered at ``positions_BP`` (first sub-tokens,
-masked slots) *before* fusing, which then costs P rather than T positions per sequence; one
-that reads the sentence (Base+n: its layers attend over it) is gathered after. The result at
-the gathered positions is identical.
+``h`` comes from the backbone's layer outputs ``z_LBTD`` through the module of
+``fusion.method`` (models/fusions/); what the method reads (its ``INPUT``: each word's states,
+or the whole sentence) decides, through ``reads``, what is taken of ``z_LBTD``, where h is
+gathered and how a frozen backbone's states form one row per sentence. The head (NER's dropout
+and linear map, or BERT's MLM head tied to the word embeddings) needs ``h`` only at
+``positions_BP``, so a method that reads words gets ``z`` gathered there before fusing (P rather
+than T positions per sequence; the same result), and one that reads the sentence after.
 
 Modes: ``fe`` runs the backbone without dropout under ``stop_gradient`` and leaves it out of
-``trainable_spec``, so the train step neither differentiates nor updates it; ``ft`` trains
-everything. DWAtt's frozen layer keys never train in either mode. In ``fe`` the backbone's
-contribution is a fixed function of the sentence (``frozen_states``), so a task can compute it
-once and train the rest on it (``logits_from_states``; tasks/ner.py does).
+``trainable_spec``; ``ft`` trains everything. DWAtt's frozen layer keys never train. In ``fe`` the
+backbone's contribution is a fixed function of the sentence (``frozen_states``), which a task
+can compute once and train the rest on (``logits_from_states``; tasks/ner.py does).
 """
 from __future__ import annotations
 
@@ -30,18 +24,10 @@ from jaxtyping import Array
 from .trial_tracing import may_drop, setting
 from .backbone import Backbone
 from .declared import Declared
-from .encoder import BertEmbeddings
-from .encoder_mlm import bert_mlm_head
+from .encoder import BertEmbeddings, bert_mlm_head
 from .flops import module_flops, module_flops_per_token
-from .fusion import fusion_trainable
-from .fusions import FusionMethod, fusion_method
-from .heads import MLMHead
-from .layers import Dense, dropout, split_or_none
-
-
-def fusion_param_count(method: str, backbone: Backbone, n_extra: int = 1) -> int:
-    """Trainable parameters the fusion method adds on this backbone (Table 2; head excluded)."""
-    return fusion_method(method).param_count(backbone, n_extra)
+from .fusions import FusionMethod, fusion_method, fusion_trainable
+from .layers import Dense, MLMHead, dropout, split_or_none
 
 
 class FusedModel(Declared):

@@ -1,26 +1,14 @@
 """Load Hugging Face BERT/RoBERTa checkpoints (``config.json`` + ``model.safetensors``) into
-``models.encoder.Encoder``, without torch or transformers: the weights are read with the
+``models.encoder.Encoder`` without torch or transformers: tensors are read with the
 ``safetensors`` package's NumPy API (BF16 through ``ml_dtypes``, which jax depends on).
 
-Tensor names (an optional ``bert.`` / ``roberta.`` prefix is stripped)::
-
-    embeddings.{word,position,token_type}_embeddings.weight, embeddings.LayerNorm.{weight,bias}
-    encoder.layer.{i}.attention.self.{query,key,value}.{weight,bias}
-    encoder.layer.{i}.attention.output.dense.{weight,bias}
-    encoder.layer.{i}.attention.output.LayerNorm.{weight,bias}
-    encoder.layer.{i}.intermediate.dense.{weight,bias}
-    encoder.layer.{i}.output.dense.{weight,bias}
-    encoder.layer.{i}.output.LayerNorm.{weight,bias}
-
-Linear weights are stored [out, in] (torch) and transposed to our [in, out]; old TF-converted
-checkpoints' ``LayerNorm.gamma/beta`` are accepted too. Everything outside ``embeddings.`` /
-``encoder.`` (pooler, MLM ``cls.``/``lm_head.`` heads, classifiers) and the ``position_ids`` buffer
-is ignored and reported. A missing or unexpected encoder tensor, or a wrong shape, raises
-``ValueError`` naming the tensor.
-
-Tokenizer: ``load_hf_encoder`` returns a ``tokenizers.Tokenizer`` when ``tokenizer.json`` exists
-and the ``tokenizers`` package is importable, otherwise ``None`` (the package is optional and not
-a dependency of jaxdepth; tokenise elsewhere and feed ids).
+The tensors are those of ``_EMBED`` and ``_LAYER`` below, after an optional ``bert.`` /
+``roberta.`` prefix (old TF-converted checkpoints' ``LayerNorm.gamma/beta`` too); linear weights
+are stored [out, in] (torch) and transposed to our [in, out]. Everything outside
+``embeddings.`` / ``encoder.`` (pooler, MLM heads, classifiers) and the ``position_ids`` buffer
+is ignored and reported; a missing or unexpected encoder tensor, or a wrong shape, raises
+``ValueError`` naming the tensor. The tokenizer (``tokenizer.json``) needs the optional
+``tokenizers`` package (not a dependency of jaxdepth), else ``load_hf_encoder`` gives None.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Building blocks shared by the models: norms, T5 relative position bias, attention, MLPs,
-the decoder's pre-norm block and the encoders' post-LN layer.
+the decoder's pre-norm block, the encoders' post-LN layer and masked-LM head.
 
 Shape suffixes: B batch, T query positions, S key positions, D d_model, N heads, H head dim,
 F d_ff, V vocab. Parameters are float32; ``__call__`` runs in the dtype of its input.
@@ -145,13 +145,8 @@ def causal_attend(q_BTNH: Array, k_BTNH: Array, v_BTNH: Array, bias_NTT: Array, 
                   mask_B1TT: Array | None = None) -> Array:
     """Causal ``softmax(q k^T + bias) v`` through ``jax.nn.dot_product_attention`` (T5: scale
     1, the 1/sqrt(H) lives in the query kernel); [B, T, N*H] like ``attend``. ``path``: the
-    model.attention class (attentions.py) that says its ``implementation``: None is XLA's path
-    in jax 0.10 (float32 logits and softmax, the same arithmetic as ``attend``); "cudnn" forces
-    cuDNN's fused flash kernel, which needs bf16/fp16 inputs, skips the masked half under
-    ``is_causal`` and never stores the [T, T] probabilities.
-    """
-    # XLA's path adds the bias to float32 logits, as ``attend`` does; cuDNN takes it in the
-    # inputs' dtype.
+    model.attention class (attentions.py), which says the kernel's ``implementation`` and the
+    bias's dtype."""
     bias_dtype = q_BTNH.dtype if path.BIAS_IN_INPUT_DTYPE else jnp.float32
     # jax's own XLA path calls promote_types(bf16, float32), which strict promotion (the
     # tests' setting) refuses; every dtype here is already explicit. (Its backward, lowered
@@ -403,3 +398,34 @@ class PostLNLayer(eqx.Module):
         h_BTD = self.attn_norm(x_BTD + dropout(self.attn(x_BTD, key_mask_BT), rate, k1))
         f_BTD = self.ff_out(activation_fn(self.activation)(self.ff_in(h_BTD)))
         return self.ff_norm(h_BTD + dropout(f_BTD, rate, k2))
+
+
+def gather_positions(x_BTD: Array, positions_BP: Array) -> Array:
+    """x at the given positions of every row: [B, P, D] (works on [L, B, T, D] with axis 1 too)."""
+    return jnp.take_along_axis(x_BTD, positions_BP[..., None], axis=-2)
+
+
+class MLMHead(eqx.Module):
+    """dense d_model -> X, activation, LayerNorm, then the TIED input embedding (X -> vocab) plus
+    an output bias; no vocab-sized matrix of its own. BERT: X = d_model, its config's activation
+    and eps (HF ``cls.predictions``); ALBERT: X = the factorised embedding size E, "gelu_new"."""
+    AXES, NO_DECAY = {"bias_V": ("vocab",)}, frozenset({"bias_V"})
+
+    dense: Dense  # d_model -> X
+    norm: LayerNorm  # over X
+    bias_V: Array
+    activation: str = eqx.field(static=True, default="gelu")
+
+    def __init__(self, d_model: int, d_out: int, vocab_size: int, *, eps: float = 1e-12,
+                 activation: str = "gelu", key: Array):
+        self.dense = Dense(d_model, d_out, key=key)
+        self.norm = LayerNorm(d_out, eps)
+        self.bias_V = jnp.zeros((vocab_size,), jnp.float32)
+        self.activation = activation
+
+    def __call__(self, h_BPD: Array, table_VX: Array) -> Array:
+        """float32 logits [B, P, V]; table_VX is the tied input embedding table."""
+        x_BPX = self.norm(activation_fn(self.activation)(self.dense(h_BPD)))
+        logits = jnp.einsum("bpx,vx->bpv", x_BPX, table_VX.astype(x_BPX.dtype),
+                            preferred_element_type=jnp.float32)
+        return logits + self.bias_V[None, None]

@@ -4,7 +4,6 @@ tasks/encoder_pretrain.py:mlm_config), and models/hf_import.py reads an EncoderC
 Hugging Face config.json."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -66,9 +65,6 @@ class EncoderConfig:
 
     def shape(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.SHAPE}
-
-    def replace(self, **changes) -> "EncoderConfig":
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)

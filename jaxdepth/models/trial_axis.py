@@ -53,15 +53,11 @@ def over_trials(fn: Callable, k: int, stacked: Sequence[bool],
 
 
 @functools.cache
-def _jitted(fn: Callable, k: int, n_args: int, shares: bool) -> Callable:
+def _jitted(fn: Callable, k: int, n_args: int) -> Callable:
     # one program per device function, trial count and argument shapes; the arrays every
-    # trial shares (Models.shared) enter once, unbatched
-    if shares:
-        def call(stacked, shared, *args):
-            return fn(eqx.combine(stacked, shared), *args)
-    else:
-        def call(stacked, shared, *args):
-            return fn(stacked, *args)
+    # trial shares (Models.shared, or None) enter once, unbatched
+    def call(stacked, shared, *args):
+        return fn(stacked if shared is None else eqx.combine(stacked, shared), *args)
     return eqx.filter_jit(over_trials(call, k, (True, False) + (False,) * n_args))
 
 
@@ -132,8 +128,7 @@ class Models:
     def __call__(self, fn: Callable, *args) -> list:
         if len(self) == 1:  # one model: the call itself (over_trials' rule for k = 1)
             return [fn(self.one(0), *args)]
-        out = _jitted(fn, self.n_trials, len(args), self.shared is not None)(
-            self.model, self.shared, *args)
+        out = _jitted(fn, self.n_trials, len(args))(self.model, self.shared, *args)
         return [select(out, k) for k in range(self.n_trials)]
 
     def per_device(self, fn: Callable, rows: Sequence[np.ndarray], *static) -> list:

@@ -1,24 +1,20 @@
 """The settings traced per trial: how a model reads a setting that the trials of one compiled
 step vary (``setting``, ``may_drop``, ``Keep``), and how a trial step sets them
-(``trial_values``)."""
+(``trial_values``).
+
+A model's dropout rate and ACT's ponder weight are fields of its static config: one number per
+compiled program. Trials (trainer/trials.py) vary them inside one program, so their step sets
+each varying setting's per-trial value while it traces the update, and a model reads it through
+``setting``: the trial's traced value inside that trace, its config's float everywhere else. A
+context rather than an argument, so that every task's objective and model call need not carry
+the trials' plumbing down to every layer's dropout. A traced dropout rate travels as its keep
+probability (``Keep``), computed on the host in float64 as a solo run's ``1.0 - rate`` is, so a
+trial draws the solo run's masks bit for bit.
+"""
 from __future__ import annotations
 
 import contextlib
 import contextvars
-
-# Settings a model reads at run time that the trials of one compiled step may vary.
-#
-# A model's dropout rate and ACT's ponder weight are fields of its static config: one number
-# per compiled program. Trials (trainer/trials.py) vary them inside one program, so their step
-# sets each varying setting's per-trial value while it traces the update (`trial_values`), and
-# a model reads such a setting through `setting`: the trial's traced value inside that trace,
-# its own config's float everywhere else (solo runs, evaluation, decoding). A context rather
-# than an argument, because the value has to reach every layer's dropout through every task's
-# objective and model call, and those signatures should not carry the trials' plumbing.
-#
-# A traced dropout rate travels as its keep probability (`Keep`), computed on the host in
-# float64 as a solo run's Python `1.0 - rate` is, so that a trial draws the solo run's masks
-# bit for bit.
 
 # Settings (config "section.field") a model reads through `setting`.
 DROPOUT_SETTINGS = ("model.dropout", "act.dropout", "fusion.dropout")

@@ -29,7 +29,7 @@ from ..models.fusions import fusion_method
 from ..data.download import registered_model, verify_pretrained
 from ..models.hf_import import CONFIG_FILE, config_from_hf, load_hf_encoder
 from .task_base import TaskBase
-from .registry import load_model, task_for
+from .registry import load_init_from, task_for
 
 
 def is_hf_dir(path: str | Path) -> bool:
@@ -82,11 +82,7 @@ def load_backbone(cfg: Config, mesh) -> tuple[eqx.Module, eqx.Module | None, int
         with _hf_errors(src):
             encoder, _, _ = load_hf_encoder(src)
         return encoder, None, None
-    try:
-        model, _, step = load_model(Path(src), cfg.task.init_step or None, mesh, cfg.mesh,
-                                    label="task.init_step")
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"task.init_from: {e}") from None
+    model, _, step = load_init_from(cfg, mesh)
     head = getattr(model, "head", None) if hasattr(model, "masked_logits") else None
     return strip_to_backbone(model), head, step
 

@@ -59,10 +59,6 @@ def prompts(examples: Sequence[Example], tok: Tokenizer,
     return out, lengths
 
 
-def _without_dropout(model: DecoderLM) -> DecoderLM:
-    return model.with_options(dropout=0.0)
-
-
 def _greedy(model: DecoderLM, prompt_BT, lengths_B, max_new: int):
     return generate(model, prompt_BT, lengths_B, max_new)
 
@@ -74,7 +70,7 @@ def predict(models: Models, tok: Tokenizer, examples: Sequence[Example],
     (or its own trials) and stops when they are done (Models.per_device)."""
     if not examples:
         return [[] for _ in range(len(models))]
-    models = models.map(_without_dropout)
+    models = models.map(lambda model: model.with_options(dropout=0.0))
     arr, lengths = prompts(examples, tok, geo.width)
     n = len(examples)
     pad = -n % geo.batch  # fill the last batch with copies of the first prompt, then drop them

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from ..analysis.act_stats import (evaluate_act, evaluate_act_each, plot_cosine, write_cosine_table,
                                   write_table1)
-from ..config import ACTConfig, Config, ConfigError
+from ..config import Config, ConfigError
 from ..models.specs import MLMConfig
 from ..data.embedded import grammar
 from ..data.corpus.mlm_sop import (eval_mlm_batches, grammar_documents, mlm_dataset,
@@ -32,8 +32,8 @@ from ..data.corpus.prepare import corpus_name, run_tokenizer, tokenizer_source
 from ..errors import writing_result
 from ..models.act import ACTEncoder, UntiedEncoder
 from ..models.layers import split_or_none
-from .losses import softmax_xent as _xent
-from .eval_request import EvalRequest
+from .losses import batch_totals, softmax_xent as _xent, weighted_xent_sum
+from .eval_request import EvalRequest, load_checkpoint, scored_on
 from ..models.trial_axis import Models
 from ..config.run_kinds.encoder_pretraining import EncoderPretraining
 from .task_base import TaskBase, same_arrays
@@ -41,28 +41,29 @@ from .task_base import TaskBase, same_arrays
 EVAL_BATCHES = 4  # validation batches when run.eval_batches is 0
 
 
-def encoder_objective(cfg: Config):
+def encoder_objective():
     def objective(model, mb, key, totals):
         k_enc, k_sop = split_or_none(key, 2)
         out = model(mb["tokens"], mb["segments"], mb["mask"], key=k_enc)
-        w_BP = mb["mlm_weights"].astype(jnp.float32)
-        mlm_ce = _xent(model.mlm_logits(out.h_BTD, mb["mlm_positions"]), mb["mlm_ids"])
-        mlm = jnp.sum(w_BP * mlm_ce) / totals["predictions"]
+        mlm = weighted_xent_sum(model.mlm_logits(out.h_BTD, mb["mlm_positions"]), mb["mlm_ids"],
+                                mb["mlm_weights"]) / totals["predictions"]
         sop = jnp.sum(_xent(model.sop_logits(out.h_BTD, key=k_sop), mb["sop_labels"])) \
             / totals["rows"]
-        real = mb["mask"].astype(jnp.float32)
-        ponder = jnp.sum(real * (out.N_BT + out.R_BT)) / totals["rows"]
-        value = mlm + sop + model.ponder_weight * ponder
-        return value, {"loss": value, "mlm": mlm, "sop": sop, "ponder": ponder,
-                       "iterations": jnp.sum(real * out.N_BT) / totals["tokens"],
-                       "tokens": jnp.sum(real)}
+        return with_ponder(mlm + sop, {"mlm": mlm, "sop": sop}, out, mb["mask"],
+                           model.ponder_weight, totals)
 
-    def totals(batch):
-        return {"predictions": jnp.maximum(jnp.sum(batch["mlm_weights"].astype(jnp.float32)), 1.0),
-                "rows": jnp.float32(batch["tokens"].shape[0]),
-                "tokens": jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)}
+    return objective, batch_totals("predictions", "rows", "tokens")
 
-    return objective, totals
+
+def with_ponder(loss, parts: dict, out, mask_BT, weight, totals) -> tuple:
+    """(loss + weight * ponder cost, the step's metrics): the ponder cost is the mean over rows
+    of sum_t mask_t (N_t + R_t); the metrics add it and the mean iterations per real token."""
+    real = mask_BT.astype(jnp.float32)
+    ponder = jnp.sum(real * (out.N_BT + out.R_BT)) / totals["rows"]
+    value = loss + weight * ponder
+    return value, {"loss": value, **parts, "ponder": ponder,
+                   "iterations": jnp.sum(real * out.N_BT) / totals["tokens"],
+                   "tokens": jnp.sum(real)}
 
 
 def mlm_config(cfg: Config) -> MLMConfig:
@@ -84,11 +85,6 @@ def _documents(cfg: Config) -> tuple[list[list[str]], list[list[str]]]:
     if d.valid:
         return docs, text_documents([p.strip() for p in d.valid.split(",") if p.strip()])
     return split_documents(docs, d.valid_fraction, seed=d.valid_seed)
-
-
-def encoder_config(cfg: Config, halting: str) -> ACTConfig:
-    """cfg.act with the halting mode of its architecture."""
-    return dataclasses.replace(cfg.act, halting=halting)
 
 
 @dataclass(frozen=True)
@@ -149,7 +145,7 @@ class EncoderTask(TaskBase):
     def __init__(self, cfg: Config, *, arch: str, untied: bool, adaptive: bool, halting: str):
         super().__init__(cfg)
         self.arch, self.untied, self.adaptive = arch, untied, adaptive
-        self.encoder_cfg = encoder_config(cfg, halting)
+        self.encoder_cfg = dataclasses.replace(cfg.act, halting=halting)  # its arch's halting
 
     def build_encoder(self, *, key):
         return (UntiedEncoder if self.untied else ACTEncoder)(self.encoder_cfg, key=key)
@@ -164,7 +160,7 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         return self.build_encoder(key=k_enc)
 
     def objective(self):
-        return encoder_objective(self.cfg)
+        return encoder_objective()
 
     def evaluates_alike(self, tasks) -> bool:
         return all(same_arrays(t.prepared.valid, self.prepared.valid) for t in tasks)
@@ -198,8 +194,6 @@ class EncoderPretrainTask(EncoderTask, MLMCorpus):
         """Table 1 (MLM / SOP accuracy, mean iterations per token group) and Fig. 2 (cosine
         of consecutive iteration states) of the checkpoint, on the run's validation batches
         or on MLM batches built from --data files."""
-        from .open_run import load_checkpoint, scored_on
-
         cfg, model, step, _, _ = load_checkpoint(run, request.step, request.batch)
         cfg = scored_on(cfg, request)
         reader = EncoderPretrainTask(cfg, arch=self.arch, untied=self.untied,

@@ -23,7 +23,7 @@ from ..data.corpus.streaming import streaming_dataset
 from ..models.decoder import DecoderLM, generate
 from .losses import fused_lm_head_loss, lm_loss_sums
 from ..trainer.sharding import local_rows, to_global
-from .eval_request import EvalRequest
+from .eval_request import EvalRequest, load_checkpoint
 from ..models.trial_axis import Models
 from ..config.run_kinds.lm_pretraining import LMPretraining
 from .task_base import TaskBase, same_arrays
@@ -67,11 +67,6 @@ def mean_losses(models: Models, batches: list[dict], sharding) -> list[tuple[flo
         nll, n = sum(float(b[k][0]) for b in sums), sum(float(b[k][1]) for b in sums)
         out.append((nll / max(n, 1.0), n))
     return out
-
-
-def mean_loss(model: DecoderLM, batches: list[dict], sharding) -> tuple[float, float]:
-    """(mean weighted NLL, total weight) of one model over batches."""
-    return mean_losses(Models(model), batches, sharding)[0]
 
 
 def valid_metrics(loss: float, n: float) -> dict:
@@ -168,7 +163,6 @@ class LMTask(DecoderTask):
         from ..data.corpus.prepare import valid_documents
         from ..data.corpus.readers import read_corpus, resolve_paths
         from ..trainer.sharding import batch_sharding
-        from .open_run import load_checkpoint
 
         cfg, model, step, tok, mesh = load_checkpoint(run, request.step, request.batch)
         batch = request.batch or cfg.data.batch_size
@@ -188,7 +182,7 @@ class LMTask(DecoderTask):
             else:
                 tokens = load_tokens(run / "data" / "valid.npy")
             batches = eval_batches(tokens, seq_len=cfg.data.seq_len, batch_size=batch)
-        result = valid_metrics(*mean_loss(model, batches, batch_sharding(mesh)))
+        result = valid_metrics(*mean_losses(Models(model), batches, batch_sharding(mesh))[0])
         out = {"run": str(run), "step": step, "data": source, "seq_len": cfg.data.seq_len,
                "tokens": result["valid_tokens"], "loss": result["valid_loss"],
                "perplexity": result["valid_ppl"]}

@@ -116,3 +116,28 @@ def softmax_xent(logits_BXC: Array, labels_BX: Array) -> Array:
     logz = jax.nn.logsumexp(logits_BXC, axis=-1)
     gold = jnp.take_along_axis(logits_BXC, labels_BX[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return logz - gold
+
+
+def weighted_xent_sum(logits_BXC: Array, labels_BX: Array, weights_BX: Array) -> Array:
+    """softmax_xent summed with a weight per position (MLM: 0 on unused prediction slots)."""
+    return jnp.sum(weights_BX.astype(jnp.float32) * softmax_xent(logits_BXC, labels_BX))
+
+
+def labelled_xent_sum(logits_BXC: Array, labels_BX: Array) -> Array:
+    """softmax_xent summed over the positions that have a label (label -1: none)."""
+    valid = (labels_BX >= 0).astype(jnp.float32)
+    return jnp.sum(valid * softmax_xent(logits_BXC, jnp.maximum(labels_BX, 0)))
+
+
+# What a micro-batch's sums are divided by, counted once on the whole batch (at least 1).
+_TOTALS = {
+    "predictions": lambda b: jnp.maximum(jnp.sum(b["mlm_weights"].astype(jnp.float32)), 1.0),
+    "rows": lambda b: jnp.float32(b["tokens"].shape[0]),
+    "labels": lambda b: jnp.maximum(jnp.sum((b["labels"] >= 0).astype(jnp.float32)), 1.0),
+    "tokens": lambda b: jnp.maximum(jnp.sum(b["mask"].astype(jnp.float32)), 1.0),
+}
+
+
+def batch_totals(*names: str):
+    """An objective's ``totals(batch)``: the named counts of _TOTALS."""
+    return lambda batch: {n: _TOTALS[n](batch) for n in names}

@@ -22,14 +22,12 @@ from ..config import Config
 from ..models.specs import EncoderConfig
 from ..data.corpus.prepare import tokenizer_source
 from ..data.corpus.subwords import HFWords
-from ..models.encoder import Encoder
-from ..models.encoder_mlm import EncoderMLM
-from .losses import softmax_xent as _xent
-from .eval_request import EvalRequest
+from ..models.encoder import Encoder, EncoderMLM
+from .losses import batch_totals, weighted_xent_sum
+from .eval_request import EvalRequest, load_checkpoint, scored_on
 from ..config.run_kinds.bert_mlm_pretraining import BertMLMPretraining
 from ..config.run_kinds.fusion_mlm import FusionMLM
 from .backbones import FusionTask, backbone_vocab, is_hf_dir
-from .open_run import load_checkpoint, scored_on
 from .encoder_pretrain import MLMCorpus, MLMPrepared, mlm_config, read_mlm_corpus
 from .lm import write_json
 
@@ -38,14 +36,10 @@ def mlm_objective():
     def objective(model, mb, key, totals):
         logits = model.masked_logits(mb["tokens"], mb["segments"], mb["mask"],
                                      mb["mlm_positions"], key=key)
-        w = mb["mlm_weights"].astype(jnp.float32)
-        mlm = jnp.sum(w * _xent(logits, mb["mlm_ids"])) / totals["predictions"]
+        mlm = weighted_xent_sum(logits, mb["mlm_ids"], mb["mlm_weights"]) / totals["predictions"]
         return mlm, {"loss": mlm, "tokens": jnp.sum(mb["mask"].astype(jnp.float32))}
 
-    def totals(batch):
-        return {"predictions": jnp.maximum(jnp.sum(batch["mlm_weights"].astype(jnp.float32)), 1.0)}
-
-    return objective, totals
+    return objective, batch_totals("predictions")
 
 
 @eqx.filter_jit
@@ -54,7 +48,7 @@ def _eval_sums(model, batch):
                                  batch["mlm_positions"])
     w = batch["mlm_weights"].astype(jnp.float32)
     correct = (jnp.argmax(logits, -1) == batch["mlm_ids"]).astype(jnp.float32)
-    return jnp.sum(w * _xent(logits, batch["mlm_ids"])), jnp.sum(w * correct), jnp.sum(w)
+    return weighted_xent_sum(logits, batch["mlm_ids"], w), jnp.sum(w * correct), jnp.sum(w)
 
 
 def mlm_perplexity(model, batches) -> dict:

@@ -32,13 +32,12 @@ from ..data.finetune import ner_sentences
 from ..data.corpus.pipeline import ExampleBatchSource, sample_ids
 from ..errors import writing_result
 from ..models.fusions import FusionMethod, Sentence, Words
-from .losses import softmax_xent as _xent
-from .eval_request import EvalRequest
+from .losses import batch_totals, labelled_xent_sum
+from .eval_request import EvalRequest, load_checkpoint
 from ..models.trial_axis import Models
 from ..config.run_kinds.fusion_ner import FusionNER
 from . import state_cache
 from .backbones import FusionTask, backbone_words
-from .open_run import load_checkpoint
 from .task_base import same_arrays
 
 log = logging.getLogger(__name__)
@@ -53,16 +52,11 @@ def ner_objective(n_active: int = 0, batches: type["NERBatches"] | None = None):
     batches = batches or TokenBatches
 
     def objective(model, mb, key, totals):
-        logits = batches.logits(model, mb, key, n_active)
-        labels = mb["labels"]
-        valid = (labels >= 0).astype(jnp.float32)
-        ce = jnp.sum(valid * _xent(logits, jnp.maximum(labels, 0))) / totals["labels"]
+        ce = labelled_xent_sum(batches.logits(model, mb, key, n_active), mb["labels"]) \
+            / totals["labels"]
         return ce, {"loss": ce, "tokens": jnp.sum(mb["mask"].astype(jnp.float32))}
 
-    def totals(batch):
-        return {"labels": jnp.maximum(jnp.sum((batch["labels"] >= 0).astype(jnp.float32)), 1.0)}
-
-    return objective, totals
+    return objective, batch_totals("labels")
 
 
 @eqx.filter_jit
@@ -93,25 +87,6 @@ def _predict_rows(models: Models, arrays: dict, batch: int, keys: tuple[str, ...
 
 
 EVAL_WORDS = 2048  # words per call when scoring packed states: one compilation for any split
-
-
-def _predict_packed(models: Models, cache: state_cache.WordCache) -> list[np.ndarray]:
-    """Tags [n, P] of a split from its packed word states, EVAL_WORDS words per call (a
-    word's logits depend on its states alone; the slots not in use get 0), per model."""
-    W = int(cache.offsets[-1])
-    pred_W = [np.zeros(W, np.int32) for _ in range(len(models))]
-    for i in range(0, W, EVAL_WORDS):
-        chunk = cache.array[i:i + EVAL_WORDS]
-        pad = np.zeros((EVAL_WORDS - len(chunk), *chunk.shape[1:]), chunk.dtype)
-        for k, p in enumerate(models(_predict_words, np.concatenate([chunk, pad]))):
-            pred_W[k][i:i + len(chunk)] = np.asarray(p)[:len(chunk)]
-    rows = np.repeat(np.arange(cache.n), np.diff(cache.offsets))
-    preds = []
-    for p_W in pred_W:
-        pred = np.zeros((cache.n, cache.width), np.int32)
-        pred[rows, cache.slot] = p_W
-        preds.append(pred)
-    return preds
 
 
 # ------------------------------------------------------------------------- batch formats
@@ -212,7 +187,23 @@ class WordStateBatches(NERBatches):
 
     @classmethod
     def predict(cls, models, arrays, batch, n_active):
-        return _predict_packed(models, arrays[cls.CACHE])
+        """From the split's packed word states, EVAL_WORDS words per call (a word's logits
+        depend on its states alone; the slots not in use get 0)."""
+        cache = arrays[cls.CACHE]
+        W = int(cache.offsets[-1])
+        pred_W = [np.zeros(W, np.int32) for _ in range(len(models))]
+        for i in range(0, W, EVAL_WORDS):
+            chunk = cache.array[i:i + EVAL_WORDS]
+            pad = np.zeros((EVAL_WORDS - len(chunk), *chunk.shape[1:]), chunk.dtype)
+            for k, p in enumerate(models(_predict_words, np.concatenate([chunk, pad]))):
+                pred_W[k][i:i + len(chunk)] = np.asarray(p)[:len(chunk)]
+        rows = np.repeat(np.arange(cache.n), np.diff(cache.offsets))
+        preds = []
+        for p_W in pred_W:
+            pred = np.zeros((cache.n, cache.width), np.int32)
+            pred[rows, cache.slot] = p_W
+            preds.append(pred)
+        return preds
 
     @classmethod
     def source(cls, train, *, accum, per_micro, **where):
@@ -288,18 +279,9 @@ def eval_active(splits: list[dict], batch: int) -> int:
                             batch * a["positions"].shape[1]) for a in splits)
 
 
-def predict_ids(models: Models, arrays: dict, batch: int, n_active: int | None = None,
-                batches: type[NERBatches] = TokenBatches) -> list[np.ndarray]:
-    """Greedy label ids [n, P] of every sentence, per model, from a split's arrays in the
-    format `batches` (its cached states, for a cached one); token batches are padded so one
-    compile serves all. n_active: the slot bound (eval_active), by default this split's own."""
-    return batches.predict(models, arrays, batch, n_active)
-
-
-def predict_tags(model, arrays: dict, n_words, labels, batch: int,
-                 n_active: int | None = None) -> list[list[str]]:
-    """Greedy tags of every sentence by one model (predict_ids)."""
-    pred = predict_ids(Models(model), arrays, batch, n_active)[0]
+def predict_tags(model, arrays: dict, n_words, labels, batch: int) -> list[list[str]]:
+    """Greedy tags of every sentence by one model, from a split's word pieces."""
+    pred = TokenBatches.predict(Models(model), arrays, batch, None)[0]
     return ner_sentences.decode_tags(pred, arrays["labels"], n_words, labels)
 
 
@@ -412,8 +394,11 @@ class NERTask(FusionTask):
             {**arrays, self.batches.CACHE: self.caches[name]}
 
     def _read_curve(self) -> None:
+        """The evaluation points evals.jsonl holds, the last record of a step winning (a
+        resumed run's redone step)."""
         evals = self.run_dir / "evals.jsonl"
-        self.curve = {r["step"]: r for r in _curve(evals)} if evals.is_file() else {}
+        lines = evals.read_text().splitlines() if evals.is_file() else []
+        self.curve = {r["step"]: r for r in map(json.loads, filter(str.strip, lines))}
 
     def write_outputs_to(self, directory) -> None:
         super().write_outputs_to(directory)
@@ -478,8 +463,8 @@ class NERTask(FusionTask):
         """Dev and test F1 of each trial (tagged side by side, vmapped); each trial's task
         keeps its own curve and writes its own files."""
         p = self.prepared
-        preds = {split: predict_ids(models, self.split(split), p.eval_batch, p.eval_active,
-                                    self.batches) for split in SPLITS}
+        preds = {split: self.batches.predict(models, self.split(split), p.eval_batch,
+                                             p.eval_active) for split in SPLITS}
         return [t.finish_evaluation({s: preds[s][k] for s in SPLITS}, step, final)
                 for k, t in enumerate(tasks)]
 
@@ -542,16 +527,6 @@ class NERTask(FusionTask):
                     f.writelines(json.dumps(r) + "\n" for r in rows)
             (directory / "ner.json").write_text(json.dumps(res, indent=2) + "\n")
         return res
-
-
-def _curve(path: Path) -> list[dict]:
-    """Evaluation points in step order, the last record of a step winning (resumed runs)."""
-    by_step = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            by_step[r["step"]] = r
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def best_of(curve: list[dict]) -> dict:

@@ -13,35 +13,25 @@ import grain
 import jax
 import numpy as np
 
-from ..config import Config, ConfigError, ModelConfig
+from ..config import Config
 from ..data.corpus.pipeline import ExampleBatchSource
 from ..data.finetune.finetune_data import TaskData, prepare_task_data, unk_summary
 from ..models.decoder import DecoderLM
-from .eval_request import EvalRequest
+from .eval_request import EvalRequest, load_checkpoint
 from ..models.trial_axis import Models
 from ..config.run_kinds.prefix_lm_finetuning import PrefixLMFinetuning
 from .decoding import Geometry, evaluate_splits, summarize, write_predictions
 from .lm import DecoderTask, mean_losses
 from .task_base import same_arrays
-from .registry import load_model
+from .registry import check_shape, load_init_from
+
 
 def load_pretrained(cfg: Config, mesh) -> tuple[DecoderLM, int]:
     """The model of checkpoint task.init_step (0: latest) of run task.init_from, placed like
     the fine-tuning model, and its step."""
-    src = Path(cfg.task.init_from)
-    try:
-        model, pre, step = load_model(src, cfg.task.init_step or None, mesh, cfg.mesh,
-                                      label="task.init_step")
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"task.init_from: {e}") from None
+    model, pre, step = load_init_from(cfg, mesh)
     # The other fields (dropout, dtype, remat...) are run-time options.
-    mine_all, theirs_all = cfg.model.shape(), pre.model.shape()
-    for f in ModelConfig.SHAPE:
-        mine, theirs = mine_all[f], theirs_all[f]
-        if mine != theirs:
-            raise ConfigError(
-                f"model.{f}: {mine} here but {theirs} in the pretrained checkpoint {src} "
-                f"(step {step}); start from its config: --config {src / 'config.json'}")
+    check_shape("model", cfg.model.shape(), pre.model.shape(), cfg.task.init_from, step)
     return model, step
 
 
@@ -139,7 +129,6 @@ class PrefixLMTask(DecoderTask):
     def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         """Exact match of the checkpoint on whole splits; writes predictions + summary."""
         from ..data.finetune.finetune_data import resolve_eval_splits, task_splits
-        from .open_run import load_checkpoint
 
         cfg, model, step, tok, _ = load_checkpoint(run, request.step, request.batch)
         task = dataclasses.replace(cfg.task, dir=request.task_dir or cfg.task.dir,

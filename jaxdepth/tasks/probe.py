@@ -19,40 +19,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ACTConfig, Config, ConfigError
+from ..config import Config, ConfigError
 from ..data.embedded import grammar
 from ..data.corpus.pipeline import ExampleBatchSource
 from ..data.finetune.probing import ROLE_NAMES, label_names, make_probe_data
 from ..data.corpus.prepare import run_tokenizer, tokenizer_source
-from ..models.classifier import EncoderClassifier
-from .losses import softmax_xent as _xent
+from ..models.act import EncoderClassifier
+from .losses import batch_totals, labelled_xent_sum, softmax_xent as _xent
 from .eval_request import EvalRequest
 from ..config.run_kinds.probe_finetuning import ProbeFinetuning
-from .encoder_pretrain import EncoderTask
-from .registry import load_model, task_for
+from .encoder_pretrain import EncoderTask, with_ponder
+from .registry import check_shape, load_init_from, task_for
 
-def probe_objective(cfg: Config):
+
+def probe_objective():
     def objective(model, mb, key, totals):
         logits, out = model(mb["tokens"], mb["segments"], mb["mask"], key=key)
-        labels = mb["labels"]
         if model.token_level:
-            valid = (labels >= 0).astype(jnp.float32)
-            ce = jnp.sum(valid * _xent(logits, jnp.maximum(labels, 0))) / totals["labels"]
+            ce = labelled_xent_sum(logits, mb["labels"]) / totals["labels"]
         else:
-            ce = jnp.sum(_xent(logits, labels)) / totals["rows"]
-        real = mb["mask"].astype(jnp.float32)
-        ponder = jnp.sum(real * (out.N_BT + out.R_BT)) / totals["rows"]
-        value = ce + model.encoder.ponder_weight * ponder
-        return value, {"loss": value, "ce": ce, "ponder": ponder,
-                       "iterations": jnp.sum(real * out.N_BT) / totals["tokens"],
-                       "tokens": jnp.sum(real)}
+            ce = jnp.sum(_xent(logits, mb["labels"])) / totals["rows"]
+        return with_ponder(ce, {"ce": ce}, out, mb["mask"], model.encoder.ponder_weight, totals)
 
-    def totals(batch):
-        return {"rows": jnp.float32(batch["tokens"].shape[0]),
-                "labels": jnp.maximum(jnp.sum((batch["labels"] >= 0).astype(jnp.float32)), 1.0),
-                "tokens": jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)}
-
-    return objective, totals
+    return objective, batch_totals("rows", "labels", "tokens")
 
 
 @eqx.filter_jit
@@ -105,28 +94,19 @@ class ProbeTask(EncoderTask):
             process_count=jax.process_count()))
 
     def objective(self):
-        return probe_objective(self.cfg)
+        return probe_objective()
 
     def initial_model(self, mesh, fresh):
         """The pretrained encoder (task.init_from) under a fresh head, with this run's options."""
         if not self.cfg.task.init_from:
             return None
-        src = Path(self.cfg.task.init_from)
-        try:
-            encoder, pre, step = load_model(src, self.cfg.task.init_step or None, mesh,
-                                            self.cfg.mesh, label="task.init_step")
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"task.init_from: {e}") from None
+        src = self.cfg.task.init_from
+        encoder, pre, step = load_init_from(self.cfg, mesh)
         source = task_for(pre)
         if not isinstance(source, EncoderTask):
             raise ConfigError(f"task.init_from: {src} is not an encoder run (act, albert or bert)")
-        mine, theirs = self.encoder_cfg, source.encoder_cfg
-        mine_shape, theirs_shape = mine.shape(), theirs.shape()
-        for f in ACTConfig.SHAPE:
-            if mine_shape[f] != theirs_shape[f]:
-                raise ConfigError(f"act.{f}: {mine_shape[f]} here but {theirs_shape[f]} in "
-                                  f"the pretrained checkpoint {src}; use its config: "
-                                  f"--config {src / 'config.json'}")
+        mine = self.encoder_cfg
+        check_shape("act", mine.shape(), source.encoder_cfg.shape(), src, step)
         if source.untied != self.untied:
             raise ConfigError(f"model.arch: {self.arch!r} cannot start from the "
                               f"{source.arch!r} checkpoint {src}")
@@ -163,7 +143,7 @@ class ProbeTask(EncoderTask):
         return [t._evaluate(models.one(k), step, final) for k, t in enumerate(tasks)]
 
     def _evaluate(self, model, step: int, final: bool) -> tuple[dict, str]:
-        model = _no_dropout(model)
+        model = eqx.tree_at(lambda m: m.encoder, model, model.encoder.with_options(dropout=0.0))
         dev = self._score(model, "dev")
         res = {"dev_accuracy": dev["accuracy"], "dev_iterations": dev["mean_iterations"]}
         if final:
@@ -190,11 +170,6 @@ class ProbeTask(EncoderTask):
     def evaluate_checkpoint(self, run: Path, request: EvalRequest) -> dict:
         raise ConfigError(f"--run: {run} fine-tunes an encoder on a probing task: its dev/test "
                           f"results are in {run / 'analysis' / 'probe.json'}", field="run")
-
-
-def _no_dropout(model):
-    enc = model.encoder
-    return eqx.tree_at(lambda m: m.encoder, model, enc.with_options(dropout=0.0))
 
 
 def probe_markdown(detail: dict) -> str:

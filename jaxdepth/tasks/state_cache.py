@@ -1,24 +1,19 @@
 """A frozen backbone's states, computed once per sentence (fusion.mode=fe, docs/design.md §4).
 
-In feature extraction the backbone runs without dropout and never trains, so what it gives
-the fusion module for a sentence (``FusedModel.frozen_states``) is the same at every step
-and every evaluation. The NER task computes it once, when the model is ready, and trains and
-evaluates the fusion module and head on it. Two layouts:
+In feature extraction the backbone runs without dropout and never trains, so what it gives the
+fusion module for a sentence (``FusedModel.frozen_states``) never changes: the NER task computes
+it once, when the model is ready, and trains and evaluates on it. Each layout stores its own
+states (``shape``, ``store``); the task picks the one of the method's ``INPUT``:
 
-- ``WordCache`` (a method that reads words, models/fusions/: Base, Concat, DWAtt, ScalarMix):
-  the [L, D] states of every word slot in use, packed sentence after sentence. A batch carries
-  only its sentences' words (``pack``), in the order ``FusedModel.__call__`` packs them with
-  n_active, so the step computes the same numbers as the uncached one. A WikiAnn sentence uses
-  8 of its split's 126 slots on average: the padded [L, P, D] rows would be 15 times larger
-  and were copied every step.
-- ``StateCache`` (a method that reads the sentence: Base+n, whose extra layer attends over
-  it): z_L at every position, one [T, D] row per sentence.
+- ``WordCache`` (a method that reads words): the [L, D] states of every word slot in use,
+  packed sentence after sentence (a WikiAnn sentence uses 8 of its split's 126 slots on
+  average). A batch carries only its sentences' words (``pack``), in the order
+  ``FusedModel.__call__`` packs them with n_active, so the step computes the uncached numbers.
+- ``StateCache`` (a method that reads the sentence: Base+n): z_L at every position, one [T, D]
+  row per sentence.
 
-Each cache lays out and stores its own states (``shape``, ``store``); the NER task picks
-the cache of the method's ``INPUT`` (tasks/ner.py, its batch formats).
-
-A split's cache is held in memory, or written to a memory-mapped ``.npy`` file under
-``<run>/cache/`` when all splits together exceed ``fusion.cache_mib``.
+A split's cache is held in memory, or in a memory-mapped ``.npy`` file under ``<run>/cache/``
+when all splits together exceed ``fusion.cache_mib``.
 """
 from __future__ import annotations
 

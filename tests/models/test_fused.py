@@ -3,7 +3,7 @@
 FE vs FT through the real train step (trainer/state.py): which arrays move, which get optimizer
 moments, and that the step's gradient is the gradient of the NER objective w.r.t. the fusion
 module and head alone. Gathering before fusion equals gathering after it; layer_states equals
-every backbone's layer outputs recomputed layer by layer; fusion_param_count equals the arrays
+every backbone's layer outputs recomputed layer by layer; FusionMethod.param_count equals the arrays
 actually built; EncoderMLM's head against a NumPy recomputation.
 (The DWAtt / Concat equations themselves are tested in tests/models/test_fusion.py.)
 """
@@ -24,14 +24,13 @@ from jaxdepth.models.act import ACTEncoder, UntiedEncoder
 from jaxdepth.models.backbone import depth_and_width, strip_to_backbone
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.models.specs import EncoderConfig
-from jaxdepth.models.encoder import Encoder
-from jaxdepth.models.encoder_mlm import EncoderMLM
-from jaxdepth.models.fused import FusedModel, fusion_param_count
-from jaxdepth.models.fusion import fusion_trainable
+from jaxdepth.models.encoder import Encoder, EncoderMLM
+from jaxdepth.models.fused import FusedModel
+from jaxdepth.models.fusions import fusion_method, fusion_trainable
 from jaxdepth.models.fusions.base import Base
 from jaxdepth.models.fusions.base_n import BasePlusN
 from jaxdepth.models.fusions.dwatt import KEY_DIM, DWAtt
-from jaxdepth.models.heads import gather_positions
+from jaxdepth.models.layers import gather_positions
 from jaxdepth.tasks import task_for
 from jaxdepth.tasks.ner import ner_objective
 from jaxdepth.optim import make_optimizer
@@ -395,7 +394,7 @@ def base_n_by_formula(n, d, d_ff):
 
 @pytest.mark.parametrize("backbone_kind", ["encoder", "act"])
 @pytest.mark.parametrize("method", ["base", "base+n", "concat", "dwatt"])
-def test_fusion_param_count_matches_the_built_module(backbone_kind, method):
+def test_param_count_matches_the_built_module(backbone_kind, method):
     if backbone_kind == "encoder":
         bb = Encoder(ENC, key=jax.random.key(13))
         L, d_ff = ENC.n_layers, ENC.d_ff
@@ -405,7 +404,7 @@ def test_fusion_param_count_matches_the_built_module(backbone_kind, method):
     n_extra = 2
     model = FusedModel(bb, method=method, frozen_backbone=True, n_labels=5, n_extra=n_extra,
                        key=jax.random.key(14))
-    count = fusion_param_count(method, bb, n_extra)
+    count = fusion_method(method).param_count(bb, n_extra)
     if method == "base":
         assert isinstance(model.fusion, Base) and count == 0
         return

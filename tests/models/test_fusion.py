@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdepth.models.fusion import fusion_trainable
+from jaxdepth.models.fusions import fusion_trainable
 from jaxdepth.models.fusions.concat import Concat
 from jaxdepth.models.fusions.dwatt import KEY_DIM, DWAtt
 

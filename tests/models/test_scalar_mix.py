@@ -6,8 +6,8 @@ import numpy as np
 
 from jaxdepth.models.specs import EncoderConfig
 from jaxdepth.models.encoder import Encoder
-from jaxdepth.models.fused import FusedModel, fusion_param_count
-from jaxdepth.models.fusions import fusion_methods
+from jaxdepth.models.fused import FusedModel
+from jaxdepth.models.fusions import fusion_method, fusion_methods
 from jaxdepth.models.fusions.scalar_mix import ScalarMix
 
 L, B, T, D = 3, 2, 5, 8
@@ -31,7 +31,7 @@ def test_a_fusion_method_of_the_grid_that_trains_l_plus_one_parameters(getkey):
     cfg = EncoderConfig(vocab_size=30, d_model=D, n_layers=L, n_heads=2, d_ff=16, max_positions=T)
     model = FusedModel(Encoder(cfg, key=getkey()), method="scalar_mix", frozen_backbone=True,
                        n_labels=4, key=getkey())
-    assert fusion_param_count("scalar_mix", model.backbone) == L + 1
+    assert fusion_method("scalar_mix").param_count(model.backbone, 1) == L + 1
     tokens = jax.random.randint(getkey(), (B, T), 0, 30)
     mask = jnp.ones((B, T), bool)
 

@@ -87,7 +87,7 @@ def test_each_kind_declares_the_eval_request_fields_it_reads():
     for kind, cls in _task_classes():
         source = inspect.getsource(cls.evaluate_checkpoint)
         read = set(re.findall(r"request\.(\w+)", source))
-        if "scored_on(cfg, request)" in source:  # tasks/open_run.py:scored_on
+        if "scored_on(cfg, request)" in source:  # tasks/eval_request.py:scored_on
             read |= {"data", "batch"}
         assert read == set(cls.EVAL_READS), (kind, read, cls.EVAL_READS)
 

@@ -1,5 +1,5 @@
 """MLM + SOP pretraining of the ACT encoders through the shared trainer: the objective equals
-models/act.py's loss, accumulation and sharding do not change the update, LAMB skips norms
+its NumPy recomputation, accumulation and sharding do not change the update, LAMB skips norms
 and biases, the ponder weight moves the mean depth, and eval.py reports Table 1."""
 import json
 
@@ -47,7 +47,7 @@ def _state_and_step(cfg, mesh_cfg=MeshConfig(data=1)):
     from jaxdepth.trainer.state import start
 
     mesh = make_mesh(mesh_cfg)
-    # EncoderPretrainTask: its objective is encoder_objective(cfg)
+    # EncoderPretrainTask: its objective is encoder_objective()
     state, step, _ = start([cfg], [task_for(cfg)], mesh)
 
     def one(state, batch):  # a run of one: its batch and metrics on a trial axis of one
@@ -56,20 +56,16 @@ def _state_and_step(cfg, mesh_cfg=MeshConfig(data=1)):
     return state, one, mesh
 
 
-def test_objective_equals_the_model_loss(batch):
+def test_objective_equals_numpy(batch):
     from jaxdepth.tasks.encoder_pretrain import encoder_objective
 
     cfg = _cfg(act={"halting_bias_init": -0.5})
     state, _, _ = _state_and_step(cfg)
     model = state.models().one(0)
-    fn, totals = encoder_objective(cfg)
+    fn, totals = encoder_objective()
     value, metrics = fn(model, batch, None, totals(batch))
-    want, parts = act.loss(model, batch)  # the model's own loss (models/act.py)
-    np.testing.assert_allclose(float(value), float(want), rtol=1e-6)
-    for k in ("mlm", "sop", "ponder"):
-        np.testing.assert_allclose(float(metrics[k]), float(parts[k]), rtol=1e-6)
 
-    # and the three terms recomputed in NumPy from the model's logits and halting counts
+    # the three terms recomputed in NumPy from the model's logits and halting counts
     def xent(logits, labels):
         z = np.asarray(logits, np.float64)
         z = z - z.max(-1, keepdims=True)

@@ -1,18 +1,12 @@
-"""Layer-fusion methods as choices: one ``eqx.Module`` per method (``fusion.method``), in one
-module of this package each. The class is the module the method adds between the backbone and
-the head, and it carries everything about the method that the rest of the code asks: its name,
-its place in tables, how it is built on a backbone (``build``), the trainable parameters it
-adds, what it reads of the backbone's output (``INPUT``) and the fusion settings that only it
-reads (``READS``).
-
-What a method reads decides how the model feeds it, and that is the one thing in which the
-methods differ outside their own modules. ``Words``: each word's own L layer states, so h at a
-word depends on that word alone (Base, Concat, DWAtt, ScalarMix): they are gathered at the
-wanted positions before fusing (cost ∝ P, not T), a batch runs at its words in use alone, and a
-frozen backbone's states are kept per word. ``Sentence``: the last layer's output at every
-position (Base+n, whose layers attend over the sentence): h is gathered after fusing, and a
-frozen backbone's states are kept per sentence. ``FusedModel`` (models/fused.py) and the NER
-task's state cache ask the INPUT type; nothing outside these modules compares a method's name.
+"""Layer-fusion methods as choices: one ``eqx.Module`` per method (``fusion.method``), one module
+of this package each. The class is the module the method adds between the backbone and the
+head, and says all the rest of the code asks of the method: its name, its place in tables, how
+it is built on a backbone (``build``), the parameters it adds, what it reads of the backbone's
+output (``INPUT``: ``Words`` or ``Sentence``, the one thing in which the methods differ outside
+their own modules; ``FusedModel`` and the NER task's state cache ask it) and the fusion settings
+that only it reads (``READS``). Nothing outside these modules compares a method's name. A
+constant a method carries but never trains is ``Frozen`` (DWAtt's layer keys), which
+``fusion_trainable`` keeps from the optimiser.
 
 Every module of this package is imported here, so a new method is a new module: defining a
 subclass with a ``NAME`` registers it (jaxdepth/choices.py).
@@ -27,8 +21,33 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ...choices import Choices, Registered, import_all
-from ..fusion import fusion_trainable
-from ..heads import gather_positions
+from ..layers import gather_positions
+
+
+class Frozen(eqx.Module):
+    """A constant array carried in the model pytree but never trained (see ``fusion_trainable``)."""
+
+    AXES = {"value": ("norm", "norm")}  # DWAtt's layer keys [L, 24]: replicated
+
+    value: Array
+
+
+def fusion_trainable(tree):
+    """Filter spec for ``eqx.partition`` of any model: True for every floating array (or its
+    abstract stand-in, to count parameters unallocated) but ``Frozen`` ones, so the optimiser
+    never sees DWAtt's ``k_pos``: the forward's stop_gradient alone would still let AdamW's
+    weight decay shrink it."""
+    is_frozen = lambda x: isinstance(x, Frozen)  # noqa: E731
+    return jax.tree.map(lambda x: False if is_frozen(x) else _is_float(x), tree,
+                        is_leaf=is_frozen)
+
+
+def _is_float(x) -> bool:
+    """A floating array, or its abstract stand-in from ``eqx.filter_eval_shape``."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jnp.issubdtype(x.dtype, jnp.inexact)
+    return eqx.is_inexact_array(x)
+
 
 _METHODS: Choices[type["FusionMethod"]] = Choices("fusion method", "fusion.method",
                                                   order=lambda cls: cls.ORDER)
@@ -131,11 +150,6 @@ def check_layers(z_LBTD: Array, n_layers: int, d_model: int) -> None:
                          f"got {tuple(z_LBTD.shape)}")
 
 
-def fusion_method(name: str) -> type[FusionMethod]:
-    """The method called ``name``; a ConfigError naming fusion.method for any other name."""
-    return _METHODS(name)
-
-
 def own_settings(method: str, source) -> dict:
     """{field: value} of the fusion settings only ``method`` reads (its READS), taken from
     the attributes of the same names of ``source`` (a plan, parsed arguments)."""
@@ -143,9 +157,8 @@ def own_settings(method: str, source) -> dict:
     return {n: getattr(source, n) for n in names}
 
 
-def fusion_methods() -> tuple[str, ...]:
-    """Every method's name, in table order."""
-    return _METHODS.names()
-
+# fusion_method(name): the method called ``name`` (a ConfigError naming fusion.method for any
+# other); fusion_methods(): every method's name, in table order
+fusion_method, fusion_methods = _METHODS, _METHODS.names
 
 import_all(__name__, __path__)

@@ -8,16 +8,15 @@ W_K, and the bottleneck maps U and W get biases too, as usual for added heads (d
 backbone stays bf16 under strict dtype promotion; the softmax over layers always runs in
 float32. The key positions ``k_pos`` are constants, not parameters: wrapped in ``Frozen``,
 read through ``stop_gradient`` and left out of the trainable partition by
-``fusion_trainable`` (models/fusion.py).
+``fusion_trainable`` (models/fusions/__init__.py).
 """
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..fusion import Frozen
 from ..layers import Dense, LayerNorm, kernel_init
-from . import FusionMethod, check_layers
+from . import FusionMethod, Frozen, check_layers
 
 KEY_DIM = 24  # size of DWAtt's random layer-position vectors (docs/design.md §4)
 
