@@ -32,33 +32,25 @@ def stack(trees: Sequence) -> Any:
 TRIAL_AXIS = "trials"  # the vmapped axis's name, for a function that reduces over trials
 
 
-def over_trials(fn: Callable, k: int, stacked: Sequence[bool],
+def over_trials(fn: Callable, stacked: Sequence[bool],
                 axis_name: str | None = TRIAL_AXIS) -> Callable:
-    """fn, a function of one trial, applied to each of k trials: the arguments marked in
+    """fn, a function of one trial, vmapped over K > 1 trials: the arguments marked in
     `stacked` hold every trial on a leading axis (their arrays: other leaves are static), the
-    others are every trial's alike; each output array comes back with the trial axis.
-
-    The one place where a run of one trial computes otherwise than a run of several: k > 1
-    vmaps fn over the trial axis; k = 1 calls fn on the trial itself, its axis taken off the
-    arguments and put back on the outputs. A vmap of one would change XLA's kernels, and with
-    them the last bits of what a solo run computes on the CPU."""
-    if k > 1:
-        return eqx.filter_vmap(fn, in_axes=tuple(eqx.if_array(0) if s else None
-                                                 for s in stacked), axis_name=axis_name)
-
-    def one(*args):
-        out = fn(*(select(a, 0) if s else a for a, s in zip(args, stacked)))
-        return jax.tree.map(lambda x: x[None] if eqx.is_array(x) else x, out)
-    return one
+    others are every trial's alike; each output array comes back with the trial axis. One
+    trial is never vmapped (a vmap of one changes XLA's kernels, and the last bits of what a
+    solo run computes on the CPU): ``Models`` calls its one model as it is, and the train
+    step takes a run of one's trial axis off (trainer/state.py: make_step)."""
+    return eqx.filter_vmap(fn, in_axes=tuple(eqx.if_array(0) if s else None for s in stacked),
+                           axis_name=axis_name)
 
 
 @functools.cache
-def _jitted(fn: Callable, k: int, n_args: int) -> Callable:
-    # one program per device function, trial count and argument shapes; the arrays every
+def _jitted(fn: Callable, n_args: int) -> Callable:
+    # one program per device function and argument shapes (K among them); the arrays every
     # trial shares (Models.shared, or None) enter once, unbatched
     def call(stacked, shared, *args):
         return fn(stacked if shared is None else eqx.combine(stacked, shared), *args)
-    return eqx.filter_jit(over_trials(call, k, (True, False) + (False,) * n_args))
+    return eqx.filter_jit(over_trials(call, (True, False) + (False,) * n_args))
 
 
 @functools.cache
@@ -126,9 +118,9 @@ class Models:
         return 1 if self.n_trials is None else self.n_trials
 
     def __call__(self, fn: Callable, *args) -> list:
-        if len(self) == 1:  # one model: the call itself (over_trials' rule for k = 1)
+        if len(self) == 1:  # one model: the call itself, never a vmap of one
             return [fn(self.one(0), *args)]
-        out = _jitted(fn, self.n_trials, len(args))(self.model, self.shared, *args)
+        out = _jitted(fn, len(args))(self.model, self.shared, *args)
         return [select(out, k) for k in range(self.n_trials)]
 
     def per_device(self, fn: Callable, rows: Sequence[np.ndarray], *static) -> list:

@@ -356,7 +356,7 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
                           shared)
 
     if len(cfgs) > 1:
-        per_trial = over_trials(one, len(cfgs), (True, True, False), axis_name=None)
+        per_trial = over_trials(one, (True, True, False), axis_name=None)
 
         @eqx.filter_jit(donate="all-except-first")
         def step(batch, state: TrainState):
