@@ -28,15 +28,11 @@ quiet_interrupts(__name__ == "__main__")  # a command: before the imports that s
 import argparse
 import dataclasses
 import functools
-import json
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .executors import add_executor_args, executor_from_args, per_group
-from .experiment import PlannedExperiment, Unit, start_unit_process
-from ..errors import RunFailed, run_main
+from .executors import add_executor_args
+from .experiment import PlannedExperiment, Unit, command_main, start_unit_process, trained
 from ..config import TASKS, Config, ConfigError, apply_overrides
 from ..config.trials import SEED_FIELD, parse_list
 from ..models.depth_family import SIZE_CLASSES
@@ -90,15 +86,12 @@ class Plan:
                       "tasks": tuple(d["tasks"]), "scratch": tuple(d.get("scratch", ()))})
 
 
-# The miniature sweep: the CPU-scale "tiny" family on the embedded grammar, 3 depths x 5 seeds
-# x 2 tasks plus a from-scratch control; 5 seeds because 2 left every interval too wide to
-# separate depths (docs/depth.md: 6.6 hours on a busy 2-core machine before its controls, ~6
-# estimated quiet). Measured choices (docs/depth.md, "The miniature sweep"): 4 attention heads
-# of 16 (one head of 64 never learns to copy the nouns of semantic parsing), 20,000 training
-# examples packed several to a row (2,000 are memorised), and Adafactor's parameter-relative
-# steps, which suit the t5x init (AdamW at 3e-3 reached 1% exact match where Adafactor reached
-# 88%, same steps). The perplexity-matched fine-tunings (Fig. 6) would add 8 more; `matched`
-# runs them.
+# The miniature sweep (docs/depth.md): the CPU-scale "tiny" family on the embedded grammar, 3
+# depths x 5 seeds (2 left every interval too wide) x 2 tasks plus a from-scratch control.
+# Measured choices: 4 attention heads of 16 (one head of 64 never learns to copy the nouns of
+# semantic parsing), 20,000 packed training examples (2,000 are memorised), Adafactor (AdamW at
+# 3e-3 reached 1% exact match where it reached 88%). `matched` runs the perplexity-matched
+# fine-tunings (Fig. 6).
 MINIATURE = Plan(
     size="tiny", depths=(1, 2, 4), seeds=(0, 1, 2, 3, 4),
     tasks=("semantic_parsing", "passivization"),
@@ -231,7 +224,7 @@ class Sweep(PlannedExperiment):
         seeds = sorted(configs)
         if len(seeds) == 1:
             self.units_run += 1
-            on_done(seeds[0], _timed(f"{what} seed {seeds[0]}", train, configs[seeds[0]]))
+            on_done(seeds[0], trained(f"{what} seed {seeds[0]}", train, configs[seeds[0]]))
             return
         first = configs[seeds[0]]
         run_dir = self.trials_dir(solo_dirs[seeds[0]], seeds[0], seeds)
@@ -256,9 +249,6 @@ class Sweep(PlannedExperiment):
             return ""
         return f"-s{group[0]}" if self.per_group == 1 else "-seeds-" + "-".join(map(str, group))
 
-    def _done(self, results: tuple[str, ...]):
-        return lambda: set(results) <= self.finished()
-
     def schedule(self) -> list[Unit]:
         """The plan's units, each one program, in the order they start: group by group of
         seeds (seed_groups), a group's pretrainings, then its fine-tunings, so that a group's
@@ -277,19 +267,20 @@ class Sweep(PlannedExperiment):
                                 for s in g) for d in depths}
             pretrain = {d: Unit(f"pretrain-L{d}{at}", f"pretraining of {p.size}-L{d}, {seeds}",
                                 (), functools.partial(self.pretrain_seeds, d, g),
-                                self._done(results[d])) for d in depths}
+                                self.all_done(results[d]), results=results[d]) for d in depths}
             units += pretrain.values()
             for d in depths:
                 for init in ("final", "scratch") if d in p.scratch else ("final",):
                     for task in p.tasks:
-                        done = self._done(tuple(self.result_name(dict(
-                            kind="finetune", task=task, depth=d, seed=s, init=init)) for s in g))
+                        results = tuple(self.result_name(dict(
+                            kind="finetune", task=task, depth=d, seed=s, init=init)) for s in g)
                         start = "fresh weights" if init == "scratch" else "its pretraining"
                         units.append(Unit(
                             f"finetune-{task}-L{d}{at}" + ("-scratch" if init == "scratch" else ""),
                             f"fine-tuning of {p.size}-L{d} on {task} from {start}, {seeds}",
                             (pretrain[d].name,),
-                            functools.partial(self.finetune_seeds, task, d, init, g), done))
+                            functools.partial(self.finetune_seeds, task, d, init, g),
+                            self.all_done(results), results=results))
         training = tuple(u.name for u in units)
         if p.matched:
             units.append(Unit("matched", "fine-tuning from the perplexity-matched checkpoints "
@@ -303,25 +294,14 @@ class Sweep(PlannedExperiment):
 
     def units(self) -> list[str]:
         """The names of the results the training units write, in the order they start."""
-        p = self.plan
-        names = []
-        for g in self.seed_groups():
-            for d in sorted(p.family, reverse=True):
-                names += [self.result_name(dict(kind="pretrain", depth=d, seed=s)) for s in g]
-            for d in sorted(p.family, reverse=True):
-                for init in ("final", "scratch") if d in p.scratch else ("final",):
-                    names += [self.result_name(dict(kind="finetune", task=t, depth=d, seed=s,
-                                                    init=init)) for t in p.tasks for s in g]
-        return names
+        return [name for u in self.schedule() for name in u.results]
 
     def analyses(self) -> None:
         """The report unit: equal-loss points, feed-forward rank, tables and figures."""
         if self.plan.tasks:
             self.equal_loss(self.threshold)
-        for name, path in self.rank().items():
-            print(f"rank vs depth: {path}")
-        for name, path in self.report().items():
-            print(f"{name}: {path}")
+        self.rank()
+        self.report()
 
     def pretrain_seeds(self, depth: int, seeds: list[int]) -> None:
         """Pretrain every one of `seeds` at `depth` not done yet, as trials of one run."""
@@ -391,7 +371,7 @@ class Sweep(PlannedExperiment):
             return row
         cfg = self.finetune_config(task, depth, seed, init, init_step)
         self.units_run += 1
-        s = _timed(f"fine-tune L{depth} seed {seed} on {task} ({init})", train, cfg)
+        s = trained(f"fine-tune L{depth} seed {seed} on {task} ({init})", train, cfg)
         row = self._finetune_row(task, depth, seed, init, init_step, s, cfg.run.dir)
         self.append(row)
         return row
@@ -459,7 +439,10 @@ class Sweep(PlannedExperiment):
                 write_rank_outputs(table, self.out / "analysis" / "rank" / f"L{depth}-s{seed}",
                                    label=f"{self.plan.size} L{depth} seed {seed} step {step}")
                 rows += [{"depth": depth, "seed": seed, **r} for r in table]
-        return write_rank_vs_depth(rows, self.out / "analysis")
+        paths = write_rank_vs_depth(rows, self.out / "analysis")
+        for path in paths.values():
+            print(f"rank vs depth: {path}")
+        return paths
 
     def report(self) -> dict:
         """Every table and figure of the results there are; a plan's unit without a result
@@ -475,18 +458,10 @@ class Sweep(PlannedExperiment):
             warn(f"{len(missing)} of {len(self.units())} units have no result: "
                  f"{', '.join(missing)}; `python -m jaxdepth.experiments.depth_sweep run --out "
                  f"{self.out}` finishes them")
-        return write_report(rows, self.out / "report")
-
-
-def _timed(what: str, fn, *args):
-    t0 = time.perf_counter()
-    print(f"{what} ...", flush=True)
-    out = fn(*args)
-    if not out.get("done"):
-        raise RunFailed(f"{what} stopped at step {out['step']} before the end; "
-                        f"run the command again to resume")
-    print(f"{what}: done in {time.perf_counter() - t0:.0f} s", flush=True)
-    return out
+        paths = write_report(rows, self.out / "report")
+        for name, path in paths.items():
+            print(f"{name}: {path}")
+        return paths
 
 
 def _overrides(items: list[str], flag: str) -> dict:
@@ -567,15 +542,7 @@ def plan_from_args(args) -> Plan | None:
 
 
 def main(argv=None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
-    return run_main(lambda: _advised(args), debug=args.debug)  # a user's error: one line, exit 2
-
-
-def _advised(args) -> int:
-    from ..trainer.run_lock import OUT_ADVICE, advising
-
-    with advising(OUT_ADVICE):  # a unit's run in use: another experiment on this --out
-        return _run(args)
+    return command_main(parse, _run, argv)
 
 
 def _run(args) -> int:
@@ -584,38 +551,21 @@ def _run(args) -> int:
     if args.command not in ("run", "all", "plan") and plan is not None:
         raise ConfigError(f"{args.command}: plan options belong to `run`/`all`/`plan`; "
                           f"this command reads {args.out}/sweep.json")
-    if (args.command == "unit") != bool(args.name):
-        raise ConfigError("unit NAME: give the unit's name (and only to `unit`)")
-    executor = executor_from_args(args)  # refused before the plan is written
-
-    def configure(sweep: Sweep) -> None:
-        sweep.threshold = args.threshold
-        if (g := per_group(args)) is not None:  # else the class's: a unit per group of seeds
-            sweep.per_group = g
-        if args.command == "unit" and args.name not in [u.name for u in sweep.schedule()]:
-            sweep.run_unit(args.name)  # the one-line refusal, before anything is written
-
-    sweep = Sweep.open(Path(args.out), plan, configure)
-    cmd = args.command
-    if cmd == "plan":
-        print(json.dumps(sweep.plan_data(), indent=1))
-    elif cmd == "unit":
-        sweep.run_unit(args.name)
-    elif cmd in ("run", "all"):
-        if cmd == "all" and not sweep.plan.matched:
-            print("the plan leaves out the perplexity-matched fine-tunings (Fig. 6); "
-                  "`matched` runs them", flush=True)
-        sweep.run(executor, analysis=cmd == "all")
-    elif cmd == "matched":
+    sweep, executor = Sweep.from_args(args, plan)
+    sweep.threshold = args.threshold
+    if args.command == "all" and not sweep.plan.matched:
+        print("the plan leaves out the perplexity-matched fine-tunings (Fig. 6); "
+              "`matched` runs them", flush=True)
+    if sweep.common_command(args, executor):
+        return 0
+    if args.command == "matched":
         sweep.matched()
-    elif cmd == "equal-loss":
+    elif args.command == "equal-loss":
         sweep.equal_loss(args.threshold)
-    elif cmd == "rank":
-        for name, path in sweep.rank().items():
-            print(f"rank vs depth: {path}")
+    elif args.command == "rank":
+        sweep.rank()
     else:
-        for name, path in sweep.report().items():
-            print(f"{name}: {path}")
+        sweep.report()
     return 0
 
 

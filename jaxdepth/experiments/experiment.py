@@ -6,16 +6,19 @@ of them by an executor (experiments/executors.py)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable, ClassVar, NamedTuple
 
 from ..config import ConfigError
-from ..errors import NotReady
+from ..errors import NotReady, RunFailed, run_main
+from .executors import executor_from_args, per_group
 
 
 class Unit(NamedTuple):
@@ -27,6 +30,33 @@ class Unit(NamedTuple):
     run: Callable[[], None]
     done: Callable[[], bool]  # whether every output it makes is there
     analysis: bool = False  # an analysis of the trained units (not run by `run`)
+    results: tuple[str, ...] = ()  # the names of the results it writes
+
+
+def command_main(parse, run, argv=None) -> int:
+    """An experiment's command: run(args) of the parsed argv, a user's error in one line (exit
+    2), a unit's run in use named as another experiment on this --out."""
+    from ..trainer.run_lock import OUT_ADVICE, advising
+
+    args = parse(sys.argv[1:] if argv is None else argv)
+
+    def advised() -> int:
+        with advising(OUT_ADVICE):
+            return run(args)
+    return run_main(advised, debug=args.debug)
+
+
+def trained(what: str, train, *args) -> dict:
+    """train(*args)'s summary, its start and time in the log; RunFailed when the run stopped
+    before its end."""
+    t0 = time.perf_counter()
+    print(f"{what} ...", flush=True)
+    out = train(*args)
+    if not out.get("done"):
+        raise RunFailed(f"{what} stopped at step {out['step']} before the end; "
+                        f"run the command again to resume")
+    print(f"{what}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
 
 
 def start_unit_process(args) -> None:
@@ -70,24 +100,6 @@ def shared_compilations(directory: Path):
         for n, v in before.items():
             jax.config.update(n, v)
         cc.reset_cache()
-
-
-def saved_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
-    """(the plan, whether it is saved yet as out/name). A given `plan` must equal the saved one
-    (a different plan for the same directory is refused, naming the first differing field);
-    with none saved, `plan` is the plan (and None is an error: nothing was started there)."""
-    path = out / name
-    if path.is_file():
-        saved = plan_cls.from_json(json.loads(path.read_text()))
-        if plan is not None and plan != saved:
-            diff = [k for k, v in plan.to_json().items() if saved.to_json()[k] != v]
-            raise ConfigError(f"{diff[0]}: {out} holds an experiment with another plan "
-                              f"(differs in {', '.join(diff)}); use another --out")
-        return saved, True
-    if plan is None:
-        raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with "
-                                f"`{start}`")
-    return plan, False
 
 
 def _commit() -> str | None:
@@ -184,6 +196,10 @@ class PlannedExperiment:
                            "done": u.done(), "command": self.unit_command(u.name)}
                           for u in self.schedule()]}
 
+    def all_done(self, results: tuple[str, ...]) -> Callable[[], bool]:
+        """A unit's `done`: whether every one of `results` is there."""
+        return lambda: set(results) <= self.finished()
+
     def run_unit(self, name: str) -> None:
         """Unit `name` alone: a ConfigError for a name the plan does not have; NotReady (exit
         75: a scheduler may retry) while a unit it reads is not done."""
@@ -223,12 +239,7 @@ class PlannedExperiment:
         unit's run directory (trainer/trials.py: export_trial) and return each trial's
         summary as its solo run's would read (the run's figures with the trial's entry over
         them)."""
-        import dataclasses
-        import time
-
-        from ..config import ConfigError
         from ..config.trials import trial_configs
-        from ..errors import RunFailed
         from ..tasks import task_for
         from ..trainer.loop import train
         from ..trainer.trials import export_trial
@@ -239,13 +250,8 @@ class PlannedExperiment:
                 raise ConfigError(f"{what}: trial {k} would differ from its unit's run "
                                   f"({unit.run.dir}); give --sequential")
         self.units_run += len(units)
-        t0 = time.perf_counter()
-        print(f"{what}: {len(units)} units as trials of one program ...", flush=True)
-        s = train(cfg, [task_for(c) for c in cfgs])
-        if not s.get("done"):
-            raise RunFailed(f"{what} stopped at step {s['step']} before the end; run the "
-                            f"command again to resume")
-        print(f"{what}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+        s = trained(f"{what}: {len(units)} units as trials of one program", train, cfg,
+                    [task_for(c) for c in cfgs])
         out = []
         for k, unit in enumerate(units):
             export_trial(cfg.run.dir, k, task_for, unit.run.dir)
@@ -306,14 +312,56 @@ class PlannedExperiment:
 
     @classmethod
     def open(cls, out: Path, plan, check=None):
-        """The experiment in `out`, its plan saved there by the first command (`plan`, checked
-        against the saved one by every later command); `check(experiment)` runs before
-        anything is written, so that its refusal leaves no trace."""
-        plan, saved = saved_plan(out, cls.PLAN_FILE, plan, cls.PLAN)
+        """The experiment in `out`, its plan saved there by the first command (`plan`; a later
+        command's, if given, must equal it: another is refused naming the fields that differ);
+        `check(experiment)` runs before anything is written, so that its refusal leaves no
+        trace."""
+        path = out / cls.PLAN_FILE
+        saved = path.is_file()
+        if saved:
+            first = cls.PLAN.from_json(json.loads(path.read_text()))
+            if plan is not None and plan != first:
+                diff = [k for k, v in plan.to_json().items() if first.to_json()[k] != v]
+                raise ConfigError(f"{diff[0]}: {out} holds an experiment with another plan "
+                                  f"(differs in {', '.join(diff)}); use another --out")
+            plan = first
+        elif plan is None:
+            raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with "
+                                    f"`run`")
         exp = cls(out, plan)
         if check is not None:
             check(exp)
         if not saved:
             out.mkdir(parents=True, exist_ok=True)
-            (out / cls.PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2))
+            path.write_text(json.dumps(plan.to_json(), indent=2))
         return exp
+
+    @classmethod
+    def from_args(cls, args, plan):
+        """(the experiment in --out, the executor its flags ask for), every flag checked before
+        anything is written: a unit's name given only to `unit` and one of the plan, a
+        grouping the plan can take."""
+        if (args.command == "unit") != bool(args.name):
+            raise ConfigError("unit NAME: give the unit's name (and only to `unit`)")
+        executor = executor_from_args(args)
+
+        def check(exp) -> None:
+            if (g := per_group(args)) is not None:  # else the class's
+                exp.per_group = g
+            names = [u.name for u in exp.schedule()]  # refuses a grouping the plan cannot take
+            if args.command == "unit" and args.name not in names:
+                exp.run_unit(args.name)  # the one-line refusal
+        return cls.open(Path(args.out), plan, check), executor
+
+    def common_command(self, args, executor) -> bool:
+        """The commands every experiment has: `plan`, `unit NAME`, `run` and `all`; False for
+        another."""
+        if args.command == "plan":
+            print(json.dumps(self.plan_data(), indent=1))
+        elif args.command == "unit":
+            self.run_unit(args.name)
+        elif args.command in ("run", "all"):
+            self.run(executor, analysis=args.command == "all")
+        else:
+            return False
+        return True
