@@ -355,29 +355,18 @@ def plot_cosine(cosine: Mapping[str, Any], path_png: Union[str, Path], *,
                 title: str = "Cosine similarity of consecutive states") -> Path:
     """Fig. 2: mean cosine(h[n], h[n + 1]) against n, one line per token group (plus the tokens
     still running, dashed). NaN steps (not run) are left blank."""
-    import matplotlib
+    from .plots import plt, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path_png = Path(path_png)
-    path_png.parent.mkdir(parents=True, exist_ok=True)
-    steps = cosine["steps"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    try:
-        for name, ys in _cos_series(cosine).items():
-            style = "--" if name == "running" else "-"
-            ax.plot(steps, ys, style, marker="o", markersize=3, label=name)
-        ax.set_xlabel("iteration n (cosine of h[n] and h[n+1])")
-        ax.set_ylabel("mean cosine similarity")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path_png, dpi=120)
-    finally:
-        plt.close(fig)
-    return path_png
+    for name, ys in _cos_series(cosine).items():
+        style = "--" if name == "running" else "-"
+        ax.plot(cosine["steps"], ys, style, marker="o", markersize=3, label=name)
+    ax.set_xlabel("iteration n (cosine of h[n] and h[n+1])")
+    ax.set_ylabel("mean cosine similarity")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_png(fig, path_png)
 
 
 def write_cosine_table(cosine: Mapping[str, Any], path_csv: Union[str, Path]) -> Path:
