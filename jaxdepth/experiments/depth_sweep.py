@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .executors import add_executor_args
-from .experiment import PlannedExperiment, Unit, command_main, start_unit_process, trained
+from .experiment import (PlanData, PlannedExperiment, Unit, command_main, start_unit_process,
+                         trained)
 from ..config import TASKS, Config, ConfigError, apply_overrides
 from ..config.trials import SEED_FIELD, parse_list
 from ..models.depth_family import SIZE_CLASSES
@@ -40,7 +41,7 @@ from ..config.presets import PAPER_FINETUNING, from_preset
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(PlanData):
     size: str = "tiny"
     depths: tuple[int, ...] = ()  # empty: every depth of the size class
     seeds: tuple[int, ...] = (0, 1)
@@ -76,14 +77,6 @@ class Plan:
     @property
     def family(self) -> tuple[int, ...]:
         return self.depths or SIZE_CLASSES[self.size].depths
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Plan":
-        return cls(**{**d, "depths": tuple(d["depths"]), "seeds": tuple(d["seeds"]),
-                      "tasks": tuple(d["tasks"]), "scratch": tuple(d.get("scratch", ()))})
 
 
 # The miniature sweep (docs/depth.md): the CPU-scale "tiny" family on the embedded grammar, 3
@@ -214,11 +207,10 @@ class Sweep(PlannedExperiment):
         i = next(i for i in range(len(parts) - 1, -1, -1) if parts[i].endswith(f"-s{seed}"))
         return str(Path(*parts[:i], parts[i][:-len(str(seed))] + SEED_FIELD, *parts[i + 1:]))
 
-    def _as_trials(self, what: str, configs: dict[int, Config], solo_dirs: dict[int, Path],
-                   on_done) -> None:
+    def _as_trials(self, what: str, configs: dict[int, Config], on_done) -> None:
         """Train configs (seed -> its solo config) as trials of one run (a single seed: its
-        solo run), then on_done(seed, summary) for each seed, the trial exported to
-        solo_dirs[seed] first."""
+        solo run), then on_done(seed, summary) for each seed, the trial exported to its solo
+        run's directory first."""
         from ..tasks import train
 
         seeds = sorted(configs)
@@ -227,7 +219,7 @@ class Sweep(PlannedExperiment):
             on_done(seeds[0], trained(f"{what} seed {seeds[0]}", train, configs[seeds[0]]))
             return
         first = configs[seeds[0]]
-        run_dir = self.trials_dir(solo_dirs[seeds[0]], seeds[0], seeds)
+        run_dir = self.trials_dir(Path(first.run.dir), seeds[0], seeds)
         per_seed = {"task": {"init_from": self._per_seed(first.task.init_from, seeds[0])}}
         if first.data.tokenizer and not first.task.init_from:  # the from-scratch control
             per_seed["data"] = {"tokenizer": self._per_seed(first.data.tokenizer, seeds[0])}
@@ -321,7 +313,7 @@ class Sweep(PlannedExperiment):
                          "run_dir": self.relative(cfg.run.dir)})
 
         self._as_trials(f"pretrain L{depth}", {s: self.pretrain_config(depth, s) for s in todo},
-                        {s: self.pretrain_dir(depth, s) for s in todo}, pretrained)
+                        pretrained)
 
     def finetune_seeds(self, task: str, depth: int, init: str, seeds: list[int]) -> None:
         """Fine-tune every one of `seeds` not done yet, from its own pretraining run (or
@@ -331,10 +323,8 @@ class Sweep(PlannedExperiment):
         if todo:
             self._as_trials(f"fine-tune L{depth} on {task} ({init})",
                             {s: self.finetune_config(task, depth, s, init, 0) for s in todo},
-                            {s: self.finetune_dir(task, depth, s, init) for s in todo},
                             lambda seed, s: self.append(self._finetune_row(
-                                task, depth, seed, init, 0, s, self.finetune_dir(task, depth, seed,
-                                                                                 init))))
+                                task, depth, seed, init, 0, s)))
 
     def _started_from(self, depth: int, seed: int, init: str, init_step: int,
                       s: dict) -> int | None:
@@ -353,10 +343,10 @@ class Sweep(PlannedExperiment):
         finally:
             mngr.close()
 
-    def _finetune_row(self, task, depth, seed, init, init_step: int, s: dict,
-                      run_dir: Path) -> dict:
-        key = dict(kind="finetune", task=task, depth=depth, seed=seed, init=init)
-        return {**key, "init_step": self._started_from(depth, seed, init, init_step, s),
+    def _finetune_row(self, task, depth, seed, init, init_step: int, s: dict) -> dict:
+        run_dir = self.finetune_dir(task, depth, seed, init)
+        return {"kind": "finetune", "task": task, "depth": depth, "seed": seed, "init": init,
+                "init_step": self._started_from(depth, seed, init, init_step, s),
                 "dev_loss": s["dev_loss"],
                 **{k: s.get(k) for k in ("id_accuracy", "gen_accuracy", "lexical", "structural",
                                          "by_type")},
@@ -372,7 +362,7 @@ class Sweep(PlannedExperiment):
         cfg = self.finetune_config(task, depth, seed, init, init_step)
         self.units_run += 1
         s = trained(f"fine-tune L{depth} seed {seed} on {task} ({init})", train, cfg)
-        row = self._finetune_row(task, depth, seed, init, init_step, s, cfg.run.dir)
+        row = self._finetune_row(task, depth, seed, init, init_step, s)
         self.append(row)
         return row
 

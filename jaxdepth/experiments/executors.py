@@ -22,16 +22,13 @@ from typing import Callable
 
 from ..config import ConfigError
 
-EXECUTORS = ("local", "ray", "slurm")
-
-
 def add_executor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds-per-group", type=int, default=None, metavar="G",
                    help="train G seeds as the trials of one program (a unit), the last group "
                         "the rest (default: every seed of a depth, task and start in one)")
     p.add_argument("--sequential", action="store_true",
                    help="one program per seed: --seeds-per-group 1")
-    p.add_argument("--executor", choices=EXECUTORS, default="local",
+    p.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
                    help="what runs the units: this machine (local), a Ray cluster (ray), "
                         "a SLURM cluster through submitit (slurm)")
     p.add_argument("--workers", type=int, default=1,

@@ -18,7 +18,7 @@ from typing import Callable, ClassVar, NamedTuple
 
 from ..config import ConfigError
 from ..errors import NotReady, RunFailed, run_main
-from .executors import executor_from_args, per_group
+from .executors import executor_from_args, local, per_group
 
 
 class Unit(NamedTuple):
@@ -31,6 +31,18 @@ class Unit(NamedTuple):
     done: Callable[[], bool]  # whether every output it makes is there
     analysis: bool = False  # an analysis of the trained units (not run by `run`)
     results: tuple[str, ...] = ()  # the names of the results it writes
+
+
+class PlanData:
+    """A plan dataclass as its experiment's plan file holds it: its fields, lists read back
+    as tuples."""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict):
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 def command_main(parse, run, argv=None) -> int:
@@ -82,9 +94,8 @@ def start_unit_process(args) -> None:
 def shared_compilations(directory: Path):
     """JAX's persistent compilation cache in `directory` while units run: the units of an
     experiment compile a few programs many times (every seed of a depth and task the same
-    step), so every compile after the first is a load (on a GPU, XLA's autotuning: 30-65 s a
-    program); units on a cluster share the one cache in the experiment's directory. The
-    settings before come back afterwards (a test, or a notebook, goes on with its own)."""
+    step), so every compile after the first is a load; units on a cluster share the one cache
+    in the experiment's directory. The settings before come back afterwards."""
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
 
@@ -149,31 +160,24 @@ def provenance() -> dict:
 
 
 class PlannedExperiment:
-    """An experiment directory: its plan (``PLAN_FILE``, a ``PLAN`` saved by the first command
-    and checked by every later one), its units (``schedule()``, each experiment's own) and
-    their results (``results/<name>.json``, each written whole through a renamed temporary
-    file, with the run's provenance; a directory of earlier versions keeps its
-    ``results.jsonl``, read as it is). Each experiment names the result a row is:
-    ``result_name(row)``, the stem of its file, and lists its units, in the order an executor
-    starts them: ``schedule()``."""
+    """An experiment directory: its plan (``PLAN_FILE``, a ``PLAN``), its units in the order
+    an executor starts them (``schedule()``) and their results (``results/<name>.json``, each
+    written whole with the run's provenance; an earlier version's ``results.jsonl`` read as it
+    is), each named by ``result_name(row)``."""
 
     PLAN: ClassVar[type]  # each experiment names its plan dataclass
     PLAN_FILE: ClassVar[str] = "plan.json"
     MODULE: ClassVar[str]  # the experiment's command: python -m MODULE unit NAME --out DIR
     # How many seeds (or trials) train side by side as one program; None: every one a unit
-    # can hold. 1 (--sequential): one program per seed, as before trials.
+    # can hold. 1 (--sequential): one program per seed.
     per_group: int | None = None
 
     def __init__(self, out: Path, plan):
         self.out, self.plan = out, plan
         self.results = out / "results"
+        self.compile_cache = out / "jax_cache"  # every unit's (shared_compilations)
         self.units_run = 0  # trained by this process (a rerun of a finished one trains none)
         self._legacy: set[str] | None = None  # the results of results.jsonl, once read
-
-    @property
-    def compile_cache(self) -> Path:
-        """The compilation cache every unit of the experiment shares (shared_compilations)."""
-        return self.out / "jax_cache"
 
     # ------------------------------------------------------------------ the units
 
@@ -219,9 +223,7 @@ class PlannedExperiment:
         """Every unit not done yet (and the analyses if `analysis`), through `executor`
         (experiments/executors.py; default: here, one after another), each once the units it
         reads are done; then a line if there was nothing to train."""
-        if executor is None:
-            from .executors import local
-            executor = local()
+        executor = executor or local()
         self.set_aside()
         ran, rows = self.units_run, len(self.rows())
         units = [u for u in self.schedule() if analysis or not u.analysis]

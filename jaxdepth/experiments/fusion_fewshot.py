@@ -29,14 +29,15 @@ quiet_interrupts(__name__ == "__main__")  # a command: before the imports that s
 import argparse
 import functools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import FUSION_MODES, Config, ConfigError, apply_overrides
 from ..models.fusions import fusion_methods, own_settings
 from .depth_sweep import _nested, _overrides
 from .executors import add_executor_args
-from .experiment import PlannedExperiment, Unit, command_main, start_unit_process, trained
+from .experiment import (PlanData, PlannedExperiment, Unit, command_main, start_unit_process,
+                         trained)
 
 # Few-shot fine-tuning as docs/design.md §4: AdamW, linear decay to 0, lr 5e-5, batch 16.
 # Every optimizer field is pinned (β2 0.99, ε 1e-8, clipping 1.0: the values docs/fusion.md's
@@ -70,7 +71,7 @@ PRESETS = {
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(PlanData):
     ner_dir: str
     backbone: str = ""  # HF directory or run; empty: pretrain one from `pretrain`
     methods: tuple[str, ...] = fusion_methods()  # every method of models/fusions/
@@ -94,13 +95,6 @@ class Plan:
             raise ConfigError(f"trials: must be >= 1, got {self.trials}")
         if not self.backbone and not self.pretrain:
             raise ConfigError("backbone: give --backbone DIR, or a preset that pretrains one")
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Plan":
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 class Experiment(PlannedExperiment):
