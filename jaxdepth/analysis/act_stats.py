@@ -83,17 +83,14 @@ class IterationStats:
         self._hist: dict[str, dict[int, int]] = {g: {} for g in GROUPS}  # N -> tokens
         self._mlm = [0, 0]  # correct, total
         self._sop = [0, 0]
-        self._roles: dict[str, list] = {}  # name -> [sum N, sum N + R, count]
-        if self.role_names is not None:
-            for name in self.role_names:
-                self._roles[name] = [0.0, 0.0, 0]
+        # name -> [sum N, sum N + R, count]
+        self._roles: dict[str, list] = {name: [0.0, 0.0, 0] for name in self.role_names or ()}
 
-    def add(self, batch: Mapping[str, Any], N_BT, R_BT, *, mlm_logits=None, sop_logits=None,
-            roles=None) -> None:
+    def add(self, batch: Mapping[str, Any], N_BT, R_BT, *, mlm_logits=None,
+            sop_logits=None) -> None:
         """Add one batch. ``N_BT`` / ``R_BT`` [B, T]: the model's number of updates and
         remainders; ``mlm_logits`` [B, P, V] at ``batch["mlm_positions"]``; ``sop_logits``
-        [B, 2]; ``roles`` [B, T] role ids (-1: none), by default ``batch["roles"]`` if present.
-        """
+        [B, 2]; the batch's ``roles`` [B, T], if any: role ids (-1: none)."""
         N = np.asarray(N_BT, np.float64)
         P = N + np.asarray(R_BT, np.float64)
         for g, sel in token_groups(batch).items():
@@ -115,9 +112,7 @@ class IterationStats:
             rows = real.any(axis=-1)
             self._sop[0] += int((rows & (pred == np.asarray(batch["sop_labels"]))).sum())
             self._sop[1] += int(rows.sum())
-        if roles is None:
-            roles = batch.get("roles")
-        if roles is not None:
+        if (roles := batch.get("roles")) is not None:
             roles = np.asarray(roles)
             for rid in np.unique(roles[real & (roles >= 0)]):
                 sel = real & (roles == rid)

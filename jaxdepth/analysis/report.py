@@ -249,26 +249,24 @@ def write_report(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> dict
 
     for sc in size_classes(rows):
         sc_rows = [r for r in rows if r.get("size_class") == sc]
-        tag = str(sc)
         figures = []
         if has("pretrain", size_class=sc):
-            figures += [("fig2_perplexity_vs_depth", plots.perplexity_vs_depth, {}),
-                        ("fig3_relative_perplexity", plots.relative_perplexity, {})]
+            figures += [("fig2_perplexity_vs_depth", plots.perplexity_vs_depth),
+                        ("fig3_relative_perplexity", plots.relative_perplexity)]
         if has("finetune", size_class=sc, init="final"):
-            figures.append(("fig4_generalization_vs_depth", plots.generalization_vs_depth, {}))
-            figures.append(("fig_every_seed", plots.every_seed, {}))
+            figures += [("fig4_generalization_vs_depth", plots.generalization_vs_depth),
+                        ("fig_every_seed", plots.every_seed)]
             if any(r.get("kind") == "finetune" and r.get("init") == "final"
                    and (r.get("lexical") is not None or r.get("structural") is not None)
                    for r in sc_rows):
-                figures.append(("fig5_lexical_vs_structural", plots.lexical_vs_structural, {}))
+                figures.append(("fig5_lexical_vs_structural", plots.lexical_vs_structural))
         if has("finetune", size_class=sc, init="matched"):
-            figures.append(("fig6_matched_generalization", plots.matched_generalization, {}))
+            figures.append(("fig6_matched_generalization", plots.matched_generalization))
         if has("equal_loss", size_class=sc):
-            figures.append(("fig7b_equal_loss_generalization",
-                            plots.equal_loss_generalization, {}))
-        for stem, fn, kwargs in figures:
-            name = f"{stem}_{tag}.png"
-            path, _ = fn(sc_rows, out / name, size_class=sc, **kwargs)
+            figures.append(("fig7b_equal_loss_generalization", plots.equal_loss_generalization))
+        for stem, fn in figures:
+            name = f"{stem}_{sc}.png"
+            path, _ = fn(sc_rows, out / name, size_class=sc)
             written[name] = Path(path)
     return written
 

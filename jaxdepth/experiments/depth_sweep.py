@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .executors import add_executor_args
-from .experiment import (PlanData, PlannedExperiment, Unit, command_main, start_unit_process,
-                         trained)
+from .experiment import (PlanData, PlannedExperiment, Unit, command_main, nested, overrides,
+                         start_unit_process, trained)
 from ..config import TASKS, Config, ConfigError, apply_overrides
 from ..config.trials import SEED_FIELD, parse_list
 from ..models.depth_family import SIZE_CLASSES
@@ -114,14 +114,6 @@ PAPER_FINETUNE = {f"{sec}.{k}": v for sec, vals in PAPER_FINETUNING.items()
 PLANS = {"miniature": MINIATURE, "english": ENGLISH}
 
 
-def _nested(flat: dict) -> dict:
-    out: dict = {}
-    for key, value in flat.items():
-        sec, _, name = key.partition(".")
-        out.setdefault(sec, {})[name] = value
-    return out
-
-
 class Sweep(PlannedExperiment):
     PLAN_FILE = "sweep.json"
     PLAN = Plan
@@ -161,7 +153,7 @@ class Sweep(PlannedExperiment):
 
     def pretrain_config(self, depth: int, seed: int) -> Config:
         cfg = apply_overrides(from_preset(f"{self.plan.size}-L{depth}"),
-                              _nested(self.plan.pretrain))
+                              nested(self.plan.pretrain))
         every = cfg.run.save_every
         return apply_overrides(cfg, {"run": {
             "dir": str(self.pretrain_dir(depth, seed)), "seed": seed, "progress": False,
@@ -170,7 +162,7 @@ class Sweep(PlannedExperiment):
     def finetune_config(self, task: str, depth: int, seed: int, init: str,
                         init_step: int) -> Config:
         base = self.pretrain_config(depth, seed)
-        cfg = apply_overrides(base, _nested({**PAPER_FINETUNE, **self.plan.finetune}))
+        cfg = apply_overrides(base, nested({**PAPER_FINETUNE, **self.plan.finetune}))
         pretrained = self.pretrain_dir(depth, seed)
         # The from-scratch control keeps the pretrained runs' tokenizer, so only the weights differ.
         start = ({"task": {"init_from": "", "init_step": 0},
@@ -397,6 +389,7 @@ class Sweep(PlannedExperiment):
                     else:
                         self.finetune(task, depth, seed, "matched", step)
         (self.out / "matched.done").write_text("")  # the matched unit's done mark
+
     def equal_loss(self, threshold: float | None = None) -> None:
         """Fig. 7b: generalization at the first fine-tuning evaluation whose in-distribution
         loss reaches a threshold every run of the task reaches (or the one given)."""
@@ -443,30 +436,16 @@ class Sweep(PlannedExperiment):
 
         rows = self.rows()
         done = {self.result_name(r) for r in rows}
-        missing = [u for u in self.units() if u not in done]
+        units = self.units()
+        missing = [u for u in units if u not in done]
         if missing:
-            warn(f"{len(missing)} of {len(self.units())} units have no result: "
+            warn(f"{len(missing)} of {len(units)} units have no result: "
                  f"{', '.join(missing)}; `python -m jaxdepth.experiments.depth_sweep run --out "
                  f"{self.out}` finishes them")
         paths = write_report(rows, self.out / "report")
         for name, path in paths.items():
             print(f"{name}: {path}")
         return paths
-
-
-def _overrides(items: list[str], flag: str) -> dict:
-    from ..config.cli import _parse_value
-    from ..config import SECTIONS
-
-    out = {}
-    for item in items:
-        key, eq, raw = item.partition("=")
-        sec, _, name = key.partition(".")
-        if not eq or sec not in SECTIONS \
-                or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
-            raise ConfigError(f"{flag} {item!r}: expected section.field=value with a known field")
-        out[key] = _parse_value(sec, name, raw)
-    return out
 
 
 def parse(argv):
@@ -520,9 +499,9 @@ def plan_from_args(args) -> Plan | None:
     if args.task_dir:
         changes["task_dirs"] = dict(item.split("=", 1) for item in args.task_dir)
     if args.pretrain:
-        changes["pretrain"] = {**base.pretrain, **_overrides(args.pretrain, "--pretrain")}
+        changes["pretrain"] = {**base.pretrain, **overrides(args.pretrain, "--pretrain")}
     if args.finetune:
-        changes["finetune"] = {**base.finetune, **_overrides(args.finetune, "--finetune")}
+        changes["finetune"] = {**base.finetune, **overrides(args.finetune, "--finetune")}
     plan = dataclasses.replace(base, **changes)
     if plan.pretrain.get("data.corpus") == "":  # a plan for a corpus the user names
         raise ConfigError("--pretrain data.corpus: this plan pretrains on a text corpus you "

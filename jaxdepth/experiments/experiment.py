@@ -45,6 +45,31 @@ class PlanData:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
+def nested(flat: dict) -> dict:
+    """{"section.field": value} as {section: {field: value}} (apply_overrides's form)."""
+    out: dict = {}
+    for key, value in flat.items():
+        sec, _, name = key.partition(".")
+        out.setdefault(sec, {})[name] = value
+    return out
+
+
+def overrides(items: list[str], flag: str) -> dict:
+    """SECTION.FIELD=VALUE flags as {"section.field": value}, each field checked."""
+    from ..config.cli import _parse_value
+    from ..config import SECTIONS
+
+    out = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        sec, _, name = key.partition(".")
+        if not eq or sec not in SECTIONS \
+                or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
+            raise ConfigError(f"{flag} {item!r}: expected section.field=value with a known field")
+        out[key] = _parse_value(sec, name, raw)
+    return out
+
+
 def command_main(parse, run, argv=None) -> int:
     """An experiment's command: run(args) of the parsed argv, a user's error in one line (exit
     2), a unit's run in use named as another experiment on this --out."""

@@ -34,10 +34,9 @@ from pathlib import Path
 
 from ..config import FUSION_MODES, Config, ConfigError, apply_overrides
 from ..models.fusions import fusion_methods, own_settings
-from .depth_sweep import _nested, _overrides
 from .executors import add_executor_args
-from .experiment import (PlanData, PlannedExperiment, Unit, command_main, start_unit_process,
-                         trained)
+from .experiment import (PlanData, PlannedExperiment, Unit, command_main, nested, overrides,
+                         start_unit_process, trained)
 
 # Few-shot fine-tuning as docs/design.md §4: AdamW, linear decay to 0, lr 5e-5, batch 16.
 # Every optimizer field is pinned (β2 0.99, ε 1e-8, clipping 1.0: the values docs/fusion.md's
@@ -146,7 +145,7 @@ class Experiment(PlannedExperiment):
             corpus = self.out / "pretrain_corpus.txt"
             if not corpus.is_file():
                 write_corpus(self.plan.ner_dir, corpus)
-            cfg = apply_overrides(Config(), _nested({**self.plan.pretrain,
+            cfg = apply_overrides(Config(), nested({**self.plan.pretrain,
                                                       "data.corpus": str(corpus),
                                                       "run.dir": str(run), "run.progress": False}))
             _timed("pretraining the backbone", cfg)
@@ -161,7 +160,7 @@ class Experiment(PlannedExperiment):
                 # the settings only this method reads (Base+n's extra_layers), from the plan
                 **{f"fusion.{k}": v for k, v in own_settings(method, self.plan).items()}}
         flat.setdefault("run.save_every", flat.get("run.steps", Config().run.steps))
-        return apply_overrides(Config(), _nested(flat))
+        return apply_overrides(Config(), nested(flat))
 
     def cell(self, method: str, mode: str, units: list[tuple[int, int]]) -> None:
         """The (N-shot, trial) units of a {method, mode} cell not done yet: every one of the
@@ -265,9 +264,9 @@ def plan_from_args(args) -> Plan | None:
                 modes=tuple(args.modes or FUSION_MODES),
                 shots=tuple(args.shots or pre["shots"]), trials=args.trials or pre["trials"],
                 extra_layers=args.extra_layers,
-                finetune={**pre["finetune"], **_overrides(args.finetune, "--finetune")},
+                finetune={**pre["finetune"], **overrides(args.finetune, "--finetune")},
                 pretrain={} if args.backbone else
-                {**pre["pretrain"], **_overrides(args.pretrain, "--pretrain")})
+                {**pre["pretrain"], **overrides(args.pretrain, "--pretrain")})
 
 
 def main(argv=None) -> int:
