@@ -255,25 +255,25 @@ def _forward(model, tokens, segments, mask, positions, use_while: bool):
             model.mlm_logits(out.h_BTD, positions), model.sop_logits(out.h_BTD))
 
 
-def evaluate_act(model, batches: Iterable[Mapping[str, Any]], *, use_while: bool = True,
-                 role_names: Optional[Sequence[str]] = None) -> dict[str, Any]:
+def evaluate_act(model, batches: Iterable[Mapping[str, Any]], *,
+                 use_while: bool = True) -> dict[str, Any]:
     """Run ``model`` (ACTEncoder, any halting, or UntiedEncoder) without dropout on every batch
     and return {"table1": IterationStats.table1(), "cosine": CosineStats.result(),
     "roles": IterationStats.roles()}. The forward (while-loop if ``use_while`` else scan, with
     the states, the embeddings h0 and both heads) is jitted once; it retraces only on new shapes.
     For fixed-depth models N = M on every real token."""
-    return evaluate_act_each(Models(model), batches, use_while=use_while, role_names=role_names)[0]
+    return evaluate_act_each(Models(model), batches, use_while=use_while)[0]
 
 
-def evaluate_act_each(models, batches: Iterable[Mapping[str, Any]], *, use_while: bool = True,
-                      role_names: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+def evaluate_act_each(models, batches: Iterable[Mapping[str, Any]], *,
+                      use_while: bool = True) -> list[dict[str, Any]]:
     """``evaluate_act`` of each of `models` (a trial_axis.Models: one model, or a run's
     trials stacked, whose forward runs vmapped over them), one result per model. Each device
     runs its own rows (or trials) and its while-loop stops once its own tokens have halted
     (Models.per_device); under vmap a trial whose tokens halted earlier keeps its state (its
     predicate is false), so its statistics are its own. A batch's iterations run are the
     most any device ran: what one loop over the whole batch would have run."""
-    stats = [IterationStats(role_names) for _ in range(len(models))]
+    stats = [IterationStats() for _ in range(len(models))]
     cos = [CosineStats(models.model.cfg.max_iters) for _ in range(len(models))]
     for batch in batches:
         arrays = [np.asarray(batch[k], np.int32)

@@ -478,9 +478,8 @@ def parse(argv):
 
 
 def plan_from_args(args) -> Plan | None:
-    given = any([args.preset, args.size, args.depths, args.seeds, args.tasks, args.task_dir,
-                 args.pretrain, args.finetune, args.scratch])
-    if not given:
+    if not any([args.preset, args.size, args.depths, args.seeds, args.tasks, args.task_dir,
+                args.pretrain, args.finetune, args.scratch]):
         return None
     base = PLANS[args.preset] if args.preset else Plan()
     changes: dict = {}
