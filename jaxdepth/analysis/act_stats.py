@@ -83,17 +83,14 @@ class IterationStats:
         self._hist: dict[str, dict[int, int]] = {g: {} for g in GROUPS}  # N -> tokens
         self._mlm = [0, 0]  # correct, total
         self._sop = [0, 0]
-        self._roles: dict[str, list] = {}  # name -> [sum N, sum N + R, count]
-        if self.role_names is not None:
-            for name in self.role_names:
-                self._roles[name] = [0.0, 0.0, 0]
+        # name -> [sum N, sum N + R, count]
+        self._roles: dict[str, list] = {name: [0.0, 0.0, 0] for name in self.role_names or ()}
 
-    def add(self, batch: Mapping[str, Any], N_BT, R_BT, *, mlm_logits=None, sop_logits=None,
-            roles=None) -> None:
+    def add(self, batch: Mapping[str, Any], N_BT, R_BT, *, mlm_logits=None,
+            sop_logits=None) -> None:
         """Add one batch. ``N_BT`` / ``R_BT`` [B, T]: the model's number of updates and
         remainders; ``mlm_logits`` [B, P, V] at ``batch["mlm_positions"]``; ``sop_logits``
-        [B, 2]; ``roles`` [B, T] role ids (-1: none), by default ``batch["roles"]`` if present.
-        """
+        [B, 2]; the batch's ``roles`` [B, T], if any: role ids (-1: none)."""
         N = np.asarray(N_BT, np.float64)
         P = N + np.asarray(R_BT, np.float64)
         for g, sel in token_groups(batch).items():
@@ -115,9 +112,7 @@ class IterationStats:
             rows = real.any(axis=-1)
             self._sop[0] += int((rows & (pred == np.asarray(batch["sop_labels"]))).sum())
             self._sop[1] += int(rows.sum())
-        if roles is None:
-            roles = batch.get("roles")
-        if roles is not None:
+        if (roles := batch.get("roles")) is not None:
             roles = np.asarray(roles)
             for rid in np.unique(roles[real & (roles >= 0)]):
                 sel = real & (roles == rid)
@@ -260,25 +255,25 @@ def _forward(model, tokens, segments, mask, positions, use_while: bool):
             model.mlm_logits(out.h_BTD, positions), model.sop_logits(out.h_BTD))
 
 
-def evaluate_act(model, batches: Iterable[Mapping[str, Any]], *, use_while: bool = True,
-                 role_names: Optional[Sequence[str]] = None) -> dict[str, Any]:
+def evaluate_act(model, batches: Iterable[Mapping[str, Any]], *,
+                 use_while: bool = True) -> dict[str, Any]:
     """Run ``model`` (ACTEncoder, any halting, or UntiedEncoder) without dropout on every batch
     and return {"table1": IterationStats.table1(), "cosine": CosineStats.result(),
     "roles": IterationStats.roles()}. The forward (while-loop if ``use_while`` else scan, with
     the states, the embeddings h0 and both heads) is jitted once; it retraces only on new shapes.
     For fixed-depth models N = M on every real token."""
-    return evaluate_act_each(Models(model), batches, use_while=use_while, role_names=role_names)[0]
+    return evaluate_act_each(Models(model), batches, use_while=use_while)[0]
 
 
-def evaluate_act_each(models, batches: Iterable[Mapping[str, Any]], *, use_while: bool = True,
-                      role_names: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+def evaluate_act_each(models, batches: Iterable[Mapping[str, Any]], *,
+                      use_while: bool = True) -> list[dict[str, Any]]:
     """``evaluate_act`` of each of `models` (a trial_axis.Models: one model, or a run's
     trials stacked, whose forward runs vmapped over them), one result per model. Each device
     runs its own rows (or trials) and its while-loop stops once its own tokens have halted
     (Models.per_device); under vmap a trial whose tokens halted earlier keeps its state (its
     predicate is false), so its statistics are its own. A batch's iterations run are the
     most any device ran: what one loop over the whole batch would have run."""
-    stats = [IterationStats(role_names) for _ in range(len(models))]
+    stats = [IterationStats() for _ in range(len(models))]
     cos = [CosineStats(models.model.cfg.max_iters) for _ in range(len(models))]
     for batch in batches:
         arrays = [np.asarray(batch[k], np.int32)
@@ -355,29 +350,18 @@ def plot_cosine(cosine: Mapping[str, Any], path_png: Union[str, Path], *,
                 title: str = "Cosine similarity of consecutive states") -> Path:
     """Fig. 2: mean cosine(h[n], h[n + 1]) against n, one line per token group (plus the tokens
     still running, dashed). NaN steps (not run) are left blank."""
-    import matplotlib
+    from .plots import plt, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path_png = Path(path_png)
-    path_png.parent.mkdir(parents=True, exist_ok=True)
-    steps = cosine["steps"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    try:
-        for name, ys in _cos_series(cosine).items():
-            style = "--" if name == "running" else "-"
-            ax.plot(steps, ys, style, marker="o", markersize=3, label=name)
-        ax.set_xlabel("iteration n (cosine of h[n] and h[n+1])")
-        ax.set_ylabel("mean cosine similarity")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path_png, dpi=120)
-    finally:
-        plt.close(fig)
-    return path_png
+    for name, ys in _cos_series(cosine).items():
+        style = "--" if name == "running" else "-"
+        ax.plot(cosine["steps"], ys, style, marker="o", markersize=3, label=name)
+    ax.set_xlabel("iteration n (cosine of h[n] and h[n+1])")
+    ax.set_ylabel("mean cosine similarity")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_png(fig, path_png)
 
 
 def write_cosine_table(cosine: Mapping[str, Any], path_csv: Union[str, Path]) -> Path:

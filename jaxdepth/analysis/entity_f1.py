@@ -15,11 +15,6 @@ from collections.abc import Sequence
 from ..data.finetune.ner_sentences import check_tag
 
 
-def _check(tags: Sequence[str], where: str) -> None:
-    for i, tag in enumerate(tags):
-        check_tag(tag, f"{where}, tag {i}")
-
-
 def f1(gold_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequence[str]]) -> dict[str, float]:
     """Micro precision, recall and F1 over all entity spans; 0.0 where a ratio is 0/0."""
     if len(gold_seqs) != len(pred_seqs):
@@ -27,8 +22,9 @@ def f1(gold_seqs: Sequence[Sequence[str]], pred_seqs: Sequence[Sequence[str]]) -
     for i, (gold, pred) in enumerate(zip(gold_seqs, pred_seqs)):
         if len(gold) != len(pred):
             raise ValueError(f"sequence {i}: {len(gold)} gold tags but {len(pred)} predicted")
-        _check(gold, f"gold sequence {i}")
-        _check(pred, f"predicted sequence {i}")
+        for where, tags in (("gold", gold), ("predicted", pred)):
+            for j, tag in enumerate(tags):
+                check_tag(tag, f"{where} sequence {i}, tag {j}")
     # imported here: seqeval loads scikit-learn, scipy and pandas (about a second), which a
     # run that never scores NER should not pay at start-up
     from seqeval.metrics.sequence_labeling import precision_recall_fscore_support

@@ -10,15 +10,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ..config import FUSION_MODES  # noqa: E402
-from ..models.fusions import fusion_methods  # noqa: E402
-from .report import _csv, _fmt, _markdown, aggregate  # noqa: E402
+from ..config import FUSION_MODES
+from ..models.fusions import fusion_methods
+from .plots import plt, save_png
+from .report import _csv, _fmt, _markdown, aggregate
 
 METHOD_ORDER = fusion_methods()
 MODE_ORDER = tuple(FUSION_MODES)
@@ -73,7 +70,7 @@ def f1_vs_shots(rows: Sequence[Mapping[str, Any]], path: str | Path) -> tuple[Pa
         ax.set_ylabel("test F1 (%)")
         ax.set_title(_mode_label(mode))
         ax.legend(fontsize=8)
-    return _save(fig, path), series
+    return save_png(fig, path), series
 
 
 def f1_vs_step(rows: Sequence[Mapping[str, Any]], path: str | Path,
@@ -99,16 +96,7 @@ def f1_vs_step(rows: Sequence[Mapping[str, Any]], path: str | Path,
         ax.set_ylabel("dev F1 (%)")
         ax.set_title(f"{_mode_label(mode)}, N={n_shot}")
         ax.legend(fontsize=8)
-    return _save(fig, path), series
-
-
-def _save(fig, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path), series
 
 
 def write_report(rows: Sequence[Mapping[str, Any]], out: str | Path) -> dict[str, Path]:

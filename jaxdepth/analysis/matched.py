@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 
 def read_jsonl(path) -> list[dict]:
@@ -28,9 +28,6 @@ def read_jsonl(path) -> list[dict]:
         raise FileNotFoundError(f"no log file {path}")
     rows = []
     for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError:
@@ -40,29 +37,15 @@ def read_jsonl(path) -> list[dict]:
     return rows
 
 
-def _get(row: Mapping, key: str) -> Any:
-    """row[key], where key may be dotted ("accuracy.gen.overall"); None when absent."""
-    value: Any = row
-    for part in key.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
 def _by_step(rows: Iterable[Mapping], key: str) -> dict[int, Mapping]:
     """step -> last row having both a step and key (later lines win after a resume)."""
-    out: dict[int, Mapping] = {}
-    for row in rows:
-        if "step" in row and _get(row, key) is not None:
-            out[int(row["step"])] = row
-    return out
+    return {int(row["step"]): row for row in rows if "step" in row and row.get(key) is not None}
 
 
 def curve(rows: Iterable[Mapping], key: str) -> list[tuple[int, float]]:
-    """[(step, value)] sorted by step, one per step (the later row wins); key may be dotted."""
+    """[(step, value)] sorted by step, one per step (the later row wins)."""
     by_step = _by_step(rows, key)
-    return [(s, float(_get(by_step[s], key))) for s in sorted(by_step)]
+    return [(s, float(by_step[s][key])) for s in sorted(by_step)]
 
 
 def matched_checkpoint(reference_ppl: float, ppl_curve: Sequence[tuple[int, float]],

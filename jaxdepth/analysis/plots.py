@@ -76,7 +76,8 @@ def _lines_vs_depth(series: Mapping[str, dict], missing: str):
     return fig, ax
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_png(fig, path: str | Path) -> Path:
+    """The figure as a PNG at `path` (its folder made), then closed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -97,7 +98,7 @@ def perplexity_vs_depth(rows, path, size_class=None) -> tuple[Path, dict]:
     _depth_axis(ax, s["x"])
     ax.set_ylabel("validation perplexity")
     ax.set_title(f"Validation perplexity vs depth\n({sc}, {_seeds(rows, 'pretrain')}, 95% CI)")
-    return _save(fig, path), {"valid_ppl": s}
+    return save_png(fig, path), {"valid_ppl": s}
 
 
 def relative_perplexity(rows, path, size_class=None) -> tuple[Path, dict]:
@@ -129,7 +130,7 @@ def relative_perplexity(rows, path, size_class=None) -> tuple[Path, dict]:
         if not rel:
             _no_data(ax, "pretraining rows")
     fig.suptitle(f"Relative validation perplexity ({sc}, {_seeds(rows, 'pretrain')})")
-    return _save(fig, path), series
+    return save_png(fig, path), series
 
 
 def _gen_by_task(rows, init: str, value_key: str = "gen_accuracy") -> dict:
@@ -146,7 +147,7 @@ def generalization_vs_depth(rows, path, size_class=None, init: str = "final"
     fig, ax = _lines_vs_depth(series, "fine-tuning rows")
     ax.set_title(f"Generalization accuracy vs depth\n({sc}, init={init}, "
                  f"{_seeds(rows, 'finetune')}, 95% CI)")
-    return _save(fig, path), series
+    return save_png(fig, path), series
 
 
 def lexical_vs_structural(rows, path, size_class=None, init: str = "final"
@@ -175,7 +176,7 @@ def lexical_vs_structural(rows, path, size_class=None, init: str = "final"
         _no_data(axes[0][0], "lexical/structural results")
     fig.suptitle(f"Lexical vs structural generalization\n({sc}, init={init}, "
                  f"{_seeds(rows, 'finetune')}, 95% CI)")
-    return _save(fig, path), series
+    return save_png(fig, path), series
 
 
 def matched_generalization(rows, path, size_class=None, overlay_final: bool = True
@@ -202,7 +203,7 @@ def matched_generalization(rows, path, size_class=None, overlay_final: bool = Tr
     _depth_axis(ax, [x for p in series.values() for s in p.values() for x in s["x"]])
     ax.set_ylabel("generalization accuracy")
     ax.set_title(f"Generalization at matched perplexity vs depth\n({sc}, 95% CI)")
-    return _save(fig, path), series
+    return save_png(fig, path), series
 
 
 def equal_loss_generalization(rows, path, size_class=None) -> tuple[Path, dict]:
@@ -223,7 +224,7 @@ def equal_loss_generalization(rows, path, size_class=None) -> tuple[Path, dict]:
     fig, ax = _lines_vs_depth(series, "equal-loss rows that reached the threshold")
     thr_text = ", ".join(str(t) for t in thresholds)
     ax.set_title(f"Generalization at equal ID loss (≤ {thr_text}) vs depth\n({sc}, 95% CI)")
-    return _save(fig, path), series
+    return save_png(fig, path), series
 
 
 def every_seed(rows, path, size_class=None, init: str = "final") -> tuple[Path, dict]:
@@ -261,4 +262,4 @@ def every_seed(rows, path, size_class=None, init: str = "final") -> tuple[Path, 
     if not series:
         _no_data(axes[0][0], "fine-tuning rows")
     fig.suptitle(f"Every seed ({sc}, init={init}, {_seeds(rows, 'finetune')}; bar: mean)")
-    return _save(fig, path), series
+    return save_png(fig, path), series

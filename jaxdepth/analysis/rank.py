@@ -49,30 +49,20 @@ def cumulative_spectrum(matrix) -> np.ndarray:
     return np.cumsum(normalized_spectrum(matrix))
 
 
-def entropy_rank(p_K: np.ndarray) -> float:
-    """exp of the Shannon entropy of a distribution, with 0 log 0 = 0."""
-    p_K = np.asarray(p_K, dtype=np.float64)
-    nz = p_K[p_K > 0]
-    return float(np.exp(-np.sum(nz * np.log(nz))))
-
-
 def effective_rank(matrix) -> float:
-    """Roy & Vetterli's effective rank; 0.0 for an all-zero matrix."""
+    """Roy & Vetterli's effective rank: exp of the spectrum's Shannon entropy, with 0 log 0 = 0;
+    0.0 for an all-zero matrix."""
     p_K = normalized_spectrum(matrix)
-    return entropy_rank(p_K) if p_K.any() else 0.0
+    nz = p_K[p_K > 0]
+    return float(np.exp(-np.sum(nz * np.log(nz)))) if p_K.any() else 0.0
 
 
 # ----------------------------------------------------------------------------- model tables
 
-def ff_weights(model) -> dict[str, np.ndarray]:
-    """{"wi_0", "wi_1", "wo"} -> stacked [L, rows, cols] float32 numpy arrays of a DecoderLM."""
-    mlp = model.blocks.mlp
-    return {name: np.asarray(getattr(mlp, name)) for name in FF_MATRICES}
-
-
 def ff_rank_table(model) -> list[dict]:
-    """One row per (layer, matrix): shape, erank, max_rank, erank_ratio, cumulative curve."""
-    weights = ff_weights(model)
+    """One row per (layer, matrix) of a DecoderLM: shape, erank, max_rank, erank_ratio,
+    cumulative curve."""
+    weights = {name: np.asarray(getattr(model.blocks.mlp, name)) for name in FF_MATRICES}
     n_layers = next(iter(weights.values())).shape[0]
     rows = []
     for layer in range(n_layers):
@@ -88,32 +78,20 @@ def ff_rank_table(model) -> list[dict]:
 
 # ----------------------------------------------------------------------------- outputs
 
-def _csv_row(row: Mapping) -> dict:
-    rows, cols = row["shape"]
-    return {"layer": row["layer"], "matrix": row["matrix"], "rows": rows, "cols": cols,
-            "erank": row["erank"], "max_rank": row["max_rank"], "erank_ratio": row["erank_ratio"]}
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def write_rank_outputs(rows: Sequence[Mapping], out_dir, label: str = "") -> dict[str, Path]:
     """ff_rank.csv (no curves), ff_rank.json (everything) and ff_rank.png; returns the paths."""
+    from .plots import plt, save_png
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out_dir / "ff_rank.csv", "json": out_dir / "ff_rank.json",
              "png": out_dir / "ff_rank.png"}
     with paths["csv"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(_csv_row(r) for r in rows)
+        writer.writerows({**r, "rows": r["shape"][0], "cols": r["shape"][1]} for r in rows)
     paths["json"].write_text(json.dumps({"label": label, "rows": list(rows)}, indent=1) + "\n")
 
-    plt = _pyplot()
     layers = sorted({r["layer"] for r in rows})
     fig, axes = plt.subplots(1, len(FF_MATRICES) + 1, figsize=(4 * (len(FF_MATRICES) + 1), 3.6))
     cmap = plt.get_cmap("viridis")
@@ -139,9 +117,7 @@ def write_rank_outputs(rows: Sequence[Mapping], out_dir, label: str = "") -> dic
     ax.legend(fontsize=7)
     if label:
         fig.suptitle(label)
-    fig.tight_layout()
-    fig.savefig(paths["png"], dpi=120)
-    plt.close(fig)
+    save_png(fig, paths["png"])
     return paths
 
 
@@ -160,6 +136,8 @@ def rank_vs_depth(rows: Sequence[Mapping]) -> list[dict]:
 
 def write_rank_vs_depth(rows: Sequence[Mapping], out_dir) -> dict[str, Path]:
     """ff_rank_by_depth.csv and .png from rows carrying a ``depth`` field; returns the paths."""
+    from .plots import plt, save_png
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     points = rank_vs_depth(rows)
@@ -169,7 +147,6 @@ def write_rank_vs_depth(rows: Sequence[Mapping], out_dir) -> dict[str, Path]:
                                                "mean_erank_ratio"))
         writer.writeheader()
         writer.writerows(points)
-    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(4.5, 3.6))
     for name in FF_MATRICES:
         pts = [p for p in points if p["matrix"] == name]
@@ -179,7 +156,5 @@ def write_rank_vs_depth(rows: Sequence[Mapping], out_dir) -> dict[str, Path]:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("mean erank / max rank")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(paths["png"], dpi=120)
-    plt.close(fig)
+    save_png(fig, paths["png"])
     return paths

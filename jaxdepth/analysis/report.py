@@ -52,10 +52,6 @@ def _fmt_int(v: Any) -> str:
     return f"{int(v):,}" if isinstance(v, (int, float)) and float(v).is_integer() else str(v)
 
 
-def _csv_value(v: Any) -> Any:
-    return "" if v is None else v
-
-
 def _markdown(header: Sequence[str], lines: Sequence[Sequence[str]], caption: str = "") -> str:
     def row(cells):
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
@@ -69,9 +65,12 @@ def _csv(header: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
-    for cells in lines:
-        writer.writerow([_csv_value(c) for c in cells])
+    writer.writerows([["" if c is None else c for c in cells] for cells in lines])
     return buf.getvalue()
+
+
+def _stat_header(name: str) -> list[str]:
+    return [f"{name}_mean", f"{name}_ci95", f"{name}_n"]
 
 
 def _stat_cells(a: Optional[dict]) -> list:
@@ -104,12 +103,9 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
     ppl = _index(aggregate(rows, "pretrain", "valid_ppl", by), by) if pretrained else {}
     # syntactic well-formedness of what each pretrained model writes (embedded grammar only)
     gram = _index(aggregate(rows, "pretrain", "grammatical", by), by) if pretrained else {}
-    gen = {t: _index(aggregate(rows, "finetune", "gen_accuracy", by, {**where, "task": t}), by)
-           for t in task_list}
-    idacc = {t: _index(aggregate(rows, "finetune", "id_accuracy", by, {**where, "task": t}), by)
-             for t in task_list}
-    idloss = {t: _index(aggregate(rows, "finetune", "dev_loss", by, {**where, "task": t}), by)
-              for t in task_list}
+    columns = (("gen_accuracy", 100.0, 1), ("id_accuracy", 100.0, 1), ("dev_loss", 1.0, 3))
+    finetuned = {k: {t: _index(aggregate(rows, "finetune", k, by, {**where, "task": t}), by)
+                     for t in task_list} for k, _, _ in columns}
     arch = architecture(rows)
     models = sorted({(r.get("size_class"), r.get("depth")) for r in rows
                      if (pretrained and r.get("kind") == "pretrain")
@@ -118,27 +114,21 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
 
     md_header = ["size class", "depth", "d_model", "d_ff", "params", "d_model/d_ff",
                  "seeds", "valid ppl"] + (["grammatical (%)"] if gram else [])
-    md_header += [f"{t} gen acc (%)" for t in task_list]
-    md_header += [f"{t} ID acc (%)" for t in task_list]
-    md_header += [f"{t} ID loss" for t in task_list]
+    md_header += [f"{t} {what}" for what in ("gen acc (%)", "ID acc (%)", "ID loss")
+                  for t in task_list]
     csv_header = ["size_class", "depth", "d_model", "d_ff", "params", "ratio",
-                  "valid_ppl_mean", "valid_ppl_ci95", "valid_ppl_n"]
-    if gram:
-        csv_header += ["grammatical_mean", "grammatical_ci95", "grammatical_n"]
-    for t in task_list:
-        csv_header += [f"{t}_gen_mean", f"{t}_gen_ci95", f"{t}_gen_n"]
-    for t in task_list:
-        csv_header += [f"{t}_id_mean", f"{t}_id_ci95", f"{t}_id_n"]
-    for t in task_list:
-        csv_header += [f"{t}_id_loss_mean", f"{t}_id_loss_ci95", f"{t}_id_loss_n"]
+                  *_stat_header("valid_ppl"), *(_stat_header("grammatical") if gram else [])]
+    csv_header += [c for part in ("gen", "id", "id_loss") for t in task_list
+                   for c in _stat_header(f"{t}_{part}")]
 
     md_lines, csv_lines = [], []
     for key in models:
         info = arch.get(key, {})
         p = ppl.get(key)
         ratio = info.get("ratio")
-        seeds = max(([p["n"]] if p else []) + [a[t][key]["n"] for a in (idacc, gen)
-                                               for t in task_list if key in a[t]], default="")
+        counts = [finetuned[k][t][key]["n"] for k in ("id_accuracy", "gen_accuracy")
+                  for t in task_list if key in finetuned[k][t]]
+        seeds = max(([p["n"]] if p else []) + counts, default="")
 
         def cell(a, scale, digits):  # a sweep mid-way: a cell over fewer seeds says how many
             fewer = "" if a["n"] == seeds else f" (n={a['n']})"
@@ -153,9 +143,9 @@ def table3(rows: Iterable[Mapping[str, Any]], init: str = "final") -> tuple[str,
             g = gram.get(key)
             md.append("" if g is None else cell(g, 100.0, 1))
             cs += _stat_cells(g)
-        for table, scale, digits in ((gen, 100.0, 1), (idacc, 100.0, 1), (idloss, 1.0, 3)):
+        for k, scale, digits in columns:
             for t in task_list:
-                a = table[t].get(key)
+                a = finetuned[k][t].get(key)
                 md.append("" if a is None else cell(a, scale, digits))
                 cs += _stat_cells(a)
         md_lines.append(md)
@@ -182,9 +172,8 @@ def equal_loss_table(rows: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
     keys = sorted({tuple(r.get(k) for k in by) for r in rows}, key=_sort_key)
     md_header = ["size class", "task", "loss threshold", "depth", "reached", "not reached",
                  "gen acc (%)", "lexical (%)", "structural (%)", "step"]
-    csv_header = ["size_class", "task", "threshold", "depth", "reached", "not_reached"]
-    for k in ("gen_accuracy", "lexical", "structural", "step"):
-        csv_header += [f"{k}_mean", f"{k}_ci95", f"{k}_n"]
+    csv_header = ["size_class", "task", "threshold", "depth", "reached", "not_reached",
+                  *(c for k in stats for c in _stat_header(k))]
     md_lines, csv_lines = [], []
     for key in keys:
         group = [r for r in rows if tuple(r.get(k) for k in by) == key]
@@ -260,26 +249,24 @@ def write_report(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> dict
 
     for sc in size_classes(rows):
         sc_rows = [r for r in rows if r.get("size_class") == sc]
-        tag = str(sc)
         figures = []
         if has("pretrain", size_class=sc):
-            figures += [("fig2_perplexity_vs_depth", plots.perplexity_vs_depth, {}),
-                        ("fig3_relative_perplexity", plots.relative_perplexity, {})]
+            figures += [("fig2_perplexity_vs_depth", plots.perplexity_vs_depth),
+                        ("fig3_relative_perplexity", plots.relative_perplexity)]
         if has("finetune", size_class=sc, init="final"):
-            figures.append(("fig4_generalization_vs_depth", plots.generalization_vs_depth, {}))
-            figures.append(("fig_every_seed", plots.every_seed, {}))
+            figures += [("fig4_generalization_vs_depth", plots.generalization_vs_depth),
+                        ("fig_every_seed", plots.every_seed)]
             if any(r.get("kind") == "finetune" and r.get("init") == "final"
                    and (r.get("lexical") is not None or r.get("structural") is not None)
                    for r in sc_rows):
-                figures.append(("fig5_lexical_vs_structural", plots.lexical_vs_structural, {}))
+                figures.append(("fig5_lexical_vs_structural", plots.lexical_vs_structural))
         if has("finetune", size_class=sc, init="matched"):
-            figures.append(("fig6_matched_generalization", plots.matched_generalization, {}))
+            figures.append(("fig6_matched_generalization", plots.matched_generalization))
         if has("equal_loss", size_class=sc):
-            figures.append(("fig7b_equal_loss_generalization",
-                            plots.equal_loss_generalization, {}))
-        for stem, fn, kwargs in figures:
-            name = f"{stem}_{tag}.png"
-            path, _ = fn(sc_rows, out / name, size_class=sc, **kwargs)
+            figures.append(("fig7b_equal_loss_generalization", plots.equal_loss_generalization))
+        for stem, fn in figures:
+            name = f"{stem}_{sc}.png"
+            path, _ = fn(sc_rows, out / name, size_class=sc)
             written[name] = Path(path)
     return written
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from jaxdepth.analysis.exact_match import mean_ci95
 from jaxdepth.errors import warn
 
-KINDS = ("pretrain", "finetune", "equal_loss")
 # Identity of a run: a later row with the same identity replaces an earlier one. equal_loss rows
 # are additionally keyed by `threshold`, so a sweep that logs several thresholds keeps them all.
 RUN_KEY = ("kind", "size_class", "depth", "seed", "task", "init")
@@ -46,6 +45,20 @@ def _swallowed(line: str) -> Optional[dict]:
     return None
 
 
+def _lines(path: Path) -> Iterator[tuple[int, str, Optional[dict]]]:
+    """(line number, line, its row: None when not a whole JSON object) of each line of a
+    results.jsonl that is not blank."""
+    for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace")
+                                  .splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        yield lineno, line, row if isinstance(row, dict) else None
+
+
 def read_results(path: str | Path) -> tuple[list[dict], list[str]]:
     """(rows, unreadable) of an experiment directory or of a results.jsonl file.
 
@@ -72,20 +85,12 @@ def read_results(path: str | Path) -> tuple[list[dict], list[str]]:
     if not path.is_file():
         raise FileNotFoundError(f"results not found: {path}")
     rows, unreadable = [], []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace")
-                                  .splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if isinstance(row, dict):
+    for lineno, line, row in _lines(path):
+        if row is None:
+            unreadable.append(f"{path}:{lineno}")
+            row = _swallowed(line)
+        if row is not None:
             rows.append(row)
-            continue
-        unreadable.append(f"{path}:{lineno}")
-        if (whole := _swallowed(line)) is not None:
-            rows.append(whole)
     return rows, unreadable
 
 
@@ -117,38 +122,29 @@ def set_aside_unreadable(out: Path) -> list[tuple[str, Path]]:
             moved.append((where, Path(where + UNREADABLE)))
     if any(w.startswith(str(legacy) + ":") for w in unreadable):
         kept, fragments = [], []
-        for lineno, line in enumerate(legacy.read_text(encoding="utf-8", errors="replace")
-                                      .splitlines(), 1):
-            try:
-                whole = isinstance(json.loads(line), dict) if line.strip() else False
-            except json.JSONDecodeError:
-                whole = False
-            if whole:
+        for lineno, line, row in _lines(legacy):
+            if row is not None:
                 kept.append(line)
-            elif line.strip():
-                fragments.append(f"# {legacy.name}:{lineno}\n{line}\n")
-                if (row := _swallowed(line)) is not None:
-                    kept.append(json.dumps(row))
-                moved.append((f"{legacy}:{lineno}", aside))
+                continue
+            fragments.append(f"# {legacy.name}:{lineno}\n{line}\n")
+            if (row := _swallowed(line)) is not None:
+                kept.append(json.dumps(row))
+            moved.append((f"{legacy}:{lineno}", aside))
         write_whole(aside, (aside.read_text(encoding="utf-8", errors="replace")
                             if aside.is_file() else "") + "".join(fragments))
         write_whole(legacy, "".join(line + "\n" for line in kept))
     return moved
 
 
-def _run_key(row: Mapping[str, Any]) -> tuple:
-    key = tuple(row.get(k) for k in RUN_KEY)
-    if row.get("kind") == "equal_loss":
-        key += (row.get("threshold"),)
-    return key
-
-
 def dedupe(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
-    """Keep, for each (kind, size_class, depth, seed, task, init) [+ threshold for equal_loss],
-    only the last row; the survivors stay at the position of their key's first appearance."""
+    """Keep, for each RUN_KEY [+ threshold for equal_loss], only the last row; the survivors
+    stay at the position of their key's first appearance."""
     latest: dict[tuple, dict] = {}
     for row in rows:
-        latest[_run_key(row)] = dict(row)
+        key = tuple(row.get(k) for k in RUN_KEY)
+        if row.get("kind") == "equal_loss":
+            key += (row.get("threshold"),)
+        latest[key] = dict(row)
     return list(latest.values())
 
 
@@ -165,14 +161,6 @@ def _sort_key(values: Sequence[Any]) -> tuple:
 
 def _matches(row: Mapping[str, Any], where: Optional[Mapping[str, Any]]) -> bool:
     return not where or all(row.get(k) == v for k, v in where.items())
-
-
-def _summary(values: Sequence[float]) -> tuple[Optional[float], Optional[float]]:
-    if not values:
-        return None, None
-    if len(values) == 1:
-        return float(values[0]), None
-    return mean_ci95(values)
 
 
 def aggregate(
@@ -202,7 +190,7 @@ def aggregate(
     for keys in sorted(groups, key=_sort_key):
         seeded = sorted(groups[keys], key=lambda sv: _sort_key([sv[0]]))
         values = [v for _, v in seeded]
-        mean, ci = _summary(values)
+        mean, ci = (values[0], None) if len(values) == 1 else mean_ci95(values)
         out.append({**dict(zip(by, keys)), "n": len(values), "mean": mean, "ci95": ci,
                     "values": values})
     return out
@@ -268,6 +256,3 @@ def relative_perplexity(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
             })
     return out
 
-
-# --------------------------------------------------------------------------------------------
-# Formatting

@@ -28,15 +28,12 @@ quiet_interrupts(__name__ == "__main__")  # a command: before the imports that s
 import argparse
 import dataclasses
 import functools
-import json
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .executors import add_executor_args, executor_from_args, per_group
-from .experiment import PlannedExperiment, Unit, start_unit_process
-from ..errors import RunFailed, run_main
+from .executors import add_executor_args
+from .experiment import (PlanData, PlannedExperiment, Unit, command_main, nested, overrides,
+                         start_unit_process, trained)
 from ..config import TASKS, Config, ConfigError, apply_overrides
 from ..config.trials import SEED_FIELD, parse_list
 from ..models.depth_family import SIZE_CLASSES
@@ -44,7 +41,7 @@ from ..config.presets import PAPER_FINETUNING, from_preset
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(PlanData):
     size: str = "tiny"
     depths: tuple[int, ...] = ()  # empty: every depth of the size class
     seeds: tuple[int, ...] = (0, 1)
@@ -81,24 +78,13 @@ class Plan:
     def family(self) -> tuple[int, ...]:
         return self.depths or SIZE_CLASSES[self.size].depths
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
-    @classmethod
-    def from_json(cls, d: dict) -> "Plan":
-        return cls(**{**d, "depths": tuple(d["depths"]), "seeds": tuple(d["seeds"]),
-                      "tasks": tuple(d["tasks"]), "scratch": tuple(d.get("scratch", ()))})
-
-
-# The miniature sweep: the CPU-scale "tiny" family on the embedded grammar, 3 depths x 5 seeds
-# x 2 tasks plus a from-scratch control; 5 seeds because 2 left every interval too wide to
-# separate depths (docs/depth.md: 6.6 hours on a busy 2-core machine before its controls, ~6
-# estimated quiet). Measured choices (docs/depth.md, "The miniature sweep"): 4 attention heads
-# of 16 (one head of 64 never learns to copy the nouns of semantic parsing), 20,000 training
-# examples packed several to a row (2,000 are memorised), and Adafactor's parameter-relative
-# steps, which suit the t5x init (AdamW at 3e-3 reached 1% exact match where Adafactor reached
-# 88%, same steps). The perplexity-matched fine-tunings (Fig. 6) would add 8 more; `matched`
-# runs them.
+# The miniature sweep (docs/depth.md): the CPU-scale "tiny" family on the embedded grammar, 3
+# depths x 5 seeds (2 left every interval too wide) x 2 tasks plus a from-scratch control.
+# Measured choices: 4 attention heads of 16 (one head of 64 never learns to copy the nouns of
+# semantic parsing), 20,000 packed training examples (2,000 are memorised), Adafactor (AdamW at
+# 3e-3 reached 1% exact match where it reached 88%). `matched` runs the perplexity-matched
+# fine-tunings (Fig. 6).
 MINIATURE = Plan(
     size="tiny", depths=(1, 2, 4), seeds=(0, 1, 2, 3, 4),
     tasks=("semantic_parsing", "passivization"),
@@ -126,14 +112,6 @@ ENGLISH = Plan(
 PAPER_FINETUNE = {f"{sec}.{k}": v for sec, vals in PAPER_FINETUNING.items()
                   for k, v in vals.items()}
 PLANS = {"miniature": MINIATURE, "english": ENGLISH}
-
-
-def _nested(flat: dict) -> dict:
-    out: dict = {}
-    for key, value in flat.items():
-        sec, _, name = key.partition(".")
-        out.setdefault(sec, {})[name] = value
-    return out
 
 
 class Sweep(PlannedExperiment):
@@ -175,7 +153,7 @@ class Sweep(PlannedExperiment):
 
     def pretrain_config(self, depth: int, seed: int) -> Config:
         cfg = apply_overrides(from_preset(f"{self.plan.size}-L{depth}"),
-                              _nested(self.plan.pretrain))
+                              nested(self.plan.pretrain))
         every = cfg.run.save_every
         return apply_overrides(cfg, {"run": {
             "dir": str(self.pretrain_dir(depth, seed)), "seed": seed, "progress": False,
@@ -184,7 +162,7 @@ class Sweep(PlannedExperiment):
     def finetune_config(self, task: str, depth: int, seed: int, init: str,
                         init_step: int) -> Config:
         base = self.pretrain_config(depth, seed)
-        cfg = apply_overrides(base, _nested({**PAPER_FINETUNE, **self.plan.finetune}))
+        cfg = apply_overrides(base, nested({**PAPER_FINETUNE, **self.plan.finetune}))
         pretrained = self.pretrain_dir(depth, seed)
         # The from-scratch control keeps the pretrained runs' tokenizer, so only the weights differ.
         start = ({"task": {"init_from": "", "init_step": 0},
@@ -221,20 +199,19 @@ class Sweep(PlannedExperiment):
         i = next(i for i in range(len(parts) - 1, -1, -1) if parts[i].endswith(f"-s{seed}"))
         return str(Path(*parts[:i], parts[i][:-len(str(seed))] + SEED_FIELD, *parts[i + 1:]))
 
-    def _as_trials(self, what: str, configs: dict[int, Config], solo_dirs: dict[int, Path],
-                   on_done) -> None:
+    def _as_trials(self, what: str, configs: dict[int, Config], on_done) -> None:
         """Train configs (seed -> its solo config) as trials of one run (a single seed: its
-        solo run), then on_done(seed, summary) for each seed, the trial exported to
-        solo_dirs[seed] first."""
+        solo run), then on_done(seed, summary) for each seed, the trial exported to its solo
+        run's directory first."""
         from ..tasks import train
 
         seeds = sorted(configs)
         if len(seeds) == 1:
             self.units_run += 1
-            on_done(seeds[0], _timed(f"{what} seed {seeds[0]}", train, configs[seeds[0]]))
+            on_done(seeds[0], trained(f"{what} seed {seeds[0]}", train, configs[seeds[0]]))
             return
         first = configs[seeds[0]]
-        run_dir = self.trials_dir(solo_dirs[seeds[0]], seeds[0], seeds)
+        run_dir = self.trials_dir(Path(first.run.dir), seeds[0], seeds)
         per_seed = {"task": {"init_from": self._per_seed(first.task.init_from, seeds[0])}}
         if first.data.tokenizer and not first.task.init_from:  # the from-scratch control
             per_seed["data"] = {"tokenizer": self._per_seed(first.data.tokenizer, seeds[0])}
@@ -256,9 +233,6 @@ class Sweep(PlannedExperiment):
             return ""
         return f"-s{group[0]}" if self.per_group == 1 else "-seeds-" + "-".join(map(str, group))
 
-    def _done(self, results: tuple[str, ...]):
-        return lambda: set(results) <= self.finished()
-
     def schedule(self) -> list[Unit]:
         """The plan's units, each one program, in the order they start: group by group of
         seeds (seed_groups), a group's pretrainings, then its fine-tunings, so that a group's
@@ -277,19 +251,20 @@ class Sweep(PlannedExperiment):
                                 for s in g) for d in depths}
             pretrain = {d: Unit(f"pretrain-L{d}{at}", f"pretraining of {p.size}-L{d}, {seeds}",
                                 (), functools.partial(self.pretrain_seeds, d, g),
-                                self._done(results[d])) for d in depths}
+                                self.all_done(results[d]), results=results[d]) for d in depths}
             units += pretrain.values()
             for d in depths:
                 for init in ("final", "scratch") if d in p.scratch else ("final",):
                     for task in p.tasks:
-                        done = self._done(tuple(self.result_name(dict(
-                            kind="finetune", task=task, depth=d, seed=s, init=init)) for s in g))
+                        results = tuple(self.result_name(dict(
+                            kind="finetune", task=task, depth=d, seed=s, init=init)) for s in g)
                         start = "fresh weights" if init == "scratch" else "its pretraining"
                         units.append(Unit(
                             f"finetune-{task}-L{d}{at}" + ("-scratch" if init == "scratch" else ""),
                             f"fine-tuning of {p.size}-L{d} on {task} from {start}, {seeds}",
                             (pretrain[d].name,),
-                            functools.partial(self.finetune_seeds, task, d, init, g), done))
+                            functools.partial(self.finetune_seeds, task, d, init, g),
+                            self.all_done(results), results=results))
         training = tuple(u.name for u in units)
         if p.matched:
             units.append(Unit("matched", "fine-tuning from the perplexity-matched checkpoints "
@@ -303,25 +278,14 @@ class Sweep(PlannedExperiment):
 
     def units(self) -> list[str]:
         """The names of the results the training units write, in the order they start."""
-        p = self.plan
-        names = []
-        for g in self.seed_groups():
-            for d in sorted(p.family, reverse=True):
-                names += [self.result_name(dict(kind="pretrain", depth=d, seed=s)) for s in g]
-            for d in sorted(p.family, reverse=True):
-                for init in ("final", "scratch") if d in p.scratch else ("final",):
-                    names += [self.result_name(dict(kind="finetune", task=t, depth=d, seed=s,
-                                                    init=init)) for t in p.tasks for s in g]
-        return names
+        return [name for u in self.schedule() for name in u.results]
 
     def analyses(self) -> None:
         """The report unit: equal-loss points, feed-forward rank, tables and figures."""
         if self.plan.tasks:
             self.equal_loss(self.threshold)
-        for name, path in self.rank().items():
-            print(f"rank vs depth: {path}")
-        for name, path in self.report().items():
-            print(f"{name}: {path}")
+        self.rank()
+        self.report()
 
     def pretrain_seeds(self, depth: int, seeds: list[int]) -> None:
         """Pretrain every one of `seeds` at `depth` not done yet, as trials of one run."""
@@ -341,7 +305,7 @@ class Sweep(PlannedExperiment):
                          "run_dir": self.relative(cfg.run.dir)})
 
         self._as_trials(f"pretrain L{depth}", {s: self.pretrain_config(depth, s) for s in todo},
-                        {s: self.pretrain_dir(depth, s) for s in todo}, pretrained)
+                        pretrained)
 
     def finetune_seeds(self, task: str, depth: int, init: str, seeds: list[int]) -> None:
         """Fine-tune every one of `seeds` not done yet, from its own pretraining run (or
@@ -351,10 +315,8 @@ class Sweep(PlannedExperiment):
         if todo:
             self._as_trials(f"fine-tune L{depth} on {task} ({init})",
                             {s: self.finetune_config(task, depth, s, init, 0) for s in todo},
-                            {s: self.finetune_dir(task, depth, s, init) for s in todo},
                             lambda seed, s: self.append(self._finetune_row(
-                                task, depth, seed, init, 0, s, self.finetune_dir(task, depth, seed,
-                                                                                 init))))
+                                task, depth, seed, init, 0, s)))
 
     def _started_from(self, depth: int, seed: int, init: str, init_step: int,
                       s: dict) -> int | None:
@@ -373,10 +335,10 @@ class Sweep(PlannedExperiment):
         finally:
             mngr.close()
 
-    def _finetune_row(self, task, depth, seed, init, init_step: int, s: dict,
-                      run_dir: Path) -> dict:
-        key = dict(kind="finetune", task=task, depth=depth, seed=seed, init=init)
-        return {**key, "init_step": self._started_from(depth, seed, init, init_step, s),
+    def _finetune_row(self, task, depth, seed, init, init_step: int, s: dict) -> dict:
+        run_dir = self.finetune_dir(task, depth, seed, init)
+        return {"kind": "finetune", "task": task, "depth": depth, "seed": seed, "init": init,
+                "init_step": self._started_from(depth, seed, init, init_step, s),
                 "dev_loss": s["dev_loss"],
                 **{k: s.get(k) for k in ("id_accuracy", "gen_accuracy", "lexical", "structural",
                                          "by_type")},
@@ -391,8 +353,8 @@ class Sweep(PlannedExperiment):
             return row
         cfg = self.finetune_config(task, depth, seed, init, init_step)
         self.units_run += 1
-        s = _timed(f"fine-tune L{depth} seed {seed} on {task} ({init})", train, cfg)
-        row = self._finetune_row(task, depth, seed, init, init_step, s, cfg.run.dir)
+        s = trained(f"fine-tune L{depth} seed {seed} on {task} ({init})", train, cfg)
+        row = self._finetune_row(task, depth, seed, init, init_step, s)
         self.append(row)
         return row
 
@@ -427,6 +389,7 @@ class Sweep(PlannedExperiment):
                     else:
                         self.finetune(task, depth, seed, "matched", step)
         (self.out / "matched.done").write_text("")  # the matched unit's done mark
+
     def equal_loss(self, threshold: float | None = None) -> None:
         """Fig. 7b: generalization at the first fine-tuning evaluation whose in-distribution
         loss reaches a threshold every run of the task reaches (or the one given)."""
@@ -459,7 +422,10 @@ class Sweep(PlannedExperiment):
                 write_rank_outputs(table, self.out / "analysis" / "rank" / f"L{depth}-s{seed}",
                                    label=f"{self.plan.size} L{depth} seed {seed} step {step}")
                 rows += [{"depth": depth, "seed": seed, **r} for r in table]
-        return write_rank_vs_depth(rows, self.out / "analysis")
+        paths = write_rank_vs_depth(rows, self.out / "analysis")
+        for path in paths.values():
+            print(f"rank vs depth: {path}")
+        return paths
 
     def report(self) -> dict:
         """Every table and figure of the results there are; a plan's unit without a result
@@ -470,38 +436,16 @@ class Sweep(PlannedExperiment):
 
         rows = self.rows()
         done = {self.result_name(r) for r in rows}
-        missing = [u for u in self.units() if u not in done]
+        units = self.units()
+        missing = [u for u in units if u not in done]
         if missing:
-            warn(f"{len(missing)} of {len(self.units())} units have no result: "
+            warn(f"{len(missing)} of {len(units)} units have no result: "
                  f"{', '.join(missing)}; `python -m jaxdepth.experiments.depth_sweep run --out "
                  f"{self.out}` finishes them")
-        return write_report(rows, self.out / "report")
-
-
-def _timed(what: str, fn, *args):
-    t0 = time.perf_counter()
-    print(f"{what} ...", flush=True)
-    out = fn(*args)
-    if not out.get("done"):
-        raise RunFailed(f"{what} stopped at step {out['step']} before the end; "
-                        f"run the command again to resume")
-    print(f"{what}: done in {time.perf_counter() - t0:.0f} s", flush=True)
-    return out
-
-
-def _overrides(items: list[str], flag: str) -> dict:
-    from ..config.cli import _parse_value
-    from ..config import SECTIONS
-
-    out = {}
-    for item in items:
-        key, eq, raw = item.partition("=")
-        sec, _, name = key.partition(".")
-        if not eq or sec not in SECTIONS \
-                or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
-            raise ConfigError(f"{flag} {item!r}: expected section.field=value with a known field")
-        out[key] = _parse_value(sec, name, raw)
-    return out
+        paths = write_report(rows, self.out / "report")
+        for name, path in paths.items():
+            print(f"{name}: {path}")
+        return paths
 
 
 def parse(argv):
@@ -534,9 +478,8 @@ def parse(argv):
 
 
 def plan_from_args(args) -> Plan | None:
-    given = any([args.preset, args.size, args.depths, args.seeds, args.tasks, args.task_dir,
-                 args.pretrain, args.finetune, args.scratch])
-    if not given:
+    if not any([args.preset, args.size, args.depths, args.seeds, args.tasks, args.task_dir,
+                args.pretrain, args.finetune, args.scratch]):
         return None
     base = PLANS[args.preset] if args.preset else Plan()
     changes: dict = {}
@@ -555,9 +498,9 @@ def plan_from_args(args) -> Plan | None:
     if args.task_dir:
         changes["task_dirs"] = dict(item.split("=", 1) for item in args.task_dir)
     if args.pretrain:
-        changes["pretrain"] = {**base.pretrain, **_overrides(args.pretrain, "--pretrain")}
+        changes["pretrain"] = {**base.pretrain, **overrides(args.pretrain, "--pretrain")}
     if args.finetune:
-        changes["finetune"] = {**base.finetune, **_overrides(args.finetune, "--finetune")}
+        changes["finetune"] = {**base.finetune, **overrides(args.finetune, "--finetune")}
     plan = dataclasses.replace(base, **changes)
     if plan.pretrain.get("data.corpus") == "":  # a plan for a corpus the user names
         raise ConfigError("--pretrain data.corpus: this plan pretrains on a text corpus you "
@@ -567,15 +510,7 @@ def plan_from_args(args) -> Plan | None:
 
 
 def main(argv=None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
-    return run_main(lambda: _advised(args), debug=args.debug)  # a user's error: one line, exit 2
-
-
-def _advised(args) -> int:
-    from ..trainer.run_lock import OUT_ADVICE, advising
-
-    with advising(OUT_ADVICE):  # a unit's run in use: another experiment on this --out
-        return _run(args)
+    return command_main(parse, _run, argv)
 
 
 def _run(args) -> int:
@@ -584,38 +519,21 @@ def _run(args) -> int:
     if args.command not in ("run", "all", "plan") and plan is not None:
         raise ConfigError(f"{args.command}: plan options belong to `run`/`all`/`plan`; "
                           f"this command reads {args.out}/sweep.json")
-    if (args.command == "unit") != bool(args.name):
-        raise ConfigError("unit NAME: give the unit's name (and only to `unit`)")
-    executor = executor_from_args(args)  # refused before the plan is written
-
-    def configure(sweep: Sweep) -> None:
-        sweep.threshold = args.threshold
-        if (g := per_group(args)) is not None:  # else the class's: a unit per group of seeds
-            sweep.per_group = g
-        if args.command == "unit" and args.name not in [u.name for u in sweep.schedule()]:
-            sweep.run_unit(args.name)  # the one-line refusal, before anything is written
-
-    sweep = Sweep.open(Path(args.out), plan, configure)
-    cmd = args.command
-    if cmd == "plan":
-        print(json.dumps(sweep.plan_data(), indent=1))
-    elif cmd == "unit":
-        sweep.run_unit(args.name)
-    elif cmd in ("run", "all"):
-        if cmd == "all" and not sweep.plan.matched:
-            print("the plan leaves out the perplexity-matched fine-tunings (Fig. 6); "
-                  "`matched` runs them", flush=True)
-        sweep.run(executor, analysis=cmd == "all")
-    elif cmd == "matched":
+    sweep, executor = Sweep.from_args(args, plan)
+    sweep.threshold = args.threshold
+    if args.command == "all" and not sweep.plan.matched:
+        print("the plan leaves out the perplexity-matched fine-tunings (Fig. 6); "
+              "`matched` runs them", flush=True)
+    if sweep.common_command(args, executor):
+        return 0
+    if args.command == "matched":
         sweep.matched()
-    elif cmd == "equal-loss":
+    elif args.command == "equal-loss":
         sweep.equal_loss(args.threshold)
-    elif cmd == "rank":
-        for name, path in sweep.rank().items():
-            print(f"rank vs depth: {path}")
+    elif args.command == "rank":
+        sweep.rank()
     else:
-        for name, path in sweep.report().items():
-            print(f"{name}: {path}")
+        sweep.report()
     return 0
 
 

@@ -17,13 +17,11 @@ Ray and submitit are optional (``pip install jaxdepth[cluster]``), imported only
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 from typing import Callable
 
 from ..config import ConfigError
-
-EXECUTORS = ("local", "ray", "slurm")
-
 
 def add_executor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds-per-group", type=int, default=None, metavar="G",
@@ -31,7 +29,7 @@ def add_executor_args(p: argparse.ArgumentParser) -> None:
                         "the rest (default: every seed of a depth, task and start in one)")
     p.add_argument("--sequential", action="store_true",
                    help="one program per seed: --seeds-per-group 1")
-    p.add_argument("--executor", choices=EXECUTORS, default="local",
+    p.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
                    help="what runs the units: this machine (local), a Ray cluster (ray), "
                         "a SLURM cluster through submitit (slurm)")
     p.add_argument("--workers", type=int, default=1,
@@ -157,12 +155,17 @@ def run_command(command: list[str], env: dict, log: str) -> str:
     return command[4]
 
 
-def ray(address: str | None, retries: int, pin: bool, gpus: int = 0) -> Callable:
+def _cluster_module(executor: str, module: str, name: str):
+    """The optional module an executor runs on; a ConfigError saying how to install it."""
     try:
-        import ray as ray_lib
+        return importlib.import_module(module)
     except ImportError:
-        raise ConfigError("--executor ray: Ray is not installed; pip install "
-                          "'jaxdepth[cluster]' (or ray)") from None
+        raise ConfigError(f"--executor {executor}: {name} is not installed; pip install "
+                          f"'jaxdepth[cluster]' (or {module})") from None
+
+
+def ray(address: str | None, retries: int, pin: bool, gpus: int = 0) -> Callable:
+    ray_lib = _cluster_module("ray", "ray", "Ray")
 
     def run(exp, units) -> None:
         from ..errors import RunFailed
@@ -203,11 +206,7 @@ def ray(address: str | None, retries: int, pin: bool, gpus: int = 0) -> Callable
 
 
 def slurm(folder: str | None, params: dict) -> Callable:
-    try:
-        import submitit
-    except ImportError:
-        raise ConfigError("--executor slurm: submitit is not installed; pip install "
-                          "'jaxdepth[cluster]' (or submitit)") from None
+    submitit = _cluster_module("slurm", "submitit", "submitit")
 
     def run(exp, units) -> None:
         from ..errors import RunFailed, one_line

@@ -6,16 +6,19 @@ of them by an executor (experiments/executors.py)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable, ClassVar, NamedTuple
 
 from ..config import ConfigError
-from ..errors import NotReady
+from ..errors import NotReady, RunFailed, run_main
+from .executors import executor_from_args, local, per_group
 
 
 class Unit(NamedTuple):
@@ -27,6 +30,70 @@ class Unit(NamedTuple):
     run: Callable[[], None]
     done: Callable[[], bool]  # whether every output it makes is there
     analysis: bool = False  # an analysis of the trained units (not run by `run`)
+    results: tuple[str, ...] = ()  # the names of the results it writes
+
+
+class PlanData:
+    """A plan dataclass as its experiment's plan file holds it: its fields, lists read back
+    as tuples."""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict):
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def nested(flat: dict) -> dict:
+    """{"section.field": value} as {section: {field: value}} (apply_overrides's form)."""
+    out: dict = {}
+    for key, value in flat.items():
+        sec, _, name = key.partition(".")
+        out.setdefault(sec, {})[name] = value
+    return out
+
+
+def overrides(items: list[str], flag: str) -> dict:
+    """SECTION.FIELD=VALUE flags as {"section.field": value}, each field checked."""
+    from ..config.cli import _parse_value
+    from ..config import SECTIONS
+
+    out = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        sec, _, name = key.partition(".")
+        if not eq or sec not in SECTIONS \
+                or name not in {f.name for f in dataclasses.fields(SECTIONS[sec])}:
+            raise ConfigError(f"{flag} {item!r}: expected section.field=value with a known field")
+        out[key] = _parse_value(sec, name, raw)
+    return out
+
+
+def command_main(parse, run, argv=None) -> int:
+    """An experiment's command: run(args) of the parsed argv, a user's error in one line (exit
+    2), a unit's run in use named as another experiment on this --out."""
+    from ..trainer.run_lock import OUT_ADVICE, advising
+
+    args = parse(sys.argv[1:] if argv is None else argv)
+
+    def advised() -> int:
+        with advising(OUT_ADVICE):
+            return run(args)
+    return run_main(advised, debug=args.debug)
+
+
+def trained(what: str, train, *args) -> dict:
+    """train(*args)'s summary, its start and time in the log; RunFailed when the run stopped
+    before its end."""
+    t0 = time.perf_counter()
+    print(f"{what} ...", flush=True)
+    out = train(*args)
+    if not out.get("done"):
+        raise RunFailed(f"{what} stopped at step {out['step']} before the end; "
+                        f"run the command again to resume")
+    print(f"{what}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
 
 
 def start_unit_process(args) -> None:
@@ -52,9 +119,8 @@ def start_unit_process(args) -> None:
 def shared_compilations(directory: Path):
     """JAX's persistent compilation cache in `directory` while units run: the units of an
     experiment compile a few programs many times (every seed of a depth and task the same
-    step), so every compile after the first is a load (on a GPU, XLA's autotuning: 30-65 s a
-    program); units on a cluster share the one cache in the experiment's directory. The
-    settings before come back afterwards (a test, or a notebook, goes on with its own)."""
+    step), so every compile after the first is a load; units on a cluster share the one cache
+    in the experiment's directory. The settings before come back afterwards."""
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
 
@@ -70,24 +136,6 @@ def shared_compilations(directory: Path):
         for n, v in before.items():
             jax.config.update(n, v)
         cc.reset_cache()
-
-
-def saved_plan(out: Path, name: str, plan, plan_cls, start: str = "run"):
-    """(the plan, whether it is saved yet as out/name). A given `plan` must equal the saved one
-    (a different plan for the same directory is refused, naming the first differing field);
-    with none saved, `plan` is the plan (and None is an error: nothing was started there)."""
-    path = out / name
-    if path.is_file():
-        saved = plan_cls.from_json(json.loads(path.read_text()))
-        if plan is not None and plan != saved:
-            diff = [k for k, v in plan.to_json().items() if saved.to_json()[k] != v]
-            raise ConfigError(f"{diff[0]}: {out} holds an experiment with another plan "
-                              f"(differs in {', '.join(diff)}); use another --out")
-        return saved, True
-    if plan is None:
-        raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with "
-                                f"`{start}`")
-    return plan, False
 
 
 def _commit() -> str | None:
@@ -137,31 +185,24 @@ def provenance() -> dict:
 
 
 class PlannedExperiment:
-    """An experiment directory: its plan (``PLAN_FILE``, a ``PLAN`` saved by the first command
-    and checked by every later one), its units (``schedule()``, each experiment's own) and
-    their results (``results/<name>.json``, each written whole through a renamed temporary
-    file, with the run's provenance; a directory of earlier versions keeps its
-    ``results.jsonl``, read as it is). Each experiment names the result a row is:
-    ``result_name(row)``, the stem of its file, and lists its units, in the order an executor
-    starts them: ``schedule()``."""
+    """An experiment directory: its plan (``PLAN_FILE``, a ``PLAN``), its units in the order
+    an executor starts them (``schedule()``) and their results (``results/<name>.json``, each
+    written whole with the run's provenance; an earlier version's ``results.jsonl`` read as it
+    is), each named by ``result_name(row)``."""
 
     PLAN: ClassVar[type]  # each experiment names its plan dataclass
     PLAN_FILE: ClassVar[str] = "plan.json"
     MODULE: ClassVar[str]  # the experiment's command: python -m MODULE unit NAME --out DIR
     # How many seeds (or trials) train side by side as one program; None: every one a unit
-    # can hold. 1 (--sequential): one program per seed, as before trials.
+    # can hold. 1 (--sequential): one program per seed.
     per_group: int | None = None
 
     def __init__(self, out: Path, plan):
         self.out, self.plan = out, plan
         self.results = out / "results"
+        self.compile_cache = out / "jax_cache"  # every unit's (shared_compilations)
         self.units_run = 0  # trained by this process (a rerun of a finished one trains none)
         self._legacy: set[str] | None = None  # the results of results.jsonl, once read
-
-    @property
-    def compile_cache(self) -> Path:
-        """The compilation cache every unit of the experiment shares (shared_compilations)."""
-        return self.out / "jax_cache"
 
     # ------------------------------------------------------------------ the units
 
@@ -184,6 +225,10 @@ class PlannedExperiment:
                            "done": u.done(), "command": self.unit_command(u.name)}
                           for u in self.schedule()]}
 
+    def all_done(self, results: tuple[str, ...]) -> Callable[[], bool]:
+        """A unit's `done`: whether every one of `results` is there."""
+        return lambda: set(results) <= self.finished()
+
     def run_unit(self, name: str) -> None:
         """Unit `name` alone: a ConfigError for a name the plan does not have; NotReady (exit
         75: a scheduler may retry) while a unit it reads is not done."""
@@ -203,9 +248,7 @@ class PlannedExperiment:
         """Every unit not done yet (and the analyses if `analysis`), through `executor`
         (experiments/executors.py; default: here, one after another), each once the units it
         reads are done; then a line if there was nothing to train."""
-        if executor is None:
-            from .executors import local
-            executor = local()
+        executor = executor or local()
         self.set_aside()
         ran, rows = self.units_run, len(self.rows())
         units = [u for u in self.schedule() if analysis or not u.analysis]
@@ -223,12 +266,7 @@ class PlannedExperiment:
         unit's run directory (trainer/trials.py: export_trial) and return each trial's
         summary as its solo run's would read (the run's figures with the trial's entry over
         them)."""
-        import dataclasses
-        import time
-
-        from ..config import ConfigError
         from ..config.trials import trial_configs
-        from ..errors import RunFailed
         from ..tasks import task_for
         from ..trainer.loop import train
         from ..trainer.trials import export_trial
@@ -239,13 +277,8 @@ class PlannedExperiment:
                 raise ConfigError(f"{what}: trial {k} would differ from its unit's run "
                                   f"({unit.run.dir}); give --sequential")
         self.units_run += len(units)
-        t0 = time.perf_counter()
-        print(f"{what}: {len(units)} units as trials of one program ...", flush=True)
-        s = train(cfg, [task_for(c) for c in cfgs])
-        if not s.get("done"):
-            raise RunFailed(f"{what} stopped at step {s['step']} before the end; run the "
-                            f"command again to resume")
-        print(f"{what}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+        s = trained(f"{what}: {len(units)} units as trials of one program", train, cfg,
+                    [task_for(c) for c in cfgs])
         out = []
         for k, unit in enumerate(units):
             export_trial(cfg.run.dir, k, task_for, unit.run.dir)
@@ -306,14 +339,56 @@ class PlannedExperiment:
 
     @classmethod
     def open(cls, out: Path, plan, check=None):
-        """The experiment in `out`, its plan saved there by the first command (`plan`, checked
-        against the saved one by every later command); `check(experiment)` runs before
-        anything is written, so that its refusal leaves no trace."""
-        plan, saved = saved_plan(out, cls.PLAN_FILE, plan, cls.PLAN)
+        """The experiment in `out`, its plan saved there by the first command (`plan`; a later
+        command's, if given, must equal it: another is refused naming the fields that differ);
+        `check(experiment)` runs before anything is written, so that its refusal leaves no
+        trace."""
+        path = out / cls.PLAN_FILE
+        saved = path.is_file()
+        if saved:
+            first = cls.PLAN.from_json(json.loads(path.read_text()))
+            if plan is not None and plan != first:
+                diff = [k for k, v in plan.to_json().items() if first.to_json()[k] != v]
+                raise ConfigError(f"{diff[0]}: {out} holds an experiment with another plan "
+                                  f"(differs in {', '.join(diff)}); use another --out")
+            plan = first
+        elif plan is None:
+            raise FileNotFoundError(f"no experiment in {out} (expected {path}); start it with "
+                                    f"`run`")
         exp = cls(out, plan)
         if check is not None:
             check(exp)
         if not saved:
             out.mkdir(parents=True, exist_ok=True)
-            (out / cls.PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2))
+            path.write_text(json.dumps(plan.to_json(), indent=2))
         return exp
+
+    @classmethod
+    def from_args(cls, args, plan):
+        """(the experiment in --out, the executor its flags ask for), every flag checked before
+        anything is written: a unit's name given only to `unit` and one of the plan, a
+        grouping the plan can take."""
+        if (args.command == "unit") != bool(args.name):
+            raise ConfigError("unit NAME: give the unit's name (and only to `unit`)")
+        executor = executor_from_args(args)
+
+        def check(exp) -> None:
+            if (g := per_group(args)) is not None:  # else the class's
+                exp.per_group = g
+            names = [u.name for u in exp.schedule()]  # refuses a grouping the plan cannot take
+            if args.command == "unit" and args.name not in names:
+                exp.run_unit(args.name)  # the one-line refusal
+        return cls.open(Path(args.out), plan, check), executor
+
+    def common_command(self, args, executor) -> bool:
+        """The commands every experiment has: `plan`, `unit NAME`, `run` and `all`; False for
+        another."""
+        if args.command == "plan":
+            print(json.dumps(self.plan_data(), indent=1))
+        elif args.command == "unit":
+            self.run_unit(args.name)
+        elif args.command in ("run", "all"):
+            self.run(executor, analysis=args.command == "all")
+        else:
+            return False
+        return True

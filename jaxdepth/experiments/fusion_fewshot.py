@@ -29,17 +29,14 @@ quiet_interrupts(__name__ == "__main__")  # a command: before the imports that s
 import argparse
 import functools
 import json
-import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import FUSION_MODES, Config, ConfigError, apply_overrides
 from ..models.fusions import fusion_methods, own_settings
-from ..errors import RunFailed, run_main
-from .depth_sweep import _nested, _overrides
-from .executors import add_executor_args, executor_from_args, per_group
-from .experiment import PlannedExperiment, Unit, start_unit_process
+from .executors import add_executor_args
+from .experiment import (PlanData, PlannedExperiment, Unit, command_main, nested, overrides,
+                         start_unit_process, trained)
 
 # Few-shot fine-tuning as docs/design.md §4: AdamW, linear decay to 0, lr 5e-5, batch 16.
 # Every optimizer field is pinned (β2 0.99, ε 1e-8, clipping 1.0: the values docs/fusion.md's
@@ -73,7 +70,7 @@ PRESETS = {
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(PlanData):
     ner_dir: str
     backbone: str = ""  # HF directory or run; empty: pretrain one from `pretrain`
     methods: tuple[str, ...] = fusion_methods()  # every method of models/fusions/
@@ -97,13 +94,6 @@ class Plan:
             raise ConfigError(f"trials: must be >= 1, got {self.trials}")
         if not self.backbone and not self.pretrain:
             raise ConfigError("backbone: give --backbone DIR, or a preset that pretrains one")
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Plan":
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 class Experiment(PlannedExperiment):
@@ -140,8 +130,8 @@ class Experiment(PlannedExperiment):
                         f"ner-{method}-{mode}",
                         f"{method} {mode} at N-shot {sorted({n for n, _ in g})}, "
                         f"trials {sorted({t for _, t in g})}", after,
-                        functools.partial(self.cell, method, mode, g),
-                        functools.partial(lambda r: set(r) <= self.finished(), names)))
+                        functools.partial(self.cell, method, mode, g), self.all_done(names),
+                        results=names))
         units.append(Unit("report", "the table and figures over the trials",
                           tuple(u.name for u in units), self.report, lambda: False,
                           analysis=True))
@@ -155,7 +145,7 @@ class Experiment(PlannedExperiment):
             corpus = self.out / "pretrain_corpus.txt"
             if not corpus.is_file():
                 write_corpus(self.plan.ner_dir, corpus)
-            cfg = apply_overrides(Config(), _nested({**self.plan.pretrain,
+            cfg = apply_overrides(Config(), nested({**self.plan.pretrain,
                                                       "data.corpus": str(corpus),
                                                       "run.dir": str(run), "run.progress": False}))
             _timed("pretraining the backbone", cfg)
@@ -170,7 +160,7 @@ class Experiment(PlannedExperiment):
                 # the settings only this method reads (Base+n's extra_layers), from the plan
                 **{f"fusion.{k}": v for k, v in own_settings(method, self.plan).items()}}
         flat.setdefault("run.save_every", flat.get("run.steps", Config().run.steps))
-        return apply_overrides(Config(), _nested(flat))
+        return apply_overrides(Config(), nested(flat))
 
     def cell(self, method: str, mode: str, units: list[tuple[int, int]]) -> None:
         """The (N-shot, trial) units of a {method, mode} cell not done yet: every one of the
@@ -238,12 +228,7 @@ def write_corpus(ner_dir: str, path: Path, per_doc: int = 8) -> None:
 
 def _timed(what: str, cfg: Config) -> dict:
     from ..tasks import train
-    t0 = time.perf_counter()
-    out = train(cfg)
-    if not out.get("done"):
-        raise RunFailed(f"{what} stopped at step {out['step']}; run the command again")
-    print(f"{what}: {time.perf_counter() - t0:.0f} s", flush=True)
-    return out
+    return trained(what, train, cfg)
 
 
 def parse(argv):
@@ -279,21 +264,13 @@ def plan_from_args(args) -> Plan | None:
                 modes=tuple(args.modes or FUSION_MODES),
                 shots=tuple(args.shots or pre["shots"]), trials=args.trials or pre["trials"],
                 extra_layers=args.extra_layers,
-                finetune={**pre["finetune"], **_overrides(args.finetune, "--finetune")},
+                finetune={**pre["finetune"], **overrides(args.finetune, "--finetune")},
                 pretrain={} if args.backbone else
-                {**pre["pretrain"], **_overrides(args.pretrain, "--pretrain")})
+                {**pre["pretrain"], **overrides(args.pretrain, "--pretrain")})
 
 
 def main(argv=None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
-    return run_main(lambda: _advised(args), debug=args.debug)  # a user's error: one line, exit 2
-
-
-def _advised(args) -> int:
-    from ..trainer.run_lock import OUT_ADVICE, advising
-
-    with advising(OUT_ADVICE):  # a unit's run in use: another experiment on this --out
-        return _run(args)
+    return command_main(parse, _run, argv)
 
 
 def _run(args) -> int:
@@ -301,25 +278,8 @@ def _run(args) -> int:
     plan = plan_from_args(args)
     if args.command in ("run", "all") and plan is None:
         raise ConfigError("--ner-dir: required to start or continue `run`")
-    if (args.command == "unit") != bool(args.name):
-        raise ConfigError("unit NAME: give the unit's name (and only to `unit`)")
-    executor = executor_from_args(args)  # refused before the plan is written
-
-    def configure(exp: Experiment) -> None:
-        if (g := per_group(args)) is not None:  # else the class's: every unit of a cell
-            exp.per_group = g
-        names = [u.name for u in exp.schedule()]  # refuses a grouping the plan cannot take
-        if args.command == "unit" and args.name not in names:
-            exp.run_unit(args.name)  # the one-line refusal, before anything is written
-
-    exp = Experiment.open(Path(args.out), plan, configure)
-    if args.command == "plan":
-        print(json.dumps(exp.plan_data(), indent=1))
-    elif args.command == "unit":
-        exp.run_unit(args.name)
-    elif args.command in ("run", "all"):
-        exp.run(executor, analysis=args.command == "all")
-    else:
+    exp, executor = Experiment.from_args(args, plan)
+    if not exp.common_command(args, executor):
         exp.report()
     return 0
 

@@ -20,8 +20,7 @@ from ..analysis.fusion_params import markdown, param_table
 from ..config import Config, apply_overrides
 
 
-def abstract_backbone(source: str = "", layers: int = 12, d_model: int = 768, heads: int = 12,
-                      vocab: int = 30522):
+def abstract_backbone(source: str, layers: int, d_model: int, heads: int, vocab: int):
     """The backbone a source describes, shapes only (nothing is allocated or read but configs)."""
     from ..tasks.backbones import build_backbone
     over = {"task": {"init_from": source}} if source else {

@@ -3,16 +3,13 @@
 The local executor's pool (executors.py): `--workers N` starts each unit of the plan (a
 depth's pretraining or fine-tuning on a task of a group of seeds) as its experiment's
 `unit NAME` command, at most N at once, each once the units it reads are done (a fine-tuning
-after its pretraining), its output in DIR/logs/NAME.log. Each writes its results
-(DIR/results/<name>.json). A worker stops with a save when its parent dies, and the parent
-forwards SIGTERM and SIGINT to its workers (_Forward); the workers stay in the parent's
-process group, so a terminal's Ctrl-C or `kill -STOP` reaches them all. Workers get XLA's
-one-thread flags (ONE_THREAD), which jax 0.10 follows for its Eigen ops but not for its
-matmuls: those still use every core. So unpinned workers share the cores and compute what
-one process does, but for the last bits of some Eigen ops; with `pin` each keeps to a core of
-its own, with one core's rounding, which is what makes a second worker pay on a small CPU
-(docs/depth.md, the measurements). A run resumes bit for bit only as it started, pinned or
-not.
+after its pretraining), its output in DIR/logs/NAME.log. A worker stops with a save when its
+parent dies, and the parent forwards SIGTERM and SIGINT to its workers (_Forward); the
+workers stay in the parent's process group, so a terminal's Ctrl-C or `kill -STOP` reaches
+them all. Workers get XLA's one-thread flags (ONE_THREAD), which jax follows for its Eigen
+ops but not for its matmuls: unpinned workers share the cores and compute what one process
+does, but for the last bits of some Eigen ops; with `pin` each keeps to a core of its own,
+with one core's rounding. A run resumes bit for bit only as it started, pinned or not.
 """
 from __future__ import annotations
 
@@ -30,8 +27,8 @@ from ..config import ConfigError
 from ..errors import Interrupted, RunFailed
 
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-# The core a pinned worker keeps to. XLA's CPU client sizes its thread pool by the cores the
-# process may run on; with ONE_THREAD alone a worker's matmul loop ran at 180% CPU on 2 cores.
+# The core a pinned worker keeps to (XLA's CPU client sizes its thread pool by the cores the
+# process may run on).
 CPU_ENV = "JAXDEPTH_WORKER_CPU"
 # The parent's pid: a worker stops when it is gone (as_worker).
 PARENT_ENV = "JAXDEPTH_WORKER_PARENT"
@@ -95,9 +92,9 @@ def _cores(n: int) -> list[int]:
     return sorted(os.sched_getaffinity(0))[:n]
 
 
-def check_workers(n: int, pin: bool = False) -> int:
-    """n, if it is a number of CPU processes this machine can run (pinned if `pin`); else a
-    ConfigError."""
+def check_workers(n: int, pin: bool = False) -> None:
+    """A ConfigError unless n is a number of CPU processes this machine can run (pinned if
+    `pin`)."""
     if n < 1:
         raise ConfigError(f"--workers: {n}; give at least 1")
     if pin and n < 2:
@@ -115,7 +112,6 @@ def check_workers(n: int, pin: bool = False) -> int:
         raise ConfigError(f"--workers {n}: the groups would share one {jax.default_backend()} "
                           "device; on an accelerator the seeds of a group already share it "
                           "as trials (leave --workers out)")
-    return n
 
 
 def worker_env(cpu: int | str | None, parent: int | None = None) -> dict:
