@@ -249,7 +249,9 @@ def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
     after its first EOS (later slots hold pad_id); the loop ends once every row has stopped,
     under vmap (trials side by side) every row of every member: the predicate is reduced over
     the vmapped axes (``unvmap_all``), as a batched one would select every carry, KV caches
-    included, on every token. A member whose rows have all stopped only writes pad_id.
+    included, on every token (about 2x slower on the CPU than decoding the members one by
+    one). A member whose rows have all stopped only writes pad_id, so each member's tokens
+    are its own either way.
     """
     B, T = prompt_BT.shape
     # Cast (and pad) the layer weights once, not on every decoded token.
@@ -262,7 +264,7 @@ def generate(model: DecoderLM, prompt_BT: Array, lengths_B: Array, max_new: int,
     done = jnp.zeros_like(logits_BV, shape=(B,), dtype=bool)
     # One token per step runs the layers one by one, each with its own cache buffer in the
     # loop carry, which XLA updates in place (a scan over the stacked cache would copy all of
-    # it on every token; benchmarks/README.md). The prompt goes through `extend`'s scan, once.
+    # it on every token: docs/design.md §2). The prompt goes through `extend`'s scan, once.
     layers = model.layer_list()
     caches = tuple((cache.k_LBSNH[i], cache.v_LBSNH[i]) for i in range(len(layers)))
 

@@ -472,8 +472,9 @@ def _realize_clause(cl: Clause, prefix: str, out: list) -> str:
 
 def realize(cl: Clause, voice: Literal["active", "passive"] = "active") -> Sentence:
     """The sentence of a tree, generated or hand-built (e.g.
-    ``realize(Clause("see", "past", NP("cat", "a"), NP("dog", "the")))``); a passive needs a
-    direct object (`to_passive`)."""
+    ``realize(Clause("see", "past", NP("cat", "a"), NP("dog", "the")))``; a hand-built tree is
+    not checked against the grammar); any voice but "active" is the passive, which needs a
+    direct object (`to_passive` checks it)."""
     out: list = []
     if voice == "active":
         lf = _realize_clause(cl, "", out)
