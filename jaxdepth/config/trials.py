@@ -1,8 +1,9 @@
 """The trial grid: the ``trials`` section (values of a setting tried side by side, as trials
 of one compiled program, trainer/trials.py), the grid product of its lists and run.seeds
-(``trial_grid``), the settings each trial sets for itself (``per_trial``) and each trial's
-own config (``trial_configs``). A ``cfg`` here is a config.Config (this module is imported by
-config.py, so it names that class only in prose)."""
+(``trial_grid``), the settings each trial sets for itself (``per_trial``), each trial's own
+config (``trial_configs``) and the settings the trials' configs differ in (``varying``). A
+``cfg`` here is a config.Config (this module is imported by config.py, so it names that class
+only in prose)."""
 from __future__ import annotations
 
 import itertools
@@ -81,7 +82,6 @@ TRIAL_FIELDS = {"lr": ("optim.lr", float), "weight_decay": ("optim.weight_decay"
                 "fusion_dropout": ("fusion.dropout", float), "tau": ("act.tau", float)}
 
 
-
 # In task.init_from or data.tokenizer: replaced by each trial's run.seed (a solo run's own), so
 # that trial k starts from the pretraining run of its own seed (runs/pre-s{seed}), and a trial's
 # config run solo is that trial.
@@ -121,6 +121,26 @@ def per_trial(cfg) -> dict[str, str]:
 
 def optim_per_trial(cfg) -> frozenset[str]:
     return frozenset(s.split(".")[1] for s in per_trial(cfg) if s.startswith("optim."))
+
+
+def setting_value(cfg, setting: str):
+    """cfg's value of a ``section.field`` setting."""
+    sec, name = setting.split(".")
+    return getattr(getattr(cfg, sec), name)
+
+
+def varying(cfgs: list) -> list[str]:
+    """The settings (``section.field``) whose values differ between the trials' configs
+    (task.seed not, where it is every trial's run.seed)."""
+    fields = [f for f, _ in TRIAL_FIELDS.values()] + ["run.seed"]
+    if all(c.task.seed == c.run.seed for c in cfgs):  # trials.task_seed "seed": the seed's
+        fields.remove("task.seed")
+    return [f for f in fields if len({setting_value(c, f) for c in cfgs}) > 1]
+
+
+def own_pretrained(cfgs: list) -> bool:
+    """Whether each trial starts from its own pretrained run (task.init_from "...{seed}")."""
+    return len({c.task.init_from for c in cfgs}) > 1
 
 
 def trial_configs(cfg) -> list:

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array
 
 from ..config import Config
+from ..config.trials import own_pretrained, setting_value, varying
 from ..models.trial_axis import Models, over_trials, select, shared_spec, stack
 from ..models.trial_tracing import DROPOUT_SETTINGS, Keep, trial_values
 from . import sharding as shd
@@ -83,22 +84,6 @@ def init_one(cfg: Config, tx: optax.GradientTransformation, task: Task, given=No
                       jax.random.key_data(jax.random.fold_in(key, 1)), {}, jnp.bool_(False))
 
 
-def varying(cfgs: list[Config]) -> list[str]:
-    """The settings (``section.field``) whose values differ between the trials (task.seed
-    not, where it is every trial's run.seed)."""
-    from ..config.trials import TRIAL_FIELDS
-
-    fields = [f for f, _ in TRIAL_FIELDS.values()] + ["run.seed"]
-    if all(c.task.seed == c.run.seed for c in cfgs):  # trials.task_seed "seed": the seed's
-        fields.remove("task.seed")
-    return [f for f in fields if len({value(c, f) for c in cfgs}) > 1]
-
-
-def value(cfg: Config, setting: str):
-    sec, name = setting.split(".")
-    return getattr(getattr(cfg, sec), name)
-
-
 def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
     """float32[K] per varying setting the step reads (TrainState.hparams). A dropout rate is
     carried as 1 - rate, computed in float64 as a solo run's Python float is."""
@@ -106,7 +91,7 @@ def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
 
     out = {}
     for f in varying(cfgs):
-        values = np.asarray([value(c, f) for c in cfgs], np.float64)
+        values = np.asarray([setting_value(c, f) for c in cfgs], np.float64)
         if f in OPTIM_HPARAMS:
             out[OPTIM_HPARAMS[f]] = values.astype(np.float32)
         elif f in DROPOUT_SETTINGS:
@@ -114,11 +99,6 @@ def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
         elif f in SCALAR_SETTINGS:
             out[f] = values.astype(np.float32)
     return out
-
-
-def own_pretrained(cfgs: list[Config]) -> bool:
-    """Whether each trial starts from its own pretrained run (task.init_from "...{seed}")."""
-    return len({c.task.init_from for c in cfgs}) > 1
 
 
 def _shared_spec(cfgs: list[Config], task: Task, model) -> Any:

@@ -34,7 +34,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ..config import Config, ConfigError, MeshConfig
-from ..config.trials import trial_configs
+from ..config.trials import own_pretrained, setting_value, trial_configs, varying
 from ..errors import warn
 from ..files import write_whole
 from ..data.corpus.pipeline import lm_iterator
@@ -63,13 +63,14 @@ def data_dir(run_dir: Path, cfgs: list[Config], k: int) -> Path:
     """Where trial k's task prepares its data: the run directory, shared with trial 0, unless
     its DATA_SETTINGS differ from trial 0's (then its own trial directory, as its solo run
     would prepare it)."""
-    own = any(st.value(cfgs[k], f) != st.value(cfgs[0], f) for f in DATA_SETTINGS)
+    own = any(setting_value(cfgs[k], f) != setting_value(cfgs[0], f) for f in DATA_SETTINGS)
     return trial_dir(run_dir, k) if own else Path(run_dir)
 
 
 def settings(cfg: Config, fields: list[str]) -> dict:
     """{setting: value} of what sets this trial apart (run.seed always)."""
-    return {f: st.value(cfg, f) for f in ["run.seed"] + [f for f in fields if f != "run.seed"]}
+    return {f: setting_value(cfg, f)
+            for f in ["run.seed"] + [f for f in fields if f != "run.seed"]}
 
 
 class Batches:
@@ -112,7 +113,7 @@ class Trials:
         self.cfgs, self.tasks, self.mesh = cfgs, tasks, mesh
         self.k = len(cfgs)
         self.several = self.k > 1  # what a run of one does not name (the module docstring)
-        self.fields = st.varying(cfgs)  # [] for one trial: nothing sets it apart
+        self.fields = varying(cfgs)  # [] for one trial: nothing sets it apart
         self.names = [", ".join(f"{f}={v}" for f, v in settings(c, self.fields).items())
                       for c in cfgs]  # "run.seed=1, optim.lr=0.003"
         self._vmaps = None  # vmaps_evaluation, once decided
@@ -164,7 +165,7 @@ class Trials:
         """(a fresh state placed with `shardings`, whether its weights are all fresh): each
         trial's weights those of a solo run of its seed, with its task's pretrained arrays."""
         model = st.abstract_model(abstract)
-        if st.own_pretrained(self.cfgs):
+        if own_pretrained(self.cfgs):
             pretrained = [t.initial_model(self.mesh, model) for t in self.tasks]
             fresh = all(p is None for p in pretrained)
         else:
