@@ -249,6 +249,6 @@ def check_saves(mngr: ocp.CheckpointManager, saving: int, at_step: int,
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:
-    write_whole(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+    write_whole(run_dir / "config.json", cfg.to_json())
 
 
