@@ -94,7 +94,7 @@ class Records:
             watch(step, rows)
         for k, r in enumerate(rows):
             self.history[k].update(train_loss=r["loss"])
-            # (a run of one reports no "frozen": its step stops the run at a non-finite value)
+            # (a run of one reports no "frozen": NonFinite stops it at a non-finite value)
             if self.stuck and not r.get("frozen"):
                 self.stuck[k](step, r)
         rates = self.throughput.rates(step)

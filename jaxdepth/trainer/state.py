@@ -6,10 +6,10 @@ vmapped when K > 1, called on the trial itself when K = 1 (make_step). What vari
 trials goes in as arrays: the seed, the settings that vary (``hparams``: the schedule and
 weight decay are built from them inside the step; dropout rates and ACT's ponder weight reach
 the model through trial_tracing), and each trial's batches. A trial whose values turn
-non-finite is frozen: its update is masked and the others go on. Arrays every trial holds
-alike and never trains (a frozen pretrained backbone) are kept once, outside the trial axis
-(``TrainState.shared``). The trial axis's placement on a mesh is sharding.py's
-(trial_mesh_axis).
+non-finite is frozen: its update is masked and the others go on (a run of one stops).
+Arrays every trial holds alike and never trains (a frozen pretrained backbone) are kept once,
+outside the trial axis (``TrainState.shared``). The trial axis's placement on a mesh is
+sharding.py's (trial_mesh_axis).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class TrainState(eqx.Module):
     # setting, the setting's name for one a model reads (a dropout rate as its keep
     # probability 1 - rate); {} when nothing varies
     hparams: dict
-    frozen: Array  # bool[K]: trials stopped by a non-finite value; their updates are masked
+    frozen: Array  # bool[K]: trials stopped by a non-finite value; K > 1 masks their updates
     # the arrays every trial holds alike and never trains, once (no trial axis): a
     # model-shaped pytree holding them, None elsewhere; None when the trials share nothing
     shared: Any = None
@@ -348,8 +348,8 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
 
     # A run of one (the other place it is told apart is checkpoint.py's layout): its trial
     # axis is taken off before the jitted step and put back after (`take` and `put` donate
-    # the state: XLA reuses its buffers), and a non-finite value is not masked (it stops the run:
-    # watchers.NonFinite). Done as for K trials, a vmap of one would change XLA's kernels on
+    # the state: XLA reuses its buffers), and a non-finite value is not masked (it stops the
+    # run: watchers.NonFinite). Done as for K trials, a vmap of one would change XLA's kernels on
     # the CPU, and the axis inside the program or the mask how the step is partitioned over
     # a model axis: either, the last bits of what a run of one computes (docs/design.md §6).
     # The step is jitted on the state's arrays (its other leaves bound at the first call), so
@@ -377,7 +377,8 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
 
     def arrays_of(state: TrainState) -> TrainState:
         arrays, others = eqx.partition(state, eqx.is_array)
-        rest[:] = rest or [others]
+        if not rest:  # bound once: each later state is the step's own, with these same leaves
+            rest.append(others)
         return arrays
 
     def call(state: TrainState, batch):
@@ -390,8 +391,8 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
                              batch)
         mine = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=s),
                             own(arrays), own(solo))
-        whole = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                            sharding=x.sharding), arrays.shared)
+        whole = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                             arrays.shared, solo.shared)  # placed as take places them
         return step.lower(taken, shared(mine, whole))
 
     return with_compile_check(call, lower, on_compile)

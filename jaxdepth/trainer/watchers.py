@@ -42,9 +42,9 @@ def non_finite(step: int, m: dict) -> str | None:
 
 
 class NonFinite:
-    """A trial whose values turn non-finite is frozen (its update masked by the step:
-    trials.py) and named once; the run stops when every trial is, which for a run of one is
-    at once. A state whose values are not finite is never checkpointed."""
+    """A trial whose values turn non-finite is frozen (with K > 1 trials its update masked by
+    the step: state.make_step) and named once; the run stops when every trial is, which for a
+    run of one is at once. A state whose values are not finite is never checkpointed."""
 
     def __init__(self, trials, mngr, checkpoints: Path):
         self.trials, self.mngr, self.checkpoints = trials, mngr, checkpoints
