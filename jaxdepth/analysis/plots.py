@@ -77,12 +77,14 @@ def _lines_vs_depth(series: Mapping[str, dict], missing: str):
 
 
 def save_png(fig, path: str | Path) -> Path:
-    """The figure as a PNG at `path` (its folder made), then closed."""
+    """The figure as a PNG at `path` (its folder made), then closed, written or not."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(path, dpi=DPI)
+    finally:  # pyplot keeps every open figure: a long run would hold each failed one
+        plt.close(fig)
     return path
 
 

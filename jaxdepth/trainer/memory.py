@@ -276,17 +276,21 @@ def _where(mesh) -> tuple[list, bool, int]:
 
 
 def with_compile_check(call, lower, on_compile):
-    """run(state, batch): call(state, batch), the jitted step. on_compile(compiled, state,
-    batch), if given, sees the step compiled for its first call (lower(state, batch), which
-    lowers it without running it, compiled) before that call runs, and may refuse it by
-    raising (step_check below): the state is still whole. The jit cache serves the call, so
-    the step is still traced and compiled once. ``run.lower`` is `lower`."""
-    pending = [on_compile]
+    """run(state, batch): call(state, batch), the jitted step. Its first call lowers it
+    first (lower(state, batch): traced without running), so that an error in tracing leaves
+    the state whole (a run of one's call donates it before its step is traced). on_compile(
+    compiled, state, batch), if given, sees that lowering compiled before the call runs, and
+    may refuse it by raising (step_check below): the state is still whole. The jit cache
+    serves the call, so the step is still traced and compiled once. ``run.lower`` is
+    `lower`."""
+    first = [True]
 
     def run(state, batch):
-        if pending[0] is not None:
-            check, pending[0] = pending[0], None
-            check(lower(state, batch).compile(), state, batch)
+        if first[0]:
+            first[0] = False
+            lowered = lower(state, batch)
+            if on_compile is not None:
+                on_compile(lowered.compile(), state, batch)
         return call(state, batch)
 
     run.lower = lower

@@ -379,6 +379,9 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
         arrays, others = eqx.partition(state, eqx.is_array)
         if not rest:  # bound once: each later state is the step's own, with these same leaves
             rest.append(others)
+        elif not _same(others, rest[0]):
+            raise ValueError("make_step: a run of one's state changed its non-array leaves "
+                             "(its structure or a static value) since the step's first call")
         return arrays
 
     def call(state: TrainState, batch):
@@ -396,6 +399,13 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
         return step.lower(taken, shared(mine, whole))
 
     return with_compile_check(call, lower, on_compile)
+
+
+def _same(a, b) -> bool:
+    """Whether two pytrees have one structure and equal leaves (the non-array ones)."""
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    return ta == tb and all(x is y or x == y for x, y in zip(la, lb))
 
 
 def start(cfgs: list[Config], tasks: list[Task], mesh: Mesh, pretrained=None,

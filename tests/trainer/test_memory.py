@@ -108,6 +108,25 @@ def test_refuses_a_step_over_the_limit_by_xla_s_estimate_and_runs_one_at_it(setu
     assert (ev.traces, ev.compiles) == (1, 1)
 
 
+def test_a_run_of_one_s_step_refuses_before_donating_the_state(setup):
+    # without the memory check: a batch the objective cannot trace fails in the first call's
+    # lowering, before the run of one's `take` donates the caller's state
+    _, _, make = setup
+    step_fn, state, batch = make()
+    with pytest.raises(KeyError):
+        step_fn(state, {k: v for k, v in batch.items() if k != "targets"})
+    assert not any(x.is_deleted() for x in jax.tree.leaves(state))
+    # its non-array leaves are bound at the first call: a state that changes them is refused
+    state, _ = step_fn(state, batch)
+    changed = type(state)(state.step, state.model, state.opt_state, state.key, state.hparams,
+                          state.frozen, "not the step's own")
+    with pytest.raises(ValueError, match="changed its non-array leaves"):
+        step_fn(changed, batch)
+    assert not any(x.is_deleted() for x in jax.tree.leaves(state))
+    state, _ = step_fn(state, batch)
+    assert int(state.step[0]) == 2
+
+
 def test_the_environment_variable_skips_the_check(setup, monkeypatch):
     cfg, mesh, make = setup
     assert memory.step_check(cfg, mesh) is not None
