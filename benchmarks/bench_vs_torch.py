@@ -3,7 +3,7 @@
 The PyTorch side is a from-scratch T5.1.1 decoder-only LM (docs/design.md §2): pre-RMSNorm, no
 biases, gated-GELU (tanh) MLP, causal T5 relative position bias (32 buckets, max distance 128)
 shared by all layers, untied embedding / output projection, query kernel scaled at init;
-AdamW (no decay on norm scales, as ``jaxdepth.optim.decay_mask``), global-norm clipping
+AdamW (no decay on norm scales, as ``jaxdepth.models.declared.decay_mask``), global-norm clipping
 1.0, cross-entropy over the full vocabulary. It starts from jaxdepth's initial weights (copied),
 so both sides train the same model on the same batch and their first losses must agree.
 

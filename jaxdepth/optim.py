@@ -61,11 +61,6 @@ class Optimizer(Registered):
                          mask=mask)
 
 
-def optimizer(name: str) -> type[Optimizer]:
-    """The optimizer called ``name``; a ConfigError naming optim.name for any other name."""
-    return OPTIMIZERS(name)
-
-
 class Adafactor(Optimizer):
     """t5x's defaults: factored second moments, update clipping 1.0, decay 0.8, no momentum,
     a learning rate relative to each parameter's RMS. It reads none of b1, b2, eps."""
@@ -99,12 +94,12 @@ class Lion(Optimizer):
 
 # ----------------------------------------------------------------------------- schedules
 
-_SCHEDULES: Choices[type["Schedule"]] = Choices("schedule", "optim.schedule")
+SCHEDULES: Choices[type["Schedule"]] = Choices("schedule", "optim.schedule")
 
 
 class Schedule(Registered):
     NAME: ClassVar[str]  # the value of optim.schedule
-    REGISTRY = _SCHEDULES
+    REGISTRY = SCHEDULES
 
     @classmethod
     def defined(cls) -> None:
@@ -128,11 +123,6 @@ class Schedule(Registered):
     @classmethod
     def check(cls, cfg) -> None:
         """Refuse (ConfigError naming the field) settings this schedule cannot run with."""
-
-
-def schedule_class(name: str) -> type[Schedule]:
-    """The schedule called ``name``; a ConfigError naming optim.schedule for any other."""
-    return _SCHEDULES(name)
 
 
 class Constant(Schedule):
@@ -210,14 +200,7 @@ def schedule(cfg, total_steps: int, lr=None) -> optax.Schedule:
     """Learning rate as a function of the optimizer step: cfg's schedule class
     (above); lr: in place of cfg.lr, e.g. a trial's, traced under vmap
     (trainer/trials.py)."""
-    return schedule_class(cfg.schedule).build(cfg, total_steps, cfg.lr if lr is None else lr)
-
-
-def decay_mask(params):
-    """Whether weight decay applies to each parameter, as the model declares it where the
-    parameter is created (models/declared.py): not on norm scales and biases nor on biases
-    (BERT / ALBERT practice)."""
-    return params.decay_mask()
+    return SCHEDULES(cfg.schedule).build(cfg, total_steps, cfg.lr if lr is None else lr)
 
 
 def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -240,13 +223,10 @@ def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTrans
 def make_optimizer(cfg, total_steps: int, lr=None,
                    weight_decay=None) -> optax.GradientTransformation:
     """cfg's optimizer; lr / weight_decay: in place of cfg's (a trial's values, which may be
-    traced arrays: the state's layout does not depend on them)."""
-    return _standard_promotion(_make_optimizer(cfg, total_steps, lr, weight_decay))
-
-
-def _make_optimizer(cfg, total_steps: int, lr, weight_decay):
-    opt = optimizer(cfg.name).build(cfg, schedule(cfg, total_steps, lr), weight_decay,
-                                    decay_mask)
+    traced arrays: the state's layout does not depend on them). Weight decay applies where the
+    model declares it (models/declared.py: not on norm scales nor on biases)."""
+    opt = OPTIMIZERS(cfg.name).build(cfg, schedule(cfg, total_steps, lr), weight_decay,
+                                     lambda params: params.decay_mask())
     if cfg.clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
-    return opt
+        opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
+    return _standard_promotion(opt)

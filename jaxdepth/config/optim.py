@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from . import run_kinds
 from ..errors import ConfigError
 from ..fields import check_reads, positive, require
-from ..optim import OPTIMIZERS, OWN_FIELDS, optimizer, schedule_class
+from ..optim import OPTIMIZERS, OWN_FIELDS, SCHEDULES
 
 
 # The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/config/run_kinds/). Left
@@ -53,7 +53,7 @@ class OptimConfig:
         recipe = run_kinds.default_recipe()  # a standalone OptimConfig: the default run's
         for f in unset - set(OWN_FIELDS):
             object.__setattr__(self, f, recipe[f])
-        opt = optimizer(self.name)  # a ConfigError naming optim.name
+        opt = OPTIMIZERS(self.name)  # a ConfigError naming optim.name
         unread = frozenset(OWN_FIELDS) - set(opt.DEFAULTS)
         # A field the optimizer does not read stays None, taken from no recipe; while the
         # optimizer is the recipe's, the run kind's may still change it (with_recipe).
@@ -63,7 +63,7 @@ class OptimConfig:
             object.__setattr__(self, f, own.get(f, opt.DEFAULTS[f]))
         # A choice left to the recipe may still become the run kind's (with_recipe), which may
         # read what this one does not: only a choice made refuses a field it does not read.
-        sched = schedule_class(self.schedule)  # a ConfigError naming optim.schedule
+        sched = SCHEDULES(self.schedule)  # a ConfigError naming optim.schedule
         for choice in ("name", "schedule"):
             if choice not in unset:
                 check_reads(self, "optim", choice)
@@ -88,7 +88,7 @@ class OptimConfig:
                               f"--optim.lr too", field="optim.lr")
         given = {f: getattr(self, f) for f in RECIPE_FIELDS if f not in self.from_recipe}
         name = given.get("name", recipe["name"])
-        reads = optimizer(name).DEFAULTS
+        reads = OPTIMIZERS(name).DEFAULTS
         unread = [f for f in OWN_FIELDS if f in given and f not in reads]
         if unread and "name" not in given:  # the user set a moment, not this optimizer
             setting = f"optim.{unread[0]}"

@@ -105,7 +105,7 @@ def test_accumulation_and_sharding_leave_the_update_alone(batch, arch):
 
 
 def test_lamb_decays_weights_only():
-    from jaxdepth.optim import decay_mask
+    from jaxdepth.models.declared import decay_mask
 
     model = act.ACTEncoder(act.ACTConfig(**ACT, vocab_size=64), key=jax.random.key(0))
     mask = decay_mask(eqx.filter(model, eqx.is_array))

@@ -12,7 +12,8 @@ from jaxdepth.models.depth_family import param_count
 from jaxdepth.models.decoder import DecoderLM
 from jaxdepth.tasks.losses import lm_loss_sums, token_nll
 from jaxdepth.models.flops import matmul_params, train_flops_per_token
-from jaxdepth.optim import decay_mask, make_optimizer, schedule
+from jaxdepth.models.declared import decay_mask
+from jaxdepth.optim import make_optimizer, schedule
 
 
 def lr_at(cfg, total, steps):
