@@ -14,6 +14,7 @@ sharding.py's (trial_mesh_axis).
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import equinox as eqx
@@ -27,7 +28,7 @@ from jaxtyping import Array
 from ..config import Config
 from ..config.trials import own_pretrained, setting_value, varying
 from ..models.trial_axis import Models, over_trials, select, shared_spec, stack
-from ..models.trial_tracing import DROPOUT_SETTINGS, Keep, trial_values
+from ..models.trial_tracing import DROPOUT_SETTINGS, SCALAR_SETTINGS, Keep, trial_values
 from . import sharding as shd
 from ..optim import make_optimizer
 from .memory import with_compile_check
@@ -87,8 +88,6 @@ def init_one(cfg: Config, tx: optax.GradientTransformation, task: Task, given=No
 def hparams(cfgs: list[Config]) -> dict[str, np.ndarray]:
     """float32[K] per varying setting the step reads (TrainState.hparams). A dropout rate is
     carried as 1 - rate, computed in float64 as a solo run's Python float is."""
-    from ..models.trial_tracing import SCALAR_SETTINGS
-
     out = {}
     for f in varying(cfgs):
         values = np.asarray([setting_value(c, f) for c in cfgs], np.float64)
@@ -113,12 +112,7 @@ def _shared_spec(cfgs: list[Config], task: Task, model) -> Any:
 def _split(state: TrainState, spec) -> tuple[TrainState, Any]:
     """(state with the shared arrays taken out of its model, the shared arrays)."""
     shared, own = eqx.partition(state.model, spec)
-    return eqx.tree_at(lambda s: s.model, state, own, is_leaf=lambda x: x is None), shared
-
-
-def _with_model(state: TrainState, model) -> TrainState:
-    return TrainState(state.step, model, state.opt_state, state.key, state.hparams,
-                      state.frozen, state.shared)
+    return replace(state, model=own), shared
 
 
 def state_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
@@ -140,10 +134,8 @@ def state_shardings(cfgs: list[Config], tx, mesh: Mesh, task: Task):
     sh = jax.tree.map(lambda s: shd.stacked(s, axis), solo)
     hp = {n: jax.ShapeDtypeStruct((k,), jnp.float32) for n in hparams(cfgs)}
     vec = NamedSharding(mesh, P(axis))
-    return (TrainState(abstract.step, abstract.model, abstract.opt_state, abstract.key, hp,
-                       abstract.frozen, shared),
-            TrainState(sh.step, sh.model, sh.opt_state, sh.key, {n: vec for n in hp}, sh.frozen,
-                       shared_sh))
+    return (replace(abstract, hparams=hp, shared=shared),
+            replace(sh, hparams={n: vec for n in hp}, shared=shared_sh))
 
 
 def abstract_model(abstract: TrainState):
@@ -179,9 +171,7 @@ def initialise(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) -
         if spec is not None:
             states, shared = zip(*(_split(s, spec) for s in states))
             shared = shared[0]
-        s = stack(states)
-        return eqx.filter_shard(TrainState(s.step, s.model, s.opt_state, s.key, hp, s.frozen,
-                                           shared), shardings)
+        return eqx.filter_shard(replace(stack(states), hparams=hp, shared=shared), shardings)
 
     return place(states, {n: jnp.asarray(v) for n, v in hparams(cfgs).items()})
 
@@ -189,23 +179,20 @@ def initialise(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) -
 def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | None = None,
                 groups: int = 1):
     """update(state, batch, tx) -> (new state, metrics): one trial's optimizer step over its
-    global batch (a state and batch without the trial axis), split into
-    cfg.optim.accum_steps micro-batches, not yet jitted (make_step applies it to every trial).
+    global batch (no trial axis), split into cfg.optim.accum_steps micro-batches; not jitted
+    (make_step applies it to every trial).
 
-    The task's objective (see trainer/task.py) gives each micro-batch's share of the batch
-    objective; shares add up to the batch value, so the update does not depend on how the
-    batch is split. If its totals have a "divisor", the objective returns sums instead and the
-    summed gradient and metrics (except "tokens") are divided by it once. micro_sharding, if
-    given, places the micro-batches. dropout: whether to draw dropout keys (default: whether
-    its model has dropout).
+    The task's objective (trainer/task.py) gives each micro-batch's share of the batch
+    objective, so the update does not depend on how the batch is split; with a "divisor" in
+    its totals it returns sums, and the summed gradient and metrics (but "tokens") are divided
+    once. micro_sharding places the micro-batches. dropout: whether to draw dropout keys
+    (default: whether the model has dropout).
 
-    groups > 1 (the data shards a trial's rows are split over, when there is more than one
-    micro-batch): each micro-batch's rows are split into that many groups (a device's rows
-    each), whose gradients are taken apart (vmapped) and accumulated apart, so that each
-    device adds up its own partial gradients and the devices reduce them once, after the
-    scan; a gradient of the whole micro-batch would be all-reduced once per micro-batch. The
-    sums are the same up to rounding (the order of the additions). Only without dropout
-    (make_step): a group's masks would differ from its rows' share of the micro-batch's."""
+    groups > 1 (a trial's rows over that many data shards, several micro-batches): each
+    micro-batch's rows are split into groups, a device's rows each, whose gradients are
+    vmapped and accumulated apart, so that the devices reduce them once, after the scan, not
+    once per micro-batch; the sums agree up to rounding. Only without dropout: a group's masks
+    would not be its rows' share of the micro-batch's (docs/design.md §6)."""
     accum = cfg.optim.accum_steps
     objective_fn, total_fn = task.objective()
     # Differentiates its first argument only: the arrays left in `static` (a frozen backbone)
@@ -261,8 +248,7 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
             sums = {k: (v if k == "tokens" else v / d) for k, v in sums.items()}
         updates, opt_state = tx.update(grads, state.opt_state, params)
         model = eqx.apply_updates(state.model, updates)
-        new = TrainState(state.step + 1, model, opt_state, state.key, state.hparams,
-                         state.frozen, state.shared)
+        new = replace(state, step=state.step + 1, model=model, opt_state=opt_state)
         # param_norm lets the loop refuse to checkpoint parameters the update made non-finite
         # (the loss of this step was computed before the update, so it cannot tell).
         metrics = dict(sums)
@@ -273,31 +259,25 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
     return update
 
 
-def _uses_dropout(task: Task) -> bool:
-    """Whether the trial's own model (its task's, built abstractly) has dropout: the step's
-    model is trial 0's, whose static rate may be 0 where another trial's is not."""
-    return eqx.filter_eval_shape(task.build_model, key=jax.random.key(0)).uses_dropout
-
-
 def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_compile=None):
     """run(state, batch [K, B, ...]) -> (state, metrics: [K] arrays, with "frozen").
 
     One jitted program: one trial's update applied to every trial, each with its own
     optimizer settings; a trial that is frozen, or whose loss, gradient norm or updated
     parameters are not finite, keeps its state (and is frozen from then on; a run of one
-    stops instead). The
-    state is donated and the new one placed with `shardings`. The objective is trial 0's
-    task's; dropout keys are drawn when any trial's model has dropout (a trial at rate 0 then
-    keeps every unit, as its solo run does without a key). See memory.with_compile_check
-    for on_compile and the returned function."""
+    stops instead). The state is donated and the new one placed with `shardings`. The
+    objective is trial 0's task's; dropout keys are drawn when any trial's own model (built
+    abstractly) has dropout: trial 0's static rate may be 0 where another's is not, and a
+    trial at rate 0 then keeps every unit, as its solo run does without a key. See
+    memory.with_compile_check for on_compile and the returned function."""
     cfg = cfgs[0]
     axis = shd.trial_mesh_axis(mesh, len(cfgs))
+    dropout = any(eqx.filter_eval_shape(t.build_model, key=jax.random.key(0)).uses_dropout
+                  for t in tasks)
     # a trial's rows over several data shards, in micro-batches: each device accumulates its
-    # own gradients (make_update's groups), except under FSDP, whose gradients are sharded
-    # over the data axis as the parameters are (reduce-scattered, per micro-batch), and with
-    # dropout, whose masks would then depend on the mesh (a run would not equal itself on
-    # another mesh, nor a solo run its trial)
-    dropout = any(map(_uses_dropout, tasks))
+    # own gradients (make_update's groups), but under FSDP (its gradients reduce-scattered per
+    # micro-batch, sharded as the parameters are) and with dropout (its masks would depend on
+    # the mesh: a run would not equal itself on another mesh, nor a solo run its trial)
     groups = mesh.shape["data"] if not axis and cfg.optim.accum_steps > 1 \
         and not cfg.mesh.fsdp and not dropout else 1
     # within a trial, its rows over the data axis unless the trials took it
@@ -307,7 +287,7 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
     def one(state: TrainState, batch, shared):
         mine = state  # this trial's own arrays
         if shared is not None:  # the trial's whole model; only its own arrays come back
-            state = _with_model(state, eqx.combine(state.model, shared))
+            state = replace(state, model=eqx.combine(state.model, shared))
         hp = state.hparams
         tx = make_optimizer(cfg.optim, cfg.run.steps,
                             **{n: v for n, v in hp.items() if n in OPTIM_HPARAMS.values()})
@@ -324,16 +304,11 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
             kept = jax.tree.map(lambda n, o: jnp.where(stop, o, n),
                                 eqx.filter(new, eqx.is_array), eqx.filter(mine, eqx.is_array))
             new = eqx.combine(kept, new)
-        new = TrainState(mine.step + 1, new.model, new.opt_state, new.key, mine.hparams, stop)
+        new = replace(new, step=mine.step + 1, hparams=mine.hparams, frozen=stop)
         return new, {**m, "frozen": stop}
 
     def own(state: TrainState) -> TrainState:  # the trials' own arrays, the shared ones apart
-        return TrainState(state.step, state.model, state.opt_state, state.key, state.hparams,
-                          state.frozen)
-
-    def shared(new: TrainState, shared) -> TrainState:
-        return TrainState(new.step, new.model, new.opt_state, new.key, new.hparams, new.frozen,
-                          shared)
+        return replace(state, shared=None)
 
     if len(cfgs) > 1:
         per_trial = over_trials(one, (True, True, False), axis_name=None)
@@ -341,38 +316,38 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
         @eqx.filter_jit(donate="all-except-first")
         def step(batch, state: TrainState):
             new, m = per_trial(own(state), batch, state.shared)
-            return eqx.filter_shard(shared(new, state.shared), shardings), m
+            return eqx.filter_shard(replace(new, shared=state.shared), shardings), m
 
         return with_compile_check(lambda state, batch: step(batch, state),
                                   lambda state, batch: step.lower(batch, state), on_compile)
 
-    # A run of one (the other place it is told apart is checkpoint.py's layout): its trial
-    # axis is taken off before the jitted step and put back after (`take` and `put` donate
-    # the state: XLA reuses its buffers), and a non-finite value is not masked (it stops the
-    # run: watchers.NonFinite). Done as for K trials, a vmap of one would change XLA's kernels on
-    # the CPU, and the axis inside the program or the mask how the step is partitioned over
-    # a model axis: either, the last bits of what a run of one computes (docs/design.md §6).
-    # The step is jitted on the state's arrays (its other leaves bound at the first call), so
-    # that it is lowered from their shapes without the trial axis: the memory check sees it
-    # compiled before `take` has donated the caller's state.
-    solo = shared(jax.tree.map(shd.unstacked, own(shardings)), shardings.shared)
+    # A run of one (told apart here and in checkpoint.py's layout; docs/design.md §6): its
+    # trial axis is taken off before the jitted step and put back after (`take` and `put`
+    # donate the state: XLA reuses its buffers), and a non-finite value is not masked but
+    # stops the run (watchers.NonFinite). A vmap of one would change XLA's kernels on the CPU,
+    # and the axis or the mask inside the program how it is partitioned over a model axis:
+    # either, the last bits of what a run of one computes. The step is jitted on the state's
+    # arrays (the other leaves bound at the first call), so that the memory check lowers it
+    # from their shapes, without the trial axis, before `take` has donated the caller's state.
+    solo = replace(jax.tree.map(shd.unstacked, own(shardings)), shared=shardings.shared)
     rows = shd.unstacked(shd.batch_sharding(mesh, 1))
     rest = []  # the state's leaves that are not arrays
 
     @eqx.filter_jit(donate="all-except-first")
     def take(batch, arrays: TrainState):
         return (jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x[0], rows), batch),
-                eqx.filter_shard(shared(select(own(arrays), 0), arrays.shared), solo))
+                eqx.filter_shard(replace(select(own(arrays), 0), shared=arrays.shared), solo))
 
     @functools.partial(jax.jit, donate_argnums=1)
     def step(batch, arrays: TrainState):
         state = eqx.combine(arrays, rest[0])
         new, m = one(own(state), batch, state.shared)
-        return eqx.filter(eqx.filter_shard(shared(new, state.shared), solo), eqx.is_array), m
+        return eqx.filter(eqx.filter_shard(replace(new, shared=state.shared), solo),
+                          eqx.is_array), m
 
     @eqx.filter_jit(donate="all")
     def put(arrays: TrainState, metrics):
-        back = shared(stack([own(arrays)]), arrays.shared)
+        back = replace(stack([own(arrays)]), shared=arrays.shared)
         return eqx.filter_shard(back, shardings), jax.tree.map(lambda x: x[None], metrics)
 
     def arrays_of(state: TrainState) -> TrainState:
@@ -396,7 +371,7 @@ def make_step(cfgs: list[Config], mesh: Mesh, shardings, tasks: list[Task], on_c
                             own(arrays), own(solo))
         whole = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                              arrays.shared, solo.shared)  # placed as take places them
-        return step.lower(taken, shared(mine, whole))
+        return step.lower(taken, replace(mine, shared=whole))
 
     return with_compile_check(call, lower, on_compile)
 
