@@ -153,13 +153,7 @@ def _start(cfg: Config, tasks: list[Task], run_dir: Path, primary: bool) -> _Run
     step_fn = trials.make_step(shardings, on_compile=step_check(cfg, mesh))
     end = cfg.run.steps if not cfg.run.stop_after else min(cfg.run.steps,
                                                             start + cfg.run.stop_after)
-    return _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter,
-                   start, end, fresh)
-
-
-def _hooked(cfg, trials, run_dir, primary, mngr, mesh, state, step_fn, data_iter, start, end,
-            fresh) -> _Run:
-    """The run with its hooks, each built from what it reads."""
+    # the hooks, each built from what it reads
     task, model = trials.tasks[0], state.models().one(0)
     # what the model answers for itself (models/declared.py), the step's share of it the task's
     flops_per_token = model.flops_per_token(cfg.data.seq_len, **task.step_flops)
