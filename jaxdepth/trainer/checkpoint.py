@@ -1,17 +1,11 @@
-"""What a checkpoint is, and its save (restore.py reads it back). Orbax CheckpointManager: one
-step = train state (in its saved layout) + data-iterator state + resolved config + the
-fingerprints of all three (the ``fingerprints`` item: one per array of the state, below; a
-SHA-256 of each process's data-iterator state file and of the config).
-
-Each array's fingerprint: Orbax's files carry no checksum of their own (TensorStore's zstd
-frames are written without one), so a flipped bit in a checkpoint can restore as a different,
-often finite, number and a run would go on from a corrupted state. It is
-``sum_i bits_i * (2 i + 1) mod 2**32`` over the array's elements' bit patterns, computed on
-the devices: any single changed bit changes it (the multiplier is odd), as does moving a
-value to another position, and it does not depend on how the array is sharded.
-
-Saves are asynchronous and atomic (Orbax writes to a temporary directory and renames on
-commit), so a run killed at any moment leaves the previous checkpoints intact.
+"""What a checkpoint is, and its save (restore.py reads it back; docs/design.md §6). An Orbax
+CheckpointManager, asynchronous and atomic (a run killed at any moment leaves the previous
+checkpoints intact): one step = train state (in its saved layout) + data-iterator state +
+resolved config + their fingerprints, a SHA-256 of each process's data-iterator state file
+and of the config, and one per array of the state, ``sum_i bits_i * (2 i + 1) mod 2**32``
+over its elements' bit patterns, computed on the devices. TensorStore's zstd frames carry no
+checksum, so a flipped bit could restore as another, often finite, number; with an odd
+multiplier any single changed bit, or a value moved, changes it, however the array is sharded.
 """
 from __future__ import annotations
 
@@ -145,18 +139,6 @@ def layouts(abstract: TrainState, shardings: TrainState):
     return _layout(abstract, k), _layout(shardings, k)
 
 
-def _data_text(batches) -> str:
-    """The text a checkpoint holds of the trials' data-iterator states (grain's handler
-    writes ``json.dumps(state, indent=4)`` of its own iterators' states, a loader's JSON bytes
-    as they are): a run of one the state of its iterator, K > 1 {"trials": [each state]}."""
-    states = batches.states()
-    if len(states) == 1:
-        s = states[0]
-        return json.dumps(s, indent=4) if isinstance(s, dict) else s.decode()
-    return json.dumps({"trials": [json.loads(s) if isinstance(s, bytes) else s
-                                  for s in states]}, indent=4)
-
-
 def data_key(process_index: int, process_count: int) -> str:
     """The fingerprints key of a process's data-iterator state: grain's file name for it."""
     return f"data/process_{process_index}-of-{process_count}.json"
@@ -172,12 +154,19 @@ def config_digest(config: dict) -> str:
 
 
 class _SavedText:
-    """What grain's CheckpointSave writes for the data iterators, computed once, so its
-    digest is the digest of the file: grain writes ``get_state().decode()`` of anything but
-    its own iterators."""
+    """What grain's CheckpointSave writes for the trials' data-iterator states, computed once,
+    so its digest is the digest of the file: grain writes ``get_state().decode()`` of anything
+    but its own iterators, and ``json.dumps(state, indent=4)`` of their states. A run of one
+    holds the state of its iterator (a loader's JSON bytes as they are), K > 1
+    {"trials": [each state]}."""
 
-    def __init__(self, batches):
-        self.text = _data_text(batches)
+    def __init__(self, states: list):
+        if len(states) == 1:
+            s = states[0]
+            self.text = json.dumps(s, indent=4) if isinstance(s, dict) else s.decode()
+        else:
+            self.text = json.dumps({"trials": [json.loads(s) if isinstance(s, bytes) else s
+                                               for s in states]}, indent=4)
 
     def get_state(self) -> bytes:
         return self.text.encode()
@@ -204,11 +193,11 @@ def open_manager(run_dir: Path, keep: int | None = None,
     return ocp.CheckpointManager(run_dir.absolute() / "checkpoints", options=options)
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, batches,
+def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, data_states: list,
          cfg: Config) -> None:
-    """Save `state` (in its saved layout) and the data iterators' states (trials.Batches, or
-    anything with ``states()``) as checkpoint `step`, asynchronously."""
-    data = _SavedText(batches)
+    """Save `state` (in its saved layout) and each trial's data-iterator state (Batches.states)
+    as checkpoint `step`, asynchronously."""
+    data = _SavedText(data_states)
     config = cfg.to_dict()
     saved = _layout(state, state.n_trials)
     record = {**fingerprints(saved), **_data_digests(data.text), CONFIG_KEY: config_digest(config)}

@@ -138,7 +138,7 @@ class Checkpoints:
 
     def save(self, step: int, state, data_iter) -> None:
         self.wait(step)
-        ckpt.save(self.mngr, step, state, data_iter, self.cfg)
+        ckpt.save(self.mngr, step, state, data_iter.states(), self.cfg)
         self.saving = step
 
     def wait(self, step: int) -> None:

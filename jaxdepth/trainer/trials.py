@@ -1,26 +1,21 @@
-"""A run's K >= 1 trials: what sets each apart, its data, its evaluation and its summary.
+"""A run's K >= 1 trials: what sets each apart, its data, its evaluation and its summary; and
+a trial exported as its own run (``export_trial``).
 
-A run with ``run.seeds`` or a ``trials`` list (config.trials.trial_grid) has K trials, each exactly
-the solo run its own config describes (config.trials.trial_configs), with its own task and so its
-own data; a run without trials is K = 1. Their state is one TrainState on a leading trial axis
-(state.py). A run of one reads as a solo run always has: its records, messages, summary and
-outputs name no trial, its outputs go to the run directory (``Trials.several`` decides only
-that, here).
+A run with ``run.seeds`` or a ``trials`` list (config.trials.trial_grid) has K trials, each
+exactly the solo run its own config describes (config.trials.trial_configs), with its own task
+and so its own data; a run without trials is K = 1. Their state is one TrainState on a leading
+trial axis (state.py). A run of one reads as a solo run always has: its records, messages,
+summary and outputs name no trial, its outputs go to the run directory (``Trials.several``
+decides only that, here).
 
-Exporting a trial (``export_trial``, below): a trial of a run with trials, exported as the
-single-trial run directory its solo run would have written: its config, every checkpoint of the
-run as that trial's own (state, data-iterator state and fingerprints of the solo layout), its
-metrics, its summary, its data. What reads a run (eval.py, task.init_from, the analyses) reads
-it unchanged, and it resumes as a solo run.
-
-An export goes to the trial's own directory (<run>/trials/<k>, where its evaluations already
-are) or to a directory outside the run that is new, empty, or an export of the same trial of the
-same run (its marker, .export.json, written before anything else there): rerunning an
-interrupted or finished export finishes or refreshes it, keeping the checkpoints and files it
-already wrote and writing config.json, metrics.jsonl and summary.json afresh from the run (as a
-re-export to <run>/trials/<k> does). Any other directory is refused before anything is written:
-the export would mix two runs' files. Of the source run, only <run>/trials/<k> is written to,
-and only when it is the destination.
+An exported trial is the single-trial run directory its solo run would have written (every
+checkpoint of the run as that trial's own, its config, metrics, summary and data): what reads
+a run reads it unchanged, and it resumes as a solo run. It goes to <run>/trials/<k> or to a
+directory outside the run that is new, empty, or an export of the same trial of the same run
+(its marker, .export.json, written first): a rerun finishes or refreshes it, keeping the
+checkpoints it wrote and writing the other files afresh. Any other directory is refused before
+anything is written (the export would mix two runs' files); of the source run, only
+<run>/trials/<k> is written to, and only when it is the destination.
 """
 from __future__ import annotations
 
@@ -267,17 +262,6 @@ def aggregate(per_trial: list[dict]) -> dict:
 
 # ----------------------------------------------------------------------------- exporting a trial
 
-class _SavedState:
-    """A trial's saved data-iterator state, handed to checkpoint.save in place of the run's
-    iterators."""
-
-    def __init__(self, state):
-        self.state = state
-
-    def states(self) -> list:
-        return [self.state]
-
-
 # Files only ever replaced whole, through a temporary file renamed over them (save_tokens,
 # Tokenizer.save), never written in place: a hard link to them stays the source run's file
 # when the exported run resumes. Any other file is copied: evals.jsonl is appended to,
@@ -418,7 +402,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
                 except Exception as e:
                     unreadable.append((step, rs.unreadable_because(e)))
                     continue
-                ckpt.save(solo, step, state.trial(k), _SavedState(data[k]), cfgs[k])
+                ckpt.save(solo, step, state.trial(k), [data[k]], cfgs[k])
                 solo.wait_until_finished()
             exported = bool(solo.all_steps())
         finally:

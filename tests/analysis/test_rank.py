@@ -134,7 +134,7 @@ def _save_checkpoint(run_dir, steps):
                               prefetch=0)])
     mngr = ckpt.open_manager(run_dir)
     for s in steps:
-        ckpt.save(mngr, s, state, it, cfg)
+        ckpt.save(mngr, s, state, it.states(), cfg)
     mngr.wait_until_finished()
     mngr.close()
     return state, cfg

@@ -503,8 +503,6 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
     # line that says so, and left where it is
     import jax.numpy as jnp
 
-    from jaxdepth.trainer.trials import _SavedState
-
     old = runs.root / "ner-shared-old-layout"
     shutil.copytree(trials, old)
     shutil.rmtree(old / "checkpoints")
@@ -514,7 +512,7 @@ def test_trials_hold_a_frozen_pretrained_backbone_once(runs, ner_args):
                         s.frozen)  # nothing shared: the backbone on the trial axis
     mngr = ckpt.open_manager(old, 1)
     data = json.loads((trials / "checkpoints" / "4" / "data" / "process_0-of-1.json").read_text())
-    ckpt.save(mngr, 4, layout, _SavedState(data), cfg)
+    ckpt.save(mngr, 4, layout, [data], cfg)
     mngr.wait_until_finished()
     mngr.close()
     err = io.StringIO()
