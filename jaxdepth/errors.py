@@ -1,21 +1,15 @@
 """What a user sees when a run cannot go on: the error types, and the one boundary that
-train.py and eval.py put around their work.
+train.py and eval.py put around their work (``run_main``).
 
-An error is the user's when their config, their files or their disk caused it (a bad value,
-a malformed, unreadable or missing file, a full or read-only disk, a run directory already in
-use). The boundary reports those as one line, ``error: <message>``, naming the file (and the
-line where there is one), with exit code 2; ``--debug`` adds the traceback. A run that stopped
-for a reason of its own (a non-finite loss) is one line with exit code 1. Anything else is a
-bug and raises with its traceback.
-
-Exit codes: 0 done (or stopped by ``run.stop_after``); ``EXIT_RUN_FAILED`` 1 a failed run;
-``EXIT_USER_ERROR`` 2 the user's error; ``EXIT_NOT_READY`` 75 an experiment's unit whose
-inputs are not there yet (``NotReady``); ``EXIT_INTERRUPTED`` 3 training stopped by SIGTERM
-or SIGINT after the step in progress, with a checkpoint of that step saved (``Interrupted``):
-rerunning the same command resumes. A code of its own, rather than the shell's 128 + signal
-number (143, 130), so that a job script can tell a stop that saved its checkpoint (3) from
-a process the signal killed before it could save (a second signal, or one that arrives
-outside the training loop: 128 + signal number, as the shell reports any death by signal).
+An error is the user's when their config, their files or their disk caused it (a bad value, a
+malformed, unreadable or missing file, a full or read-only disk, a run directory in use): one
+line, ``error: <message>``, naming the file (and the line where there is one), exit code 2;
+``--debug`` adds the traceback. A run that stopped for a reason of its own (a non-finite loss)
+is one line and exit code 1. Anything else is a bug and raises with its traceback. Exit codes:
+0 done (or stopped by ``run.stop_after``), 1, 2, 75 an experiment's unit whose inputs are not
+there yet (``NotReady``), 3 training stopped by SIGTERM or SIGINT after saving a checkpoint of
+its step (``Interrupted``): rerunning resumes. A code of its own, so that a job script tells
+it from a process the signal killed before it could save (128 + signal number, 143 or 130).
 """
 from __future__ import annotations
 

@@ -1,35 +1,18 @@
-"""Refuse a train step that cannot fit in memory, before it runs.
+"""Refuse a train step that cannot fit in memory, before it runs (docs/design.md §6, "Memory
+check"): else a batch too large for the accelerator ends in an XLA RESOURCE_EXHAUSTED
+traceback after minutes of set-up, and on a CPU under a cgroup limit the kernel kills the
+process without a word.
 
-Without this, a batch too large for the accelerator ends in an XLA RESOURCE_EXHAUSTED
-traceback after minutes of set-up, and on a CPU under a memory limit (a container's cgroup)
-the kernel kills the process without a word. The step is checked when it is compiled, on its
-first call: XLA's own memory analysis of the compiled program (what the run is about to
-allocate) is compared with what the process may still allocate, and a step that cannot fit
-stops the run with one line (``DoesNotFit``, exit 2) that gives the estimate, the limit it
-met and the settings that lower the need.
-
-The estimate. ``memory_analysis()`` of the compiled step gives, per device, the arguments
-(the state and batch, already in memory when the step runs), the outputs, the outputs that
-reuse donated arguments (alias) and XLA's temporaries (activations kept for the backward
-pass, gradients, optimizer intermediates) after buffer reuse. The step adds
-``temp + output - alias`` to what is already allocated. The analytic estimate (``analytic``)
-is printed beside it and stands in where a backend gives no analysis; see its docstring.
-
-The step is compiled ahead through its own ``lower`` inside its first call
-(trainer/state.py's ``on_compile``), so JAX's caches serve that call: the check adds no trace
-and no compilation.
-
-The limit, on an accelerator: each device's ``memory_stats()["bytes_limit"]``, less what is in
-use there. On a CPU, the arrays live in the process's memory, so the smallest headroom of:
-the cgroup's memory limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``, of the process's
-cgroup and its ancestors as /proc/self/cgroup names them), the address-space limit
-(``RLIMIT_AS``, less the address space mapped now) and the physical memory, each less the
-process's resident memory (RSS) now.
-
-Only a step XLA says cannot fit is refused: the estimate leaves out the runtime's own
-overhead, so a step refused here would have failed, while a step close to the limit may still
-fail. ``JAXDEPTH_SKIP_MEMORY_CHECK=1`` in the environment skips the check (a limit this module
-misreads, or to see the failure itself).
+The step is compiled ahead through its own ``lower`` inside its first call (so JAX's caches
+serve that call: no extra trace or compile), and XLA's ``memory_analysis()`` of it gives what
+it adds to what is allocated, ``temp + output - alias``. That is compared with the headroom:
+each device's ``bytes_limit`` less what is in use there; on a CPU, whose arrays live in the
+process's memory, the smallest of the cgroup limit (``cgroup_limit``), the address-space
+limit (``RLIMIT_AS``, against what is mapped) and the physical memory, less the process's
+resident memory. The config's estimate (``analytic``) is printed beside it and stands in
+where a backend gives no analysis. Only a step XLA says cannot fit is refused (one line,
+``DoesNotFit``, exit 2): the estimate leaves out the runtime's own overhead, so a step close
+to the limit may still fail. ``JAXDEPTH_SKIP_MEMORY_CHECK=1`` skips the check.
 """
 from __future__ import annotations
 
