@@ -14,7 +14,7 @@ def main(argv: list[str]) -> int:
 def _train(argv: list[str]) -> int:
     from jaxdepth.config.cli import parse_args, preset_lines
 
-    cfg = parse_args(argv, prog="train.py")
+    cfg = parse_args(argv)
     import jax
 
     from jaxdepth.trainer.processes import start

@@ -130,11 +130,8 @@ class Config:
     fusion: FusionConfig = field(default_factory=FusionConfig)
     trials: TrialsConfig = field(default_factory=TrialsConfig)
     preset: str = ""
-    # Layout of the saved config.json: 1 (before Arch.SECTION: ACT runs read their
-    # vocabulary from model.vocab_size), 2 (optim.b1/b2/eps saved for every optimizer) and 3
-    # (the decoder's own model fields accepted for the encoder, model fields for fusion over
-    # task.init_from) and 4 (fusion.extra_layers for every method) are upgraded on reading
-    # (Config.from_dict, upgrade).
+    # Layout of the saved config.json; the earlier ones (1-4) are upgraded on reading
+    # (Config.from_dict: upgrades.py says what each held).
     version: int = 5
 
     def __post_init__(self):

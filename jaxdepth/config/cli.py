@@ -50,19 +50,6 @@ def refuse_shadowed(cfg: Config, given) -> None:
                               f"trial; give one of them", field=setting)
 
 
-def recipe_lines(cfg: Config) -> list[str]:
-    """What the run kind's recipe set (printed at start-up): nothing when the config set every
-    optimizer field itself."""
-    # Not the recipe's: None (a field its optimizer does not read), or a field a trials list
-    # sets, which every trial runs at a value of its own.
-    taken = [f for f in RECIPE_FIELDS if f in cfg.optim.from_recipe
-             and getattr(cfg.optim, f) is not None and f not in optim_per_trial(cfg)]
-    if not taken:
-        return []
-    values = ", ".join(f"{f}={getattr(cfg.optim, f)}" for f in taken)
-    return [f"recipe of run kind {kind_of(cfg).NAME}: optim: {values}"]
-
-
 def _parse_value(section: str, name: str, raw: str):
     f = {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name]
     ftype = f.type if isinstance(f.type, str) else f.type.__name__
@@ -114,30 +101,26 @@ def _line_of(text: str, field: str) -> int | None:
     return text.count("\n", 0, match.start()) + 1 if match else None
 
 
-def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "train.py") -> Config:
+def parse_args(argv: Sequence[str]) -> Config:
     """Build a Config from command-line arguments. Raises ConfigError naming the bad field."""
     args = [a for a in argv if a != "--debug"]  # the entry point's, not a config field
     if any(a in ("-h", "--help") for a in args):
-        print(help_text(prog))
+        print(help_text())
         sys.exit(0)
     pairs: list[tuple[str, str]] = []
-    i = 0
-    while i < len(args):
-        a = args[i]
+    rest = iter(args)
+    for a in rest:
         if not a.startswith("--"):
             raise ConfigError(f"unexpected argument {a!r} (fields are given as --section.field "
                               "value)")
-        if "=" in a:
-            key, val = a[2:].split("=", 1)
-        else:
-            if i + 1 >= len(args):
-                raise ConfigError(f"{a[2:]}: missing value", field=a[2:])
-            key, val = a[2:], args[i + 1]
-            i += 1
+        key, eq, val = a[2:].partition("=")
+        if not eq:  # the value is the next argument
+            val = next(rest, None)
+        if val is None:
+            raise ConfigError(f"{key}: missing value", field=key)
         pairs.append((key, val))
-        i += 1
 
-    cfg = base or Config()
+    cfg = Config()
     preset = [v for k, v in pairs if k == "preset"]
     if preset:
         cfg = from_preset(preset[-1])
@@ -159,21 +142,25 @@ def parse_args(argv: Sequence[str], base: Config | None = None, prog: str = "tra
         overrides.setdefault(sec, {})[name] = _parse_value(sec, name, v)
     cfg = apply_overrides(cfg, overrides) if overrides else cfg
     kind_of(cfg)  # refuse a model.arch / task.name combination no task runs, before any work
-    # a field given here that this kind of run does not read would be silently ignored (a
-    # config file or preset may hold every field: only what is given here is checked)
     given = [(sec, name) for sec, names in overrides.items() for name in names]
-    refuse_unread(cfg, given)
-    # a field given here that a trials list also sets would be dropped from every trial
-    refuse_shadowed(cfg, given)
+    refuse_unread(cfg, given)  # else silently ignored
+    refuse_shadowed(cfg, given)  # else dropped from every trial
     return cfg
 
 
 def preset_lines(cfg: Config) -> list[str]:
     """What the config's preset set, one line per section, and what the run kind's recipe set
-    (printed at start-up)."""
+    (printed at start-up): no recipe line when the config set every optimizer field itself."""
     table = presets()
     lines = []
     for part in cfg.preset.split("+") if cfg.preset else ():
         for sec, vals in table[part].items():
             lines.append(f"preset {part}: {sec}: " + ", ".join(f"{k}={v}" for k, v in vals.items()))
-    return lines + recipe_lines(cfg)
+    # Not the recipe's: None (a field its optimizer does not read), or a field a trials list
+    # sets, which every trial runs at a value of its own.
+    taken = [f for f in RECIPE_FIELDS if f in cfg.optim.from_recipe
+             and getattr(cfg.optim, f) is not None and f not in optim_per_trial(cfg)]
+    if taken:
+        values = ", ".join(f"{f}={getattr(cfg.optim, f)}" for f in taken)
+        lines.append(f"recipe of run kind {kind_of(cfg).NAME}: optim: {values}")
+    return lines

@@ -34,8 +34,8 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
-def help_text(prog: str = "train.py") -> str:
-    lines = [f"usage: python {prog} [--preset NAME] [--config FILE.json] "
+def help_text() -> str:
+    lines = ["usage: python train.py [--preset NAME] [--config FILE.json] "
              "[--section.field VALUE ...] [--debug]", "",
              "--debug: print the traceback of an error as well as its one line", ""]
     for sec, cls in SECTIONS.items():

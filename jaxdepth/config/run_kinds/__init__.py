@@ -2,21 +2,17 @@
 
 A kind of run is what train.py does with a config: pretrain a decoder LM, fine-tune it as a
 prefix LM, pretrain an ACT/ALBERT/BERT encoder, probe one, pretrain a BERT encoder with MLM, or
-fuse a backbone's layers for NER or MLM. A class holds everything about its kind that the rest
-of the code asks: its name (in messages), the settings only some kinds read (``READS``), which
-configs it runs (``claims``: by task.name and the kinds model.arch's class names, archs.py;
-the kinds' claims never overlap, so exactly one kind claims any valid config) and what it
-refuses among them (``check``, a ConfigError naming the field), the keyword options of its
-Task, and its optimizer recipe (``RECIPE``). Nothing outside these modules compares a kind's
-name. The Task that runs a kind imports it (``TaskBase.RUNS``, jaxdepth/tasks/): config.py
-decides a config's kind while it validates and the task modules import config.py, so the
-edge can only point that way.
-
-Every module of this package is imported here, so a new kind is a new module here and its
-Task under jaxdepth/tasks/ (whose ``RUNS`` names it): defining a subclass with a ``NAME``
-registers it. This package
-imports nothing of jaxdepth but errors.py, choices.py and task_names.py, not
-even config.py for type checking: a ``cfg`` here is a config.Config.
+fuse a backbone's layers for NER or MLM. A class holds everything the rest of the code asks of
+its kind: its name (in messages), the settings only some kinds read (``READS``), which configs
+it runs (``claims``: by task.name and the kinds model.arch's class names, archs.py; exactly one
+kind claims any valid config), what it refuses among them (``check``, a ConfigError naming the
+field), its Task's keyword options and its optimizer recipe (``RECIPE``). Nothing outside these
+modules compares a kind's name. The Task that runs a kind imports it (``TaskBase.RUNS``):
+config.py decides a config's kind while it validates and the task modules import config.py,
+so the edge can only point that way. A new kind is a new module here (each is imported below)
+and its Task under jaxdepth/tasks/. This package imports nothing of jaxdepth but errors.py,
+choices.py and task_names.py, not even config.py for type checking: a ``cfg`` here is a
+config.Config.
 """
 from __future__ import annotations
 
