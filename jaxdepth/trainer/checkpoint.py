@@ -208,12 +208,11 @@ def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, data_states:
         fingerprints=ocp.args.JsonSave(record)), force=True)
 
 
-def check_saves(mngr: ocp.CheckpointManager, saving: int, at_step: int,
-                wait: bool = False, where: Path | None = None) -> bool:
+def check_saves(mngr: ocp.CheckpointManager, saving: int, at_step: int, where: Path,
+                wait: bool = False) -> bool:
     """Whether the asynchronous save of step `saving` is over (wait: wait until it is);
     CheckpointSaveFailed if it failed. The failed save never committed, so the previous
-    checkpoint is intact. where: the checkpoint directory as messages name it (default:
-    Orbax's absolute one)."""
+    checkpoint is intact. where: the checkpoint directory as messages name it."""
     try:
         # Orbax keeps the error of a failed save in its finalize thread, where
         # check_for_errors() does not look: it is raised when that thread is joined.
@@ -232,7 +231,7 @@ def check_saves(mngr: ocp.CheckpointManager, saving: int, at_step: int,
                 else "there is no earlier checkpoint")
         raise CheckpointSaveFailed(
             f"{reason or describe(e)} while saving step {saving} to "
-            f"{Path(where or mngr.directory) / str(saving)}; training stopped at step {at_step}; "
+            f"{where / str(saving)}; training stopped at step {at_step}; "
             f"{then}"
         ) from e
 

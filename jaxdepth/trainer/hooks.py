@@ -19,9 +19,8 @@ from .metrics import TrainingClock
 class Throughput:
     """Tokens per second and MFU, timed from the first finished step of this invocation (so
     compilation is excluded) on a clock that stops while evaluating. A step whose record
-    carries a rate is waited for as soon as it is dispatched, before the next one is (timed):
-    where the CPU runs a step as it is dispatched, the record of step N comes after step N+1
-    ran, and a rate read then would count N+1 in the interval before it and in none after."""
+    carries a rate is waited for as soon as it is dispatched, before the next one is: a rate
+    read at its record would count the next step twice (docs/design.md §6, "Logging")."""
 
     def __init__(self, start: int, end: int, log_every: int, tokens_per_step: int,
                  flops_per_token: int, peak_total: float):
@@ -133,7 +132,7 @@ class Checkpoints:
     def watch(self, step: int) -> None:
         """Before step `step`: raise CheckpointSaveFailed if the save in flight failed."""
         if self.saving is not None and ckpt.check_saves(self.mngr, self.saving, step - 1,
-                                                        where=self.where):
+                                                        self.where):
             self.saving = None
 
     def save(self, step: int, state, data_iter) -> None:
@@ -143,7 +142,7 @@ class Checkpoints:
 
     def wait(self, step: int) -> None:
         if self.saving is not None:
-            ckpt.check_saves(self.mngr, self.saving, step, wait=True, where=self.where)
+            ckpt.check_saves(self.mngr, self.saving, step, self.where, wait=True)
             self.saving = None
 
 

@@ -25,8 +25,7 @@ from ..files import write_whole
 from . import checkpoint as ckpt, restore as rs
 from .hooks import Checkpoints, Evaluations, Records, Throughput
 from .memory import step_check
-from .metrics import MetricsWriter, training_figures
-from .metrics import device_peak_flops
+from .metrics import MetricsWriter, device_peak_flops, training_figures
 from ..optim import make_optimizer, schedule
 from .processes import barrier, check_shared_dir
 from .run_lock import run_lock

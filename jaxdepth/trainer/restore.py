@@ -111,16 +111,6 @@ def saved_config(mngr: ocp.CheckpointManager, step: int) -> dict:
     return config
 
 
-def newest_config(mngr: ocp.CheckpointManager) -> tuple[int, dict] | None:
-    """(step, config) of the newest checkpoint whose config can be read, None if none can."""
-    for step in sorted(mngr.all_steps(), reverse=True):
-        try:
-            return step, saved_config(mngr, step)
-        except Exception:  # unreadable: restore_newest says why when it gets there
-            continue
-    return None
-
-
 class _DataState:
     """Takes a checkpoint's data-iterator state in place of an iterator: grain's handler calls
     set_state (with the file's bytes for anything but its own iterators), then start_prefetch,
@@ -268,13 +258,12 @@ def unreadable_because(e: Exception) -> str:
     return text if len(text) <= 240 else text[:239] + "…"
 
 
-def restore_newest(mngr: ocp.CheckpointManager, restore_one, step: int | None = None,
-                   advice: str = "", where: Path | None = None):
+def restore_newest(mngr: ocp.CheckpointManager, restore_one, where: Path,
+                   step: int | None = None, advice: str = ""):
     """(restore_one(step)'s result, its step, [(skipped newer step, why)]) for the newest
     checkpoint restore_one reads and verifies (only `step` when given). Raises
     NoReadableCheckpoint, ending with `advice`, when none can be read. where: the checkpoint
-    directory as messages name it (default: Orbax's absolute one)."""
-    where = Path(where or mngr.directory)
+    directory as messages name it (not Orbax's absolute one)."""
     steps = sorted(mngr.all_steps(), reverse=True) if step is None else [step]
     skipped = []
     for s in steps:
@@ -301,16 +290,19 @@ def move_aside(run_dir: Path, step: int) -> Path:
 
 
 def check_resume(cfg: Config, mngr: ocp.CheckpointManager, run_dir: Path) -> None:
-    """Refuse an impossible resume before touching any file."""
-    newest = newest_config(mngr)
-    if newest is None:
+    """Refuse an impossible resume before touching any file, by the newest checkpoint whose
+    config can be read."""
+    for latest in sorted(mngr.all_steps(), reverse=True):
+        try:
+            saved = saved_config(mngr, latest)
+        except Exception:  # unreadable: restore_newest says why when it gets there
+            continue
+        check_compatible(saved, cfg, run_dir)
+        if cfg.run.steps < latest:
+            raise ConfigError(f"run.steps: {cfg.run.steps} is below step {latest} of the latest "
+                              f"checkpoint in {run_dir / 'checkpoints'}; give --run.steps "
+                              f"{latest} or more (as many re-evaluates it)", field="run.steps")
         return
-    latest, saved = newest
-    check_compatible(saved, cfg, run_dir)
-    if cfg.run.steps < latest:
-        raise ConfigError(f"run.steps: {cfg.run.steps} is below step {latest} of the latest "
-                          f"checkpoint in {run_dir / 'checkpoints'}; give --run.steps "
-                          f"{latest} or more (as many re-evaluates it)", field="run.steps")
 
 
 def resume(mngr: ocp.CheckpointManager, run_dir: Path, abstract: TrainState, shardings):
@@ -370,9 +362,8 @@ def load_model(run_dir, task_for, step: int | None = None, mesh=None, mesh_cfg=N
             raise ConfigError(f"{label} {step}: not a checkpoint in {run / 'checkpoints'} "
                               f"(available: {steps})", field=label)
         (model, cfg), step, skipped = restore_newest(
-            mngr, restore_one, step, advice="" if step is None else
-            f"; the other steps there: {[s for s in steps if s != step]}",
-            where=run / "checkpoints")
+            mngr, restore_one, run / "checkpoints", step, advice="" if step is None else
+            f"; the other steps there: {[s for s in steps if s != step]}")
     finally:
         mngr.close()
     for s, why in skipped:

@@ -2,10 +2,10 @@
 
 Parameters name their axes logically (embed, mlp, heads, vocab, layers), declared by the model
 module that creates each one (models/declared.py; the trainer asks ``model.logical_axes()``
-and names no parameter); RULES maps those
-names to mesh axes. Data parallel = batch over "data"; FSDP = embed over "data" as well;
-tensor parallel = heads / mlp / vocab over "model". A dimension that the mesh axis does not
-divide is replicated instead (e.g. Eq. 1's odd d_ff values), with a warning naming it.
+and names no parameter); RULES maps those names to mesh axes. Data parallel = batch over
+"data"; FSDP = embed over "data" as well; tensor parallel = heads / mlp / vocab over "model".
+A dimension that the mesh axis does not divide is replicated instead (e.g. Eq. 1's odd d_ff
+values), with a warning naming it.
 """
 from __future__ import annotations
 
@@ -50,18 +50,17 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
     return Mesh(np.asarray(devices[:n]).reshape(data, cfg.model), ("data", "model"))
 
 
-def logical_to_spec(axes, shape, mesh: Mesh, fsdp: bool, undivided: list | None = None) -> P:
+def logical_to_spec(axes, shape, mesh: Mesh, fsdp: bool, undivided: list) -> P:
     """The partition spec of an array with these logical axes; each dimension its mesh axis
-    does not divide is replicated and, if `undivided` is given, appended to it as
-    (dimension index, size, mesh axis)."""
+    does not divide is replicated and appended to `undivided` as (dimension index, size, mesh
+    axis)."""
     out = []
     for i, (name, dim) in enumerate(zip(axes, shape)):
         mesh_axis = RULES[name]
         if mesh_axis == "fsdp":
             mesh_axis = "data" if fsdp else None
         if mesh_axis is not None and dim % mesh.shape[mesh_axis]:
-            if undivided is not None:
-                undivided.append((i, dim, mesh_axis))
+            undivided.append((i, dim, mesh_axis))
             mesh_axis = None
         elif mesh_axis in out:
             mesh_axis = None

@@ -147,16 +147,14 @@ def abstract_model(abstract: TrainState):
 def initialise(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) -> TrainState:
     """The K fresh states, each trial's weights those of a solo run of its seed, placed with
     `shardings` (state_shardings'). pretrained: the model with the task's pretrained arrays
-    (Task.initial_model of the abstract model; the leaves it leaves abstract are initialised
-    fresh), for every trial, or a list of them, trial k's the k-th; the arrays `shardings`
-    keeps once (TrainState.shared) are trial 0's, every trial's being the same.
+    (Task.initial_model of the abstract model; the leaves it leaves abstract start fresh), for
+    every trial, or a list of them, trial k's the k-th; the arrays `shardings` keeps once
+    (TrainState.shared) are trial 0's, every trial's being the same.
 
     One init program with the seed as an argument, called once per trial, then stacked: the
-    same weights as one vmap over the seeds (the seed is traced either way), but a vmapped
-    random init compiled about 3x slower on the CPU (12 s against 4 s for tiny-L2 at K=4),
-    the largest fixed cost of a small trials unit. The pretrained arrays enter the same
-    jitted init, so the fresh weights they replace are dead code XLA drops (a 22M-parameter
-    backbone's random init cost seconds of compile and run), and the state comes out committed
+    weights of a vmap over the seeds, which compiled 3x slower on the CPU (docs/design.md §6).
+    The pretrained arrays enter that jitted init, so the fresh weights they replace are dead
+    code XLA drops (seconds for a 22M-parameter backbone), and the state comes out committed
     to its shardings, as the step's own outputs are (else the step compiles twice)."""
     per_trial = isinstance(pretrained, list)  # each trial's own weights (task.init_from {seed})
     given = [eqx.filter(p, eqx.is_array) for p in pretrained] if per_trial else (
@@ -176,8 +174,7 @@ def initialise(cfgs: list[Config], tx, task: Task, shardings, pretrained=None) -
     return place(states, {n: jnp.asarray(v) for n, v in hparams(cfgs).items()})
 
 
-def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | None = None,
-                groups: int = 1):
+def make_update(cfg: Config, task: Task, micro_sharding, dropout: bool, groups: int):
     """update(state, batch, tx) -> (new state, metrics): one trial's optimizer step over its
     global batch (no trial axis), split into cfg.optim.accum_steps micro-batches; not jitted
     (make_step applies it to every trial).
@@ -185,8 +182,8 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
     The task's objective (trainer/task.py) gives each micro-batch's share of the batch
     objective, so the update does not depend on how the batch is split; with a "divisor" in
     its totals it returns sums, and the summed gradient and metrics (but "tokens") are divided
-    once. micro_sharding places the micro-batches. dropout: whether to draw dropout keys
-    (default: whether the model has dropout).
+    once. micro_sharding places the micro-batches (None: left as they are). dropout: whether
+    to draw dropout keys.
 
     groups > 1 (a trial's rows over that many data shards, several micro-batches): each
     micro-batch's rows are split into groups, a device's rows each, whose gradients are
@@ -206,7 +203,7 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
             x = x.reshape(accum, groups, x.shape[1] // groups, *x.shape[2:])
         return x if micro_sharding is None else jax.lax.with_sharding_constraint(x, micro_sharding)
 
-    if groups > 1 and dropout is not False:  # a group's masks would not be its rows' share
+    if groups > 1 and dropout:  # a group's masks would not be its rows' share
         raise ValueError(f"make_update: groups {groups} only without dropout (dropout=False)")
 
     def group_grads(params, static, mb, k, totals):
@@ -221,13 +218,11 @@ def make_update(cfg: Config, task: Task, micro_sharding=None, dropout: bool | No
         totals = total_fn(batch)
         micro = jax.tree.map(split, batch)
         params, static = eqx.partition(state.model, state.model.trainable_spec())
-        # the model's static config says it (under trace), unless the trials decided
-        use_dropout = state.model.uses_dropout if dropout is None else dropout
 
         def body(carry, xs):
             g_acc, m_acc = carry
             mb, i = xs
-            k = jax.random.fold_in(key, i) if use_dropout else None
+            k = jax.random.fold_in(key, i) if dropout else None
             (_, metrics), g = micro_grad(params, static, mb, k, totals)
             g_acc = jax.tree.map(jnp.add, g_acc, g)
             return (g_acc, jax.tree.map(jnp.add, m_acc, metrics)), None

@@ -2,12 +2,11 @@
 everything a kind of run decides for itself.
 
 The trainer (loop, step, checkpoint) never names a model class or a task: it builds the model,
-reads the data, computes the objective and evaluates only through these methods. What trains,
-dropout, the parameter count and FLOPs per token are the model's own answers
-(models/declared.py: Declared).
-Implementations live in ``jaxdepth/tasks/`` (one module per kind of run, on
-``tasks/task_base.py``'s defaults) and are chosen by ``jaxdepth.tasks.task_for(config)``. The
-trainer calls nothing else of a task.
+reads the data, computes the objective and evaluates only through these methods, and calls
+nothing else of a task; what trains, dropout, the parameter count and FLOPs per token are the
+model's own answers (models/declared.py: Declared). Implementations live in
+``jaxdepth/tasks/`` (one module per kind of run, on ``tasks/task_base.py``'s defaults), chosen
+by ``jaxdepth.tasks.task_for(config)``.
 """
 from __future__ import annotations
 

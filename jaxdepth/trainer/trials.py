@@ -19,6 +19,7 @@ anything is written (the export would mix two runs' files); of the source run, o
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -343,16 +344,8 @@ def _unmark(dest: Path) -> None:
     """Take back what a refused first export wrote: its marker and empty directories."""
     (dest / MARKER).unlink(missing_ok=True)
     for d in (dest / "checkpoints", dest):
-        try:
+        with contextlib.suppress(OSError):
             d.rmdir()  # only if empty
-        except OSError:
-            pass
-
-
-def _mark(dest: Path, run: Path, k: int) -> None:
-    """Write MARKER (atomically: a torn one would refuse the rerun), unless it is there."""
-    if not (dest / MARKER).is_file():
-        write_whole(dest / MARKER, json.dumps(_record(run, k)))
 
 
 def export_trial(run_dir, k: int, task_for, out=None) -> Path:
@@ -387,7 +380,8 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
         barrier("export_checked")
         if primary:
             dest.mkdir(parents=True, exist_ok=True)
-            _mark(dest, run, k)
+            if fresh:  # written atomically: a torn marker would refuse the rerun
+                write_whole(dest / MARKER, json.dumps(_record(run, k)))
         barrier("export_marked")
         solo = ckpt.open_manager(dest, cfg.run.keep)
         done = set(solo.all_steps())
