@@ -52,16 +52,13 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def evaluate(run, step: int | None = None, data: str = "", batch: int = 0, splits: str = "",
-             task_dir: str = "", max_examples: int = 0, out: str = "",
-             trial: int | None = None) -> dict:
+def evaluate(run, trial: int | None = None, **request) -> dict:
     """What eval.py prints for a checkpoint of `run`, whatever kind of run it is (the files it
-    writes are named in the result)."""
+    writes are named in the result); request: the fields of an EvalRequest (step, data, out,
+    ...), each eval.py's flag."""
     from jaxdepth.tasks.eval_request import EvalRequest
 
-    request = EvalRequest(step=step, data=data, batch=batch, out=out, splits=splits,
-                          task_dir=task_dir, max_examples=max_examples)
-    return _evaluate(Path(run), request, trial)
+    return _evaluate(Path(run), EvalRequest(**request), trial)
 
 
 def _evaluate(run: Path, request, trial: int | None) -> dict:
