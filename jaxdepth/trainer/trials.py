@@ -127,11 +127,6 @@ class Trials:
         """What starts a warning about trial k: "trial 1 (optim.lr=1e-12): " ("" for one)."""
         return f"trial {k} ({self.names[k]}): " if self.several else ""
 
-    def all_frozen(self, k: int, why: str) -> str:
-        """What stops the run when trial k, the last one going, turns non-finite."""
-        return f"every trial is frozen (trial {k}, {self.names[k]}: {why})" if self.several \
-            else why
-
     # ------------------------------------------------------------------ data
 
     def prepare(self, run_dir: Path, primary: bool, barrier) -> None:

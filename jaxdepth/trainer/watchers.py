@@ -58,11 +58,13 @@ class NonFinite:
                 continue
             self.seen.add(k)
             why = why or "non-finite values"
-            if len(self.seen) == self.trials.k:
+            if len(self.seen) == self.trials.k:  # trial k was the last one going
                 good = self.mngr.latest_step()
                 kept = (f"The last good checkpoint (step {good}) in {self.checkpoints} is "
                         f"intact." if good is not None else "No checkpoint was saved yet.")
-                raise NonFiniteLossError(f"{self.trials.all_frozen(k, why)}; stopping. {kept}")
+                if self.trials.several:
+                    why = f"every trial is frozen (trial {k}, {self.trials.names[k]}: {why})"
+                raise NonFiniteLossError(f"{why}; stopping. {kept}")
             warn(f"{self.trials.named(k)}{why}; frozen at its last finite state, the other "
                  f"trials go on")
 
