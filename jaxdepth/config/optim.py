@@ -11,13 +11,11 @@ from ..fields import check_reads, positive, require
 from ..optim import OPTIMIZERS, OWN_FIELDS, SCHEDULES
 
 
-# The optimizer fields a run kind's recipe sets (RunKind.RECIPE, jaxdepth/config/run_kinds/). Left
-# unset (None) in a config, they take the recipe of the run's kind, so a default tuned for
-# one kind of run never changes another's; a standalone OptimConfig takes the LM pretraining
-# recipe. Of these, OWN_FIELDS are read by some optimizers only (each optimizer's class says
-# which, jaxdepth/optim.py): a recipe gives them per optimizer (its "moments"), the
-# optimizer's own DEFAULTS fill those it does not give, and a field the optimizer does not
-# read stays None (set, it is refused).
+# The optimizer fields a run kind's recipe sets (RunKind.RECIPE): left unset (None) in a
+# config, they take the recipe of the run's kind, so a default tuned for one kind of run never
+# changes another's (a standalone OptimConfig: LM pretraining's). OWN_FIELDS, which only some
+# optimizers read, come per optimizer (the recipe's "moments", else the optimizer's DEFAULTS);
+# one the optimizer does not read stays None (set, it is refused).
 RECIPE_FIELDS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay",
                  "b1", "b2", "eps", "clip_norm")
 

@@ -56,21 +56,19 @@ def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
 
 def fingerprints(tree) -> dict[str, int]:
     """Dotted path of every array leaf of `tree` -> its fingerprint (one device sync)."""
-    paths, leaves = [], []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if isinstance(leaf, jax.Array):
-            paths.append(jax.tree_util.keystr(path))
-            leaves.append(leaf)
+    arrays = [(jax.tree_util.keystr(path), leaf)
+              for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+              if isinstance(leaf, jax.Array)]
     # Each value is replicated; a process reads its own copy (on several hosts the global
     # array is not addressable as a whole).
-    return {p: int(np.asarray(v.addressable_data(0))) for p, v in zip(paths, _fingerprints(leaves))}
+    return {p: int(np.asarray(v.addressable_data(0)))
+            for (p, _), v in zip(arrays, _fingerprints([x for _, x in arrays]))}
 
 
 def mismatches(tree, saved: dict[str, int]) -> list[str]:
     """Paths of the array leaves of `tree` whose fingerprint differs from the saved one
     (leaves the saved record lacks are not checked)."""
-    now = fingerprints(tree)
-    return [p for p, v in now.items() if p in saved and saved[p] != v]
+    return [p for p, v in fingerprints(tree).items() if p in saved and saved[p] != v]
 
 
 # ----------------------------------------------------------------------------- the manager

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from ..config import ConfigError
 from ..config.mesh import AUTO, MeshConfig
@@ -38,8 +39,6 @@ def start(mesh: MeshConfig) -> None:
 
 def barrier(name: str) -> None:
     """Wait until every process of the run is here (nothing to wait for in a single one)."""
-    from jax.experimental import multihost_utils
-
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
 
@@ -61,8 +60,6 @@ def check_shared_dir(run_dir: Path) -> None:
     process 0's run directory: its tokenizer, prepared data, checkpoint shards and lock live
     there once for all of them (a per-host disk would give each host a part of a checkpoint).
     Process 0 writes a random token into it; every process reads it back."""
-    from jax.experimental import multihost_utils
-
     if jax.process_count() == 1:
         return
     mark = Path(run_dir) / MARK

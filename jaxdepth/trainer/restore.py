@@ -194,7 +194,7 @@ def read_data_state(mngr: ocp.CheckpointManager, step: int) -> dict:
 
 
 def restore_state(mngr: ocp.CheckpointManager, step: int, abstract: TrainState,
-            shardings: TrainState) -> TrainState:
+                  shardings: TrainState) -> TrainState:
     """The state of checkpoint `step` (verified against its fingerprints: CorruptCheckpoint),
     placed with `shardings`. A checkpoint of K > 1 trials written before the shared arrays
     were kept once (jaxdepth up to commit ebc47d7: K stacked copies of a frozen backbone) has
