@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from ..analysis.matched import read_jsonl
 from ..errors import writing
 
 
@@ -138,11 +139,7 @@ def training_figures(path: Path, final_step: int, tokens_per_step: int) -> dict:
     if not path.is_file():
         return figures
     previous, tokens, seconds = None, 0, 0.0
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:  # the torn last line of a killed run
-            continue
+    for rec in read_jsonl(path):  # (without the torn last line of a killed run)
         if "grad_norm" not in rec:
             continue
         if "tokens_per_s" in rec and previous is not None and rec["step"] > previous:

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from ..analysis.matched import read_jsonl
 from ..config import Config, ConfigError, MeshConfig
 from ..config.trials import own_pretrained, setting_value, trial_configs, varying
 from ..errors import warn
@@ -344,12 +345,9 @@ def _unmark(dest: Path) -> None:
 
 
 def export_trial(run_dir, k: int, task_for, out=None) -> Path:
-    """Export trial k of the run in run_dir to `out` (default: its trial directory,
-    <run>/trials/<k>, where its evaluations already are); returns that directory. task_for
-    (jaxdepth.tasks.task_for) gives the Task that builds the model. Checkpoints already
-    exported are kept; the others are written from the run's. Another `out` than the trial's
-    directory must be new, empty or an export of the same trial (module docstring); else a
-    ConfigError on field "out", before anything is written."""
+    """Export trial k of the run in run_dir to `out` (default: <run>/trials/<k>) as the module
+    docstring says; returns that directory. task_for (jaxdepth.tasks.task_for) gives the Task
+    that builds the model. A refused `out` is a ConfigError on field "out"."""
     run = Path(run_dir)
     primary = jax.process_index() == 0
     mngr = ckpt.open_manager(run, read_only=True)
@@ -440,16 +438,6 @@ def _write_files(run: Path, cfgs: list, k: int, dest: Path) -> None:
 
 def _write_metrics(src: Path, dest: Path, k: int) -> None:
     """Trial k's records of a run's metrics.jsonl, as its solo run would have written them."""
-    if not src.is_file():
-        return
-    lines = []
-    for line in src.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:  # a run killed mid-write: its torn record
-            continue
-        if rec.pop("trial", None) == k:
-            lines.append(json.dumps(rec))
-    write_whole(dest, "".join(line + "\n" for line in lines))
+    if src.is_file():  # (read without the torn record of a run killed mid-write)
+        mine = [rec for rec in read_jsonl(src) if rec.pop("trial", None) == k]
+        write_whole(dest, "".join(json.dumps(rec) + "\n" for rec in mine))
