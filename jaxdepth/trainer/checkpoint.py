@@ -26,7 +26,6 @@ from jaxtyping import Array
 
 from ..config import Config
 from ..errors import UserError, describe, os_error_reason
-from ..files import write_whole
 from .sharding import unstacked
 from .state import TrainState
 
@@ -232,9 +231,3 @@ def check_saves(mngr: ocp.CheckpointManager, saving: int, at_step: int, where: P
             f"{where / str(saving)}; training stopped at step {at_step}; "
             f"{then}"
         ) from e
-
-
-def write_config(run_dir: Path, cfg: Config) -> None:
-    write_whole(run_dir / "config.json", cfg.to_json())
-
-

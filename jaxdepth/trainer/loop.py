@@ -147,7 +147,7 @@ def _start(cfg: Config, tasks: list[Task], run_dir: Path, primary: bool) -> _Run
     state, shardings, fresh = restore_or_init(trials, tx, mngr, data_iter)
     start = int(np.asarray(state.step).flat[0])  # [K]: the same in every trial
     if primary:
-        ckpt.write_config(run_dir, cfg)
+        write_whole(run_dir / "config.json", cfg.to_json())
     # the first call refuses a step that cannot fit the device or the process's memory
     step_fn = trials.make_step(shardings, on_compile=step_check(cfg, mesh))
     end = cfg.run.steps if not cfg.run.stop_after else min(cfg.run.steps,

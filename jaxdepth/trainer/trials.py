@@ -414,7 +414,7 @@ def export_trial(run_dir, k: int, task_for, out=None) -> Path:
 def _write_files(run: Path, cfgs: list, k: int, dest: Path) -> None:
     """Trial k's files besides its checkpoints: its config, what its task wrote, its data,
     its metrics and its summary."""
-    ckpt.write_config(dest, cfgs[k])
+    write_whole(dest / "config.json", cfgs[k].to_json())
     own = trial_dir(run, k)  # what its task wrote while training (evaluations, analyses)
     if own.is_dir() and own.resolve() != dest.resolve():
         _link_tree(own, dest)
