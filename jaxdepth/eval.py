@@ -52,7 +52,7 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def evaluate(run, trial: int | None = None, **request) -> dict:
+def evaluate(run, *, trial: int | None = None, **request) -> dict:
     """What eval.py prints for a checkpoint of `run`, whatever kind of run it is (the files it
     writes are named in the result); request: the fields of an EvalRequest (step, data, out,
     ...), each eval.py's flag."""
