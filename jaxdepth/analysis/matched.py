@@ -15,26 +15,8 @@ rows share one file, so readers must tolerate all three.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Optional
-
-
-def read_jsonl(path) -> list[dict]:
-    """Rows of a JSONL log; blank and undecodable lines (a torn write) are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no log file {path}")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            rows.append(obj)
-    return rows
 
 
 def _by_step(rows: Iterable[Mapping], key: str) -> dict[int, Mapping]:

@@ -361,7 +361,8 @@ class Sweep(PlannedExperiment):
     def matched(self) -> None:
         """Fig. 6: per seed, reference = the shallowest depth's final validation perplexity;
         each deeper model is fine-tuned from its first checkpoint at or below it."""
-        from ..analysis.matched import perplexity_matched, read_jsonl
+        from ..analysis.matched import perplexity_matched
+        from ..files import read_jsonl
         from ..trainer.checkpoint import open_manager
 
         p = self.plan
@@ -393,7 +394,8 @@ class Sweep(PlannedExperiment):
     def equal_loss(self, threshold: float | None = None) -> None:
         """Fig. 7b: generalization at the first fine-tuning evaluation whose in-distribution
         loss reaches a threshold every run of the task reaches (or the one given)."""
-        from ..analysis.matched import equal_loss_points, read_jsonl
+        from ..analysis.matched import equal_loss_points
+        from ..files import read_jsonl
 
         p = self.plan
         for task in p.tasks:

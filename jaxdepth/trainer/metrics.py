@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from ..analysis.matched import read_jsonl
+from ..files import read_jsonl
 from ..errors import writing
 
 

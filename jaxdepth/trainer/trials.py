@@ -29,11 +29,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from ..analysis.matched import read_jsonl
 from ..config import Config, ConfigError, MeshConfig
 from ..config.trials import own_pretrained, setting_value, trial_configs, varying
 from ..errors import warn
-from ..files import write_whole
+from ..files import read_jsonl, write_whole
 from ..data.corpus.pipeline import lm_iterator
 from . import checkpoint as ckpt, restore as rs
 from . import state as st

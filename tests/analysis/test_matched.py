@@ -4,6 +4,7 @@ import json
 import pytest
 
 from jaxdepth.analysis import matched
+from jaxdepth.files import read_jsonl
 
 
 def final_value(rows, key):
@@ -38,7 +39,7 @@ METRICS = [
 
 
 def test_read_jsonl_and_curve(tmp_path):
-    rows = matched.read_jsonl(_write(tmp_path / "metrics.jsonl", METRICS))
+    rows = read_jsonl(_write(tmp_path / "metrics.jsonl", METRICS))
     assert rows == METRICS  # torn line dropped, everything else kept in order
     assert matched.curve(rows, "valid_ppl") == [(100, 12.0), (200, 10.0), (300, 9.7), (400, 8.5)]
     assert matched.curve(rows, "loss") == [(100, 3.0), (410, 2.0)]
@@ -50,8 +51,13 @@ def test_read_jsonl_and_curve(tmp_path):
 
 def test_read_jsonl_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="absent.jsonl"):
-        matched.read_jsonl(tmp_path / "absent.jsonl")
+        read_jsonl(tmp_path / "absent.jsonl")
 
+
+def test_read_jsonl_skips_a_line_torn_inside_a_multi_byte_character(tmp_path):
+    path = tmp_path / "evals.jsonl"
+    path.write_bytes(b'{"step": 1, "text": "ok"}\n' + '{"step": 2, "text": "é'.encode()[:-1])
+    assert read_jsonl(path) == [{"step": 1, "text": "ok"}]
 
 def test_matched_checkpoint_rules():
     ppl = [(100, 12.0), (200, 10.0), (300, 9.0), (400, 7.0), (500, 6.0)]
@@ -77,7 +83,7 @@ def test_perplexity_matched_three_runs(tmp_path):
         1: {"metrics_rows": [{"step": 100, "valid_ppl": 12.0}, {"step": 200, "valid_ppl": 10.0},
                              {"step": 300, "valid_ppl": 9.0}],
             "saved_steps": [100, 200, 300]},
-        2: {"metrics_rows": matched.read_jsonl(_write(tmp_path / "m2.jsonl", [
+        2: {"metrics_rows": read_jsonl(_write(tmp_path / "m2.jsonl", [
                 {"step": 100, "valid_ppl": 10.5}, {"step": 150, "valid_ppl": 8.9},
                 {"step": 200, "valid_ppl": 8.0}, {"step": 300, "valid_ppl": 7.0},
                 {"step": 200, "valid_ppl": 8.7}])),
@@ -114,7 +120,7 @@ def test_equal_loss_points(tmp_path):
     deep_path = _write(tmp_path / "evals.jsonl", [
         _eval(100, 0.7, 0.2), _eval(200, 0.45, 0.35), _eval(300, 0.35, 0.4),
         _eval(200, 0.4, 0.3)])  # resumed: step 200 re-evaluated, the later row wins
-    deep = matched.read_jsonl(deep_path)
+    deep = read_jsonl(deep_path)
     got = matched.equal_loss_points({"shallow": shallow, "deep": deep})
     # min(shallow) = 0.3, min(deep) = 0.35 -> threshold 0.35
     assert got["shallow"]["threshold"] == got["deep"]["threshold"] == 0.35
