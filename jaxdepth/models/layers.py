@@ -6,6 +6,7 @@ F d_ff, V vocab. Parameters are float32; ``__call__`` runs in the dtype of its i
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import equinox as eqx
@@ -116,6 +117,59 @@ class RelativePositionBias(eqx.Module):
         return jnp.moveaxis(self.table[buckets], -1, -3)
 
 
+# XLA:CPU (jax 0.10) hands a sum over the leading axis to YNNPACK, which adds the slices in
+# order from this many sums up and, measured on 2 cores, 4-50x slower than plain adds (the
+# 41M model's [8, 8, 512, 512]: 91 against 2 ms a layer, 6% of its train step); below it
+# YNNPACK splits the sum in another order, so adds there would change a run's last bits.
+_ADDS_FROM = 65_536
+
+
+def shared_bias(bias_NTS: Array, batch: int) -> Array:
+    """The bias every example shares, broadcast to [B, N, T, S] (or [1, ...]) for the logits.
+
+    Its gradient sums the examples'. On one CPU device, where the sum has at least _ADDS_FROM
+    entries, shared_over_batch adds the B slices one after the other: XLA:CPU's own order
+    there, bit for bit, at a fraction of its time. Elsewhere jnp's broadcast and reduction
+    (on a mesh the slices of a sharded batch would have to meet for the adds)."""
+    if (jax.default_backend() == "cpu" and jax.device_count() == 1
+            and bias_NTS.size >= _ADDS_FROM):
+        return shared_over_batch(bias_NTS, batch)
+    return bias_NTS[None]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def shared_over_batch(x: Array, batch: int) -> Array:
+    """x repeated along a new leading axis [B, ...]; its gradient adds the B slices in order."""
+    return jnp.broadcast_to(x, (batch, *x.shape))
+
+
+def _shared_fwd(x, batch):
+    return shared_over_batch(x, batch), None
+
+
+def _shared_bwd(batch, _, g_BX):
+    return (_sum_in_order(g_BX),)
+
+
+@jax.custom_batching.custom_vmap
+def _sum_in_order(g_BX: Array) -> Array:
+    acc = g_BX[0]
+    for b in range(1, g_BX.shape[0]):
+        acc = acc + g_BX[b]
+    return acc
+
+
+@_sum_in_order.def_vmap
+def _sum_over_trials(axis_size, in_batched, g_KBX):
+    # vmapped trials keep jnp's reduction: YNNPACK's order over a second axis is not always
+    # the adds' (measured: 5 trials of [32, 4, 192, 192]), and trials must equal runs of one
+    del axis_size
+    return (jnp.sum(g_KBX, axis=1) if in_batched[0] else _sum_in_order(g_KBX)), in_batched[0]
+
+
+shared_over_batch.defvjp(_shared_fwd, _shared_bwd)
+
+
 def split_heads(y_BTX: Array, n_heads: int) -> Array:
     """[..., N*H] -> [..., N, H]."""
     return y_BTX.reshape(*y_BTX.shape[:-1], n_heads, -1)
@@ -201,7 +255,7 @@ class Attention(eqx.Module):
         T = x_BTD.shape[1]
         causal = jnp.tril(jnp.ones((T, T), bool))[None, None]
         mask = causal if same_doc is None else causal & same_doc
-        return self.attend(q, k, v, bias_NTT[None], mask)
+        return self.attend(q, k, v, shared_bias(bias_NTT, x_BTD.shape[0]), mask)
 
 
 def same_segment_mask(segment_ids_BT: Array) -> Array:

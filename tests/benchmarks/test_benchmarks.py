@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+import bench_batch_sum  # noqa: E402
 import bench_step  # noqa: E402
 import bench_trials  # noqa: E402
 
@@ -46,6 +47,30 @@ def test_bench_member_record():
     assert rec["peak_memory_bytes"] > 0
     # random tokens, fresh model: the loss is finite and of the order of log(V)
     assert math.isfinite(rec["final_loss"]) and rec["final_loss"] < 3 * math.log(m.vocab_size)
+
+
+@pytest.mark.parametrize("vmapped", [False, True])
+def test_bench_batch_sum_compares_the_two_sums(vmapped):
+    """Both sums of the same slices, and bit_equal as NumPy finds it (float32, one add at a
+    time for the adds; XLA's reduction read back)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    g = (rng.standard_normal((2, 6, 3, 8, 8) if vmapped else (6, 3, 8, 8))
+         * 10.0 ** rng.integers(-3, 4, (6, 1, 1, 1))).astype(np.float32)
+    row = bench_batch_sum.measure(jnp.asarray(g), vmapped, reps=1)
+    assert row["reduce_ms"] > 0 and row["adds_ms"] > 0
+    slices = np.moveaxis(g, 1, 0) if vmapped else g
+    adds = slices[0].copy()
+    for s in slices[1:]:
+        adds = (adds + s).astype(np.float32)
+    red = np.asarray(jax.jit(lambda g: jnp.sum(g, 1 if vmapped else 0))(g))
+    if not vmapped:  # vmapped trials keep the reduction (layers._sum_over_trials)
+        assert row["bit_equal"] == bool(np.array_equal(adds, red))
+    else:
+        assert row["bit_equal"]
 
 
 def test_bench_step_main_writes_json(tmp_path):

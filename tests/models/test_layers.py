@@ -5,9 +5,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from jaxdepth.models import layers
 from jaxdepth.models.layers import (Attention, GatedMLP, RelativePositionBias, RMSNorm, dropout,
-                                    relative_position_bucket)
+                                    relative_position_bucket, shared_over_batch)
 
 
 bucket = jax.jit(relative_position_bucket, static_argnums=(1, 2))
@@ -159,6 +161,59 @@ def test_attention_against_numpy(getkey):
     ref2 = np_attention(x.astype(np.float64), *ws2, bias.astype(np.float64), N)
     np.testing.assert_allclose(np.asarray(call(attn2, jnp.asarray(x), jnp.asarray(bias))), ref2,
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("B", [1, 3, 8, 32])
+def test_shared_over_batch_gradient_is_the_sequential_sum(B):
+    """The shared bias's gradient: the B slices added in order, in float32 (NumPy, one add at a
+    time). From layers._ADDS_FROM sums up that is also XLA:CPU's reduction over the batch, bit
+    for bit, which is why shared_bias may take it there: the decoder's runs stay unchanged."""
+    shape = (4, 128, 128)
+    assert math.prod(shape) == layers._ADDS_FROM
+    rng = np.random.default_rng(B)
+    x = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+    scale = 10.0 ** rng.integers(-3, 4, (B, 1, 1, 1))
+    g = (rng.standard_normal((B, *shape)) * scale).astype(np.float32)
+    out, vjp = jax.vjp(lambda x: shared_over_batch(x, B), x)
+    np.testing.assert_array_equal(np.asarray(out), np.broadcast_to(np.asarray(x), (B, *shape)))
+    ref = g[0].copy()
+    for b in range(1, B):
+        ref = (ref + g[b]).astype(np.float32)
+    got = np.asarray(jax.jit(vjp)(jnp.asarray(g))[0])
+    np.testing.assert_array_equal(got, ref)
+    if jax.default_backend() == "cpu":
+        np.testing.assert_array_equal(got, np.asarray(jax.jit(lambda g: jnp.sum(g, 0))(g)))
+
+
+def test_shared_over_batch_under_trials_keeps_the_reduction():
+    """Vmapped trials sum their batches as jnp.sum does, as a run of one's would have before
+    the adds: at 5 trials of [32, 4, 192, 192] XLA:CPU's order is not the adds' one."""
+    K, B, shape = 5, 32, (4, 192, 192)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((K, *shape)).astype(np.float32))
+    g = jnp.asarray(rng.standard_normal((K, B, *shape)).astype(np.float32))
+    grad = jax.jit(jax.vmap(lambda x, g: jax.vjp(lambda x: shared_over_batch(x, B), x)[1](g)[0]))
+    np.testing.assert_array_equal(np.asarray(grad(x, g)),
+                                  np.asarray(jax.jit(jax.vmap(lambda g: jnp.sum(g, 0)))(g)))
+
+
+def test_attention_bias_gradient_sums_the_examples(getkey):
+    """The shared bias's gradient through Attention is the sum of each example's own (at a
+    size where one CPU device sums it by adds: N * T * T = layers._ADDS_FROM)."""
+    D, N, T, B = 32, 4, 128, 3
+    if jax.default_backend() == "cpu" and jax.device_count() == 1:
+        assert layers.shared_bias(jnp.zeros((N, T, T)), B).shape == (B, N, T, T)
+    attn = eqx.filter_jit(lambda k: Attention(D, N, key=k))(getkey())
+    rng = np.random.default_rng(3)
+    bias = jnp.asarray(rng.standard_normal((N, T, T)).astype(np.float32))
+    x = jnp.asarray(rng.standard_normal((B, T, D)).astype(np.float32))
+    ct = jnp.asarray(rng.standard_normal((B, T, D)).astype(np.float32))
+    shared = jax.jit(jax.grad(lambda b: jnp.vdot(attn(x, b), ct)))(bias)
+    causal = jnp.tril(jnp.ones((T, T), bool))[None, None]
+    per_example = jax.jit(jax.grad(lambda b: jnp.vdot(
+        attn.attend(*attn.project_qkv(x), b, causal), ct)))(jnp.broadcast_to(bias, (B, N, T, T)))
+    np.testing.assert_allclose(np.asarray(shared),
+                               np.asarray(per_example, np.float64).sum(0), rtol=1e-5, atol=1e-6)
 
 
 def test_dropout_function(getkey):
