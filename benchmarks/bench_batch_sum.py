@@ -4,9 +4,10 @@ The decoder adds one [N, T, S] bias to every example's logits, so its gradient s
 batch's [B, N, T, S] slices. jax 0.10's XLA:CPU gives that reduction to YNNPACK;
 ``jaxdepth.models.layers.shared_over_batch`` adds the slices one after the other instead. Per
 shape (the decoder's: B examples, N heads, T = S positions) this times both, each jitted
-alone (median of ``--reps``), and says whether they agree bit for bit, which decides where
-``shared_bias`` may take the adds (``layers._ADDS_FROM``). ``--trials K`` runs both under a
-vmap over K trials as well. One thread or two is the environment's (XLA_FLAGS).
+alone (median of ``--reps``), and says whether they agree bit for bit (where they do not,
+taking the adds changed a run's last bits). ``--trials K`` runs both under a vmap over K
+trials as well. The threads are the environment's: ``taskset -c 0`` and XLA_FLAGS
+``--xla_cpu_multi_thread_eigen=false`` for one, as the sweep's pinned workers run.
 
     python benchmarks/bench_batch_sum.py --out benchmarks/results/batch_sum_<machine>.json
 """

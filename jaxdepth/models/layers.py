@@ -117,29 +117,24 @@ class RelativePositionBias(eqx.Module):
         return jnp.moveaxis(self.table[buckets], -1, -3)
 
 
-# XLA:CPU (jax 0.10) hands a sum over the leading axis to YNNPACK, which adds the slices in
-# order from this many sums up and, measured on 2 cores, 4-50x slower than plain adds (the
-# 41M model's [8, 8, 512, 512]: 91 against 2 ms a layer, 6% of its train step); below it
-# YNNPACK splits the sum in another order, so adds there would change a run's last bits.
-_ADDS_FROM = 65_536
-
-
 def shared_bias(bias_NTS: Array, batch: int) -> Array:
     """The bias every example shares, broadcast to [B, N, T, S] (or [1, ...]) for the logits.
 
-    Its gradient sums the examples'. On one CPU device, where the sum has at least _ADDS_FROM
-    entries, shared_over_batch adds the B slices one after the other: XLA:CPU's own order
-    there, bit for bit, at a fraction of its time. Elsewhere jnp's broadcast and reduction
-    (on a mesh the slices of a sharded batch would have to meet for the adds)."""
-    if (jax.default_backend() == "cpu" and jax.device_count() == 1
-            and bias_NTS.size >= _ADDS_FROM):
+    Its gradient sums the examples'. On one CPU device shared_over_batch adds the B slices one
+    after the other: jax 0.10's XLA:CPU gives the sum over the batch to YNNPACK, which is
+    4-50x slower (measured on 2 cores: benchmarks/bench_batch_sum.py; 5% of the miniature
+    sweep's one-thread fine-tuning step) and adds in an order that depends on the shape and
+    the number of threads. Elsewhere jnp's broadcast and reduction (on a mesh the slices of
+    a sharded batch would have to meet for the adds)."""
+    if jax.default_backend() == "cpu" and jax.device_count() == 1:
         return shared_over_batch(bias_NTS, batch)
     return bias_NTS[None]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def shared_over_batch(x: Array, batch: int) -> Array:
-    """x repeated along a new leading axis [B, ...]; its gradient adds the B slices in order."""
+    """x repeated along a new leading axis [B, ...]; its gradient adds the B slices in order
+    (vmapped trials too, so that each trial sums as a run of one does)."""
     return jnp.broadcast_to(x, (batch, *x.shape))
 
 
@@ -148,23 +143,10 @@ def _shared_fwd(x, batch):
 
 
 def _shared_bwd(batch, _, g_BX):
-    return (_sum_in_order(g_BX),)
-
-
-@jax.custom_batching.custom_vmap
-def _sum_in_order(g_BX: Array) -> Array:
     acc = g_BX[0]
-    for b in range(1, g_BX.shape[0]):
+    for b in range(1, batch):
         acc = acc + g_BX[b]
-    return acc
-
-
-@_sum_in_order.def_vmap
-def _sum_over_trials(axis_size, in_batched, g_KBX):
-    # vmapped trials keep jnp's reduction: YNNPACK's order over a second axis is not always
-    # the adds' (measured: 5 trials of [32, 4, 192, 192]), and trials must equal runs of one
-    del axis_size
-    return (jnp.sum(g_KBX, axis=1) if in_batched[0] else _sum_in_order(g_KBX)), in_batched[0]
+    return (acc,)
 
 
 shared_over_batch.defvjp(_shared_fwd, _shared_bwd)
