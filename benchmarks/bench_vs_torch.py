@@ -23,13 +23,16 @@ update) to show where the time goes.
     python benchmarks/bench_vs_torch.py                 # 41M baseline: 2 layers, T=512, B=8
     python benchmarks/bench_vs_torch.py --quick         # T=128, B=2: seconds, for smoke tests
     python benchmarks/bench_vs_torch.py --preset 41M-L4 --seq-len 256 --profile --out r.json
+    python benchmarks/bench_vs_torch.py --alone        # the control: each in its own process
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import statistics
+import sys
 import time
 
 # first: puts the checkout on sys.path and tunes malloc before anything allocates
@@ -348,6 +351,50 @@ def model_from_args(args) -> ModelConfig:
     return dataclasses.replace(m, **over)
 
 
+CONTESTANTS = ("jax", "torch_eager", "torch_compile")
+
+
+def alone(args) -> dict:
+    """Item 1's control: each contestant timed in a process of its own (in one process the three
+    share two cores' thread pools), the processes alternating over --alone-rounds rounds; the
+    ratios of the medians of every timed step."""
+    import subprocess
+    import tempfile
+
+    names = [n for n in CONTESTANTS if not (args.no_compile and n == "torch_compile")]
+    same = ["--preset", args.preset, "--seq-len", str(args.seq_len), "--batch", str(args.batch),
+            "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--block",
+            str(args.block), "--attn", args.attn, "--torch-adamw", args.torch_adamw,
+            "--torch-device", args.torch_device]
+    same += [a for k in ("n_layers", "d_ff", "d_model", "n_heads", "vocab")
+             if getattr(args, k) is not None for a in (f"--{k.replace('_', '-')}",
+                                                       str(getattr(args, k)))]
+    steps = {n: [] for n in names}
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.alone_rounds):
+            for n in names:
+                out = os.path.join(tmp, f"{n}-{r}.json")
+                subprocess.run([sys.executable, __file__, *same, "--only", n, "--out", out],
+                               check=True, stdout=subprocess.DEVNULL)
+                with open(out) as f:
+                    res = json.load(f)["results"][n]
+                steps[n] += res["step_s_all"]
+                runs.append({"round": r, "contestant": n, "step_s_median": res["step_s_median"]})
+                print(f"round {r + 1}/{args.alone_rounds}: {n} alone "
+                      f"{1e3 * res['step_s_median']:.0f} ms", flush=True)
+    med = {n: statistics.median(ts) for n, ts in steps.items()}
+    ratios = {f"jax_over_{n}": med[n] / med["jax"] for n in names if n != "jax"}
+    print(", ".join(f"{k}: {v:.3f}" for k, v in ratios.items()))
+    out = {"benchmark": "bench_vs_torch --alone", "preset": args.preset, "seq_len": args.seq_len,
+           "batch": args.batch, "rounds_per_process": args.rounds,
+           "alone_rounds": args.alone_rounds, **environment(), "step_s_median": med,
+           "step_s_all": steps, "runs": runs, **ratios}
+    write_json(args.out, out)
+    print(f"wrote {args.out}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = arg_parser(__doc__)
     p.add_argument("--preset", default="41M-L2", help="model shape from a preset (41M-L2: baseline)")
@@ -369,6 +416,10 @@ def main(argv: list[str] | None = None) -> dict:
                    help="torch.optim.AdamW implementation (fused: the fastest on CPU)")
     p.add_argument("--torch-device", default="auto", help="cpu, cuda or auto (cuda if jax is on GPU)")
     p.add_argument("--profile", action="store_true", help="also time the pieces of a step")
+    p.add_argument("--alone", action="store_true",
+                   help="each contestant in a process of its own, --alone-rounds alternating")
+    p.add_argument("--alone-rounds", type=int, default=2)
+    p.add_argument("--only", choices=CONTESTANTS, help="time this contestant alone (--alone's child)")
     p.add_argument("--profile-reps", type=int, default=3)
     p.add_argument("--out", default="bench_vs_torch.json")
     args = p.parse_args(argv)
@@ -376,6 +427,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("PyTorch is not installed: pip install torch (CPU wheel is enough)")
     if args.quick:
         args.seq_len, args.batch, args.warmup, args.rounds = 128, 2, 1, 2
+    if args.alone:
+        return alone(args)
     torch.set_num_threads(os.cpu_count())
     dev = args.torch_device
     if dev == "auto":
@@ -398,9 +451,12 @@ def main(argv: list[str] | None = None) -> dict:
     jx = JaxSide(cfg, batch)
     contestants["jax"] = jx.step
     setups = [("torch_eager", False)] + ([] if args.no_compile else [("torch_compile", True)])
+    setups = [(n, c) for n, c in setups if args.only in (None, n)]
     for name, compiled in setups:
         contestants[name] = TorchSide(cfg, batch, jx.initial_model, compiled, args.attn, dev,
                                       args.torch_adamw).step
+    if args.only:  # the jax side is built all the same: torch starts from its weights
+        contestants = {args.only: contestants[args.only]}
     times = {k: [] for k in contestants}
     losses = {k: [] for k in contestants}
 
@@ -433,15 +489,17 @@ def main(argv: list[str] | None = None) -> dict:
                          "mfu_vs_measured_fp32_peak": tokens / med * fpt / peak,
                          "first_step_s": compile_s[name], "first_loss": first_loss[name],
                          "last_loss": losses[name][-1]}
-    ratio = results["jax"]["tokens_per_s"] / results["torch_eager"]["tokens_per_s"]
+    ratio = (results["jax"]["tokens_per_s"] / results["torch_eager"]["tokens_per_s"]
+             if {"jax", "torch_eager"} <= results.keys() else None)
     print(f"\n{'':16}{'step ms (median)':>17}{'tokens/s':>11}{'MFU %':>7}{'first step s':>13}"
           f"{'first loss':>12}")
     for name, r in results.items():
         print(f"{name:16}{1e3 * r['step_s_median']:>17.1f}{r['tokens_per_s']:>11,.0f}"
               f"{100 * r['mfu_vs_measured_fp32_peak']:>7.1f}{r['first_step_s']:>13.2f}"
               f"{r['first_loss']:>12.5f}")
-    print(f"jax / torch_eager tokens/s: {ratio:.3f} (target >= 1.0)")
-    if "torch_compile" in results:
+    if ratio is not None:
+        print(f"jax / torch_eager tokens/s: {ratio:.3f} (target >= 1.0)")
+    if {"jax", "torch_compile"} <= results.keys():
         print(f"jax / torch_compile tokens/s: "
               f"{results['jax']['tokens_per_s'] / results['torch_compile']['tokens_per_s']:.3f}")
 
@@ -458,8 +516,9 @@ def main(argv: list[str] | None = None) -> dict:
         "jax_over_torch_eager": ratio,
         "jax_over_torch_compile": (results["jax"]["tokens_per_s"]
                                    / results["torch_compile"]["tokens_per_s"]
-                                   if "torch_compile" in results else None),
-        "first_loss_abs_diff_jax_torch_eager": abs(first_loss["jax"] - first_loss["torch_eager"]),
+                                   if {"jax", "torch_compile"} <= results.keys() else None),
+        "first_loss_abs_diff_jax_torch_eager": (abs(first_loss["jax"] - first_loss["torch_eager"])
+                                                if ratio is not None else None),
         "wall_s": time.perf_counter() - t0,
     }
     if args.profile:

@@ -87,3 +87,17 @@ def test_torch_train_step_matches_jax():
     for _ in range(3):  # the third loss sees the weights after two updates
         lj, lt = jx.step(), ts.step()
         assert abs(lj - lt) < 1e-4, (lj, lt)
+
+
+def test_alone_times_each_contestant_in_a_process_of_its_own(tmp_path):
+    """--alone: one child process per contestant and round (--only), the ratio that of the
+    medians of every step the children timed."""
+    _torch()
+    out = bench_vs_torch.main(["--alone", "--alone-rounds", "2", "--no-compile", "--preset",
+                               "tiny-L2", "--seq-len", "16", "--batch", "2", "--warmup", "1",
+                               "--rounds", "2", "--out", str(tmp_path / "alone.json")])
+    assert [(r["round"], r["contestant"]) for r in out["runs"]] == [
+        (0, "jax"), (0, "torch_eager"), (1, "jax"), (1, "torch_eager")]
+    assert {k: len(v) for k, v in out["step_s_all"].items()} == {"jax": 4, "torch_eager": 4}
+    med = {k: float(np.median(v)) for k, v in out["step_s_all"].items()}
+    assert out["jax_over_torch_eager"] == pytest.approx(med["torch_eager"] / med["jax"])
