@@ -428,6 +428,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.seq_len, args.batch, args.warmup, args.rounds = 128, 2, 1, 2
     if args.alone:
+        if args.profile or args.only:
+            p.error("--alone times whole steps in child processes: not with --profile or --only")
         return alone(args)
     torch.set_num_threads(os.cpu_count())
     dev = args.torch_device
